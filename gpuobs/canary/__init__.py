@@ -1,0 +1,1 @@
+"""Release safety: compatibility gate (compat), canary analysis and rollout."""

@@ -1,0 +1,324 @@
+"""The ``gpuobs`` command: exporter, pager, fault, stack, drill, rules, compat.
+
+Exit codes (design §8): 0 success, 1 failure (drill missed, incompatible, stack failed to start),
+2 usage or input error, 3 inconclusive. Flags fall back to ``GPUOBS_*`` environment variables where
+noted in their help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from gpuobs import __version__, log
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"GPUOBS_{name}", default)
+
+
+def _int_range(lo: int, hi: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer {lo}..{hi}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer {lo}..{hi}, got {value}")
+        return value
+    return parse
+
+
+def _pos_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+PORT = _int_range(1, 65535)
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"gpuobs: error: {msg}", file=sys.stderr)
+    return code
+
+
+# ---- exporter ----------------------------------------------------------------------------------
+def cmd_exporter(args: argparse.Namespace) -> int:
+    from gpuobs.exporter.fleet import Fleet, FleetConfig, load_or_create_token
+
+    if args.base_port + args.nodes - 1 > 65535:
+        return _fail(f"--base-port {args.base_port} + --nodes {args.nodes} runs past port 65535")
+    try:
+        token = load_or_create_token(args.token, Path(args.token_file))
+    except (OSError, ValueError) as exc:
+        return _fail(f"admin token: {exc}")
+    cfg = FleetConfig(nodes=args.nodes, gpus=args.gpus, base_port=args.base_port, seed=args.seed, host=args.host,
+                      driver_version=args.driver_version, hostname_label=args.hostname_label,
+                      xid_window_ms=args.xid_window_ms, tick_s=args.tick_s)
+    try:
+        fleet = Fleet(cfg, token)
+    except OSError as exc:
+        return _fail(f"cannot listen on {args.host}:{args.base_port}..{args.base_port + args.nodes - 1}: {exc}")
+    fleet.run_forever()
+    return 0
+
+
+def cmd_pager(args: argparse.Namespace) -> int:
+    from gpuobs.stack.pager import serve
+
+    try:
+        serve(args.host, args.port, Path(args.db), Path(args.runbooks_dir) if args.runbooks_dir else None)
+    except OSError as exc:
+        return _fail(f"pager cannot start on {args.host}:{args.port}: {exc}")
+    return 0
+
+
+# ---- fault -------------------------------------------------------------------------------------
+def _node_urls(args: argparse.Namespace) -> tuple[list[str], str]:
+    """Node base URLs and admin token, from --url/--token or the run directory's stack.json."""
+    from gpuobs.stack.supervisor import load_state
+
+    token = args.token or _env("ADMIN_TOKEN")
+    if args.url:
+        if not token:
+            token_file = Path(args.run_dir) / "admin-token"
+            if not token_file.exists():
+                raise ValueError("--url needs --token (or GPUOBS_ADMIN_TOKEN)")
+            token = token_file.read_text().strip()
+        return [args.url.rstrip("/")], token
+    state = load_state(Path(args.run_dir))
+    if not state or not state["components"]:
+        raise ValueError(f"no running stack in {args.run_dir}; start one with `make up` or pass --url/--token")
+    urls = [u.removesuffix("/metrics") for u in state["urls"]["nodes"]]
+    return urls, token or Path(state["token_file"]).read_text().strip()
+
+
+def cmd_fault(args: argparse.Namespace) -> int:
+    from gpuobs.exporter.admin_client import AdminClient, AdminError
+
+    try:
+        urls, token = _node_urls(args)
+    except (ValueError, OSError) as exc:
+        return _fail(str(exc))
+    if args.url:
+        selected = [0]
+    elif args.node is None:
+        selected = list(range(len(urls))) if args.action == "list" else None
+        if selected is None:
+            return _fail(f"--node is required (0..{len(urls) - 1})")
+    elif not 0 <= args.node < len(urls):
+        return _fail(f"--node must be 0..{len(urls) - 1}, got {args.node}")
+    else:
+        selected = [args.node]
+    try:
+        if args.action == "list":
+            rows = [{"node": n, "url": urls[n], "faults": AdminClient(urls[n], token).list()} for n in selected]
+            if args.json:
+                print(json.dumps(rows, indent=2))
+            else:
+                for r in rows:
+                    for f in r["faults"]:
+                        print(f"node {r['node']}  {f['id']:<6} {f['kind']:<10} gpu={f['gpu']}  {f['params']}")
+            return 0
+        client = AdminClient(urls[selected[0]], token)
+        if args.action == "inject":
+            body = {"kind": args.kind}
+            if args.gpu is not None:
+                body["gpu"] = args.gpu
+            for key, value in (args.params or {}).items():
+                if value is not None:
+                    body[key] = value
+            fault = client.inject(body)
+            print(json.dumps(fault) if args.json else f"injected {fault['id']}: {fault['kind']} gpu={fault['gpu']} {fault['params']}")
+        else:
+            ids = [f["id"] for f in client.list()] if args.all else args.ids
+            if not ids:
+                return _fail("give fault ids to clear, or --all")
+            for fid in ids:
+                client.clear(fid)
+                print(f"cleared {fid}")
+        return 0
+    except AdminError as exc:
+        return _fail(f"{exc}" + (f" (field: {exc.field})" if exc.field else ""), 2 if exc.status in (400, 401, 404, 413) else 1)
+
+
+# ---- stack / drill / rules -------------------------------------------------------------------------
+def cmd_stack(args: argparse.Namespace) -> int:
+    from gpuobs.stack import supervisor as sv
+    from gpuobs.stack.render import Ports
+
+    run = Path(args.run_dir)
+    if args.action == "down":
+        n = sv.down(run)
+        print(f"stack down ({n} process{'es' if n != 1 else ''} stopped)")
+        return 0
+    if args.action == "status":
+        rows = sv.status(run)
+        if not rows:
+            print(f"no stack running from {run}")
+            return 1
+        for r in rows:
+            state = "healthy" if r["healthy"] else ("running, unhealthy" if r["running"] else "stopped")
+            print(f"{r['component']:<13} pid {r['pid']:<8} {state:<19} {r['url']}")
+        return 0 if all(r["healthy"] for r in rows) else 1
+    ports = Ports(prometheus=args.prometheus_port, alertmanager=args.alertmanager_port, pager=args.pager_port,
+                  node_base=args.base_port)
+    cfg = sv.StackConfig(run_dir=run, nodes=args.nodes, gpus=args.gpus, seed=args.seed, ports=ports,
+                         xid_window_ms=args.xid_window_ms, runbook_base=args.runbook_base, timeout_s=args.timeout)
+    try:
+        state = sv.up(cfg)
+    except sv.StackError as exc:
+        return _fail(str(exc), exc.exit_code)
+    u = state["urls"]
+    print("gpuobs stack is up (native mode):")
+    print(f"  Prometheus    {u['prometheus']}")
+    print(f"  Alertmanager  {u['alertmanager']}  (no web UI in Debian's build: use amtool or the API)")
+    print(f"  Pager         {u['pager']}")
+    print(f"  GPU nodes     {u['nodes'][0]} .. {u['nodes'][-1]}  ({state['nodes']} nodes x {state['gpus']} GPUs)")
+    print(f"  run dir       {state['run_dir']}  (logs/, stack.json, admin-token)")
+    print("Try: make drill-xid    Stop: make down")
+    return 0
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from gpuobs.stack import drill
+    from gpuobs.stack.supervisor import load_state
+
+    state = load_state(Path(args.run_dir))
+    if not state or not state["components"]:
+        return _fail(f"no running stack in {args.run_dir}; start one with `make up`")
+    progress = None if args.json else (lambda m: print(f"  .. {m}", flush=True))
+    try:
+        res = drill.run_xid(state, code=args.code, node=args.node, gpu=args.gpu, deadline_s=args.deadline,
+                            resolve_deadline_s=args.resolve_deadline, progress=progress)
+    except drill.DrillError as exc:
+        return _fail(str(exc))
+    print(json.dumps(res.to_json(), indent=2) if args.json else drill.format_timeline(res))
+    return 0 if res.ok else 1
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    from gpuobs.rulegen import render_xid_rules
+
+    text = render_xid_rules()
+    if args.check:
+        current = Path(args.check).read_text()
+        if current != text:
+            return _fail(f"{args.check} is out of date; regenerate with `gpuobs rules xid > {args.check}`", 1)
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+# ---- parser ------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuobs", description="Observability and release safety for GPU platforms.")
+    p.add_argument("--version", action="version", version=f"gpuobs {__version__}")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run_dir = _env("RUN_DIR", ".run")
+
+    e = sub.add_parser("exporter", help="serve simulated GPU nodes (DCGM metrics + fault admin API)")
+    e.add_argument("--nodes", type=_int_range(1, 4096), default=4, help="number of nodes (default 4)")
+    e.add_argument("--gpus", type=_int_range(1, 16), default=8, help="GPUs per node (default 8)")
+    e.add_argument("--base-port", type=PORT, default=9400, help="node i listens on base-port + i (default 9400)")
+    e.add_argument("--seed", type=int, default=1, help="RNG seed: same seed, same fleet (default 1)")
+    e.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="listen address (default 127.0.0.1)")
+    e.add_argument("--token", default=_env("ADMIN_TOKEN"), help="admin bearer token (env GPUOBS_ADMIN_TOKEN)")
+    e.add_argument("--token-file", default=str(Path(run_dir) / "admin-token"),
+                   help="read the token here, or write a generated one here (default .run/admin-token)")
+    e.add_argument("--driver-version", default="550.54.15", help="DCGM_FI_DRIVER_VERSION label (default 550.54.15)")
+    e.add_argument("--hostname-label", default="Hostname", choices=["Hostname", "hostname"],
+                   help="case of the host label: released dcgm-exporter uses Hostname, newer master hostname")
+    e.add_argument("--xid-window-ms", type=_int_range(1000, 86_400_000), default=300_000,
+                   help="DCGM_EXP_XID_ERRORS_COUNT window, ms (dcgm-exporter default 300000)")
+    e.add_argument("--tick-s", type=_pos_float, default=1.0, help="simulation tick, seconds (default 1)")
+    e.set_defaults(func=cmd_exporter)
+
+    g = sub.add_parser("pager", help="Alertmanager webhook receiver storing pages in SQLite")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=PORT, default=9097)
+    g.add_argument("--db", default=str(Path(run_dir) / "pager.sqlite"))
+    g.add_argument("--runbooks-dir", default=None, help="serve runbooks/*.md from here under /runbooks/")
+    g.set_defaults(func=cmd_pager)
+
+    f = sub.add_parser("fault", help="inject, list and clear faults on the simulated nodes")
+    fsub = f.add_subparsers(dest="action", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--run-dir", default=run_dir)
+    common.add_argument("--node", type=_int_range(0, 4095), help="node index")
+    common.add_argument("--url", help="node base URL instead of the run directory's stack (http://127.0.0.1:9400)")
+    common.add_argument("--token", help="admin token (default: from the run directory; env GPUOBS_ADMIN_TOKEN)")
+    common.add_argument("--json", action="store_true")
+    fi = fsub.add_parser("inject", parents=[common], help="inject a fault: gpuobs fault inject --node 2 --gpu 3 xid --code 48")
+    fi.add_argument("--gpu", type=_int_range(0, 15))
+    ksub = fi.add_subparsers(dest="kind", required=True, metavar="KIND")
+    from gpuobs.exporter.faults import KINDS
+    for kind in KINDS.values():
+        kp = ksub.add_parser(kind.name, help=kind.help)
+        for name, spec in kind.params.items():
+            kp.add_argument(f"--{name.replace('_', '-')}", dest=name, type=spec.type, required=spec.required,
+                            help=spec.help)
+        kp.set_defaults(param_names=list(kind.params))
+    fi.set_defaults(func=cmd_fault)
+    fc = fsub.add_parser("clear", parents=[common], help="clear faults by id (or --all) on one node")
+    fc.add_argument("ids", nargs="*")
+    fc.add_argument("--all", action="store_true")
+    fc.set_defaults(func=cmd_fault)
+    fl = fsub.add_parser("list", parents=[common], help="list active faults (all nodes unless --node)")
+    fl.set_defaults(func=cmd_fault)
+
+    s = sub.add_parser("stack", help="run the native stack: up | down | status")
+    s.add_argument("action", choices=["up", "down", "status"])
+    s.add_argument("--run-dir", default=run_dir)
+    s.add_argument("--nodes", type=_int_range(1, 256), default=int(_env("NODES", "4")))
+    s.add_argument("--gpus", type=_int_range(1, 16), default=int(_env("GPUS", "8")))
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--prometheus-port", type=PORT, default=int(_env("PROMETHEUS_PORT", "9090")))
+    s.add_argument("--alertmanager-port", type=PORT, default=int(_env("ALERTMANAGER_PORT", "9093")))
+    s.add_argument("--pager-port", type=PORT, default=int(_env("PAGER_PORT", "9097")))
+    s.add_argument("--base-port", type=PORT, default=int(_env("BASE_PORT", "9400")), help="first node port")
+    s.add_argument("--xid-window-ms", type=_int_range(1000, 86_400_000), default=15_000,
+                   help="exporter Xid window for the local stack (default 15000 so drills resolve in ~1.5 min)")
+    s.add_argument("--runbook-base", default=_env("RUNBOOK_BASE"), help="runbook_url base (default: the pager)")
+    s.add_argument("--timeout", type=_pos_float, default=90.0, help="start-up deadline, seconds")
+    s.set_defaults(func=cmd_stack)
+
+    d = sub.add_parser("drill", help="failure drills on the running stack")
+    dsub = d.add_subparsers(dest="drill", required=True)
+    dx = dsub.add_parser("xid", help="inject an Xid, wait for the page, clear, wait for resolution")
+    dx.add_argument("--code", type=_int_range(1, 65535), default=48, help="Xid code (default 48, DBE)")
+    dx.add_argument("--node", type=_int_range(0, 4095), default=0)
+    dx.add_argument("--gpu", type=_int_range(0, 15), default=0)
+    dx.add_argument("--deadline", type=_pos_float, default=60.0, help="seconds to page (default 60)")
+    dx.add_argument("--resolve-deadline", type=_pos_float, default=240.0, help="seconds to resolve after clear")
+    dx.add_argument("--run-dir", default=run_dir)
+    dx.add_argument("--json", action="store_true")
+    dx.set_defaults(func=cmd_drill)
+
+    r = sub.add_parser("rules", help="generate rule files derived from reference data")
+    r.add_argument("which", choices=["xid"])
+    r.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated text")
+    r.set_defaults(func=cmd_rules)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``gpuobs`` console script."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "param_names", None):
+        args.params = {n: getattr(args, n) for n in args.param_names}
+    log.setup(args.log_level)
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

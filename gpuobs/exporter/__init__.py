@@ -1,0 +1,1 @@
+"""GPU metric sources (simulated fleet, NVML), collectors and the HTTP/admin server."""

@@ -1,0 +1,121 @@
+"""Run N simulated nodes in one process, each on its own 127.0.0.1 port, with a shared ticker.
+
+Node ``i`` listens on ``base_port + i``. A ticker thread advances every node by the wall-clock time
+elapsed since the previous tick (default tick 1 s), so the simulation runs in real time while the
+physics stays deterministic per tick for tests that call :meth:`Node.advance` directly.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuobs import log
+from gpuobs.exporter.node import Node, NodeConfig
+from gpuobs.exporter.server import NodeServer
+
+_log = log.get("exporter")
+
+
+def load_or_create_token(token: str | None, token_file: Path) -> str:
+    """Return the admin token: ``token`` if given, else the file's content, else a new random one.
+
+    A new token is written atomically (temp file + rename) with mode 0600. Raises ValueError if the
+    file exists but is empty.
+    """
+    if token:
+        return token
+    if token_file.exists():
+        value = token_file.read_text().strip()
+        if not value:
+            raise ValueError(f"admin token file {token_file} is empty")
+        return value
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    value = secrets.token_urlsafe(32)
+    tmp = token_file.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    os.replace(tmp, token_file)
+    return value
+
+
+@dataclass
+class FleetConfig:
+    """Fleet-wide settings; see ``gpuobs exporter --help`` for each flag."""
+
+    nodes: int = 4
+    gpus: int = 8
+    base_port: int = 9400
+    seed: int = 1
+    host: str = "127.0.0.1"
+    host_prefix: str = "gpu-node"
+    driver_version: str = "550.54.15"
+    hostname_label: str = "Hostname"
+    xid_window_ms: int = 300_000
+    tick_s: float = 1.0
+
+
+class Fleet:
+    """The running fleet: nodes, their servers and the ticker. ``start()`` then ``stop()``."""
+
+    def __init__(self, cfg: FleetConfig, token: str):
+        self.cfg = cfg
+        now = time.time()
+        self.nodes = [Node(NodeConfig(index=i, gpus=cfg.gpus, seed=cfg.seed, host_prefix=cfg.host_prefix,
+                                      driver_version=cfg.driver_version, xid_window_ms=cfg.xid_window_ms,
+                                      start_time=now))
+                      for i in range(cfg.nodes)]
+        self.servers: list[NodeServer] = []
+        try:
+            for i, node in enumerate(self.nodes):
+                self.servers.append(NodeServer((cfg.host, cfg.base_port + i), node, token, cfg.hostname_label))
+        except OSError:
+            for s in self.servers:
+                s.server_close()
+            raise
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start one serving thread per node and the ticker thread."""
+        for s in self.servers:
+            t = threading.Thread(target=s.serve_forever, name=f"node-{s.node.hostname}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        t = threading.Thread(target=self._tick, name="ticker", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _tick(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.cfg.tick_s):
+            now = time.monotonic()
+            for node in self.nodes:
+                node.advance(now - last)
+            last = now
+
+    def stop(self) -> None:
+        """Stop the ticker and every server; idempotent."""
+        self._stop.set()
+        for s in self.servers:
+            s.shutdown()
+            s.server_close()
+
+    def run_forever(self) -> None:
+        """Start, then block until SIGTERM/SIGINT, then stop cleanly."""
+        done = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
+        self.start()
+        _log.info("fleet serving", extra={"fields": {
+            "nodes": self.cfg.nodes, "gpus": self.cfg.gpus,
+            "ports": f"{self.cfg.base_port}-{self.cfg.base_port + self.cfg.nodes - 1}"}})
+        done.wait()
+        self.stop()
+        _log.info("fleet stopped")

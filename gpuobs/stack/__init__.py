@@ -1,0 +1,1 @@
+"""The native stack: supervisor, pager (Alertmanager webhook receiver) and drills."""

@@ -1,0 +1,76 @@
+"""Render the repository's Prometheus and Alertmanager configs into a run directory.
+
+The files under ``prometheus/`` and ``alertmanager/`` are the source of truth (the compose stack and a
+real fleet use them as they are); the native stack rewrites only what differs locally: listen ports,
+absolute paths to rules and file_sd targets, the pager's webhook URLs and the runbook base URL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gpuobs.rulegen import RUNBOOK_BASE
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Listen ports of the native stack (all on 127.0.0.1)."""
+
+    prometheus: int = 9090
+    alertmanager: int = 9093
+    pager: int = 9097
+    node_base: int = 9400
+
+
+def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` via a temp file and rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], runbook_base: str,
+                      repo: Path = REPO_ROOT) -> Path:
+    """Write ``run/prometheus/{prometheus.yml,rules/*.yml,targets/dcgm-nodes.json}``; returns the config path.
+
+    ``nodes`` is ``[(hostname, port), ...]``; each becomes a file_sd target labelled ``node``.
+    """
+    out = run / "prometheus"
+    cfg = yaml.safe_load((repo / "prometheus" / "prometheus.yml").read_text())
+    cfg["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]
+    cfg["rule_files"] = [str(out / "rules" / "*.yml")]
+    for sc in cfg["scrape_configs"]:
+        if sc["job_name"] == "dcgm":
+            sc["file_sd_configs"] = [{"files": [str(out / "targets" / "dcgm-*.json")], "refresh_interval": "5s"}]
+        elif sc["job_name"] == "prometheus":
+            sc["static_configs"] = [{"targets": [f"127.0.0.1:{ports.prometheus}"]}]
+    for rule_file in sorted((repo / "prometheus" / "rules").glob("*.yml")):
+        text = rule_file.read_text().replace(RUNBOOK_BASE, runbook_base.rstrip("/"))
+        atomic_write(out / "rules" / rule_file.name, text)
+    targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": host}} for host, port in nodes]
+    atomic_write(out / "targets" / "dcgm-nodes.json", json.dumps(targets, indent=2) + "\n")
+    path = out / "prometheus.yml"
+    atomic_write(path, yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def render_alertmanager(run: Path, ports: Ports, repo: Path = REPO_ROOT) -> Path:
+    """Write ``run/alertmanager/alertmanager.yml`` with webhook URLs pointing at the pager's port."""
+    cfg = yaml.safe_load((repo / "alertmanager" / "alertmanager.yml").read_text())
+    for rcv in cfg.get("receivers", []):
+        for wh in rcv.get("webhook_configs", []):
+            path = wh["url"].split("/", 3)[3]
+            wh["url"] = f"http://127.0.0.1:{ports.pager}/{path}"
+    out = run / "alertmanager" / "alertmanager.yml"
+    atomic_write(out, yaml.safe_dump(cfg, sort_keys=False))
+    return out

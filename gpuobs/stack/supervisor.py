@@ -1,0 +1,246 @@
+"""Native stack supervisor: ``gpuobs stack up|down|status``.
+
+Starts, on 127.0.0.1, the simulated fleet (one process, one port per node), the pager, Alertmanager
+and Prometheus (binaries from PATH: ``prometheus``; ``prometheus-alertmanager`` or ``alertmanager``),
+with rendered configs, data, logs and pids under the run directory, and records everything in
+``<run>/stack.json``. ``down`` stops only processes it started: each pid is checked against the
+command line it was started with before it is signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import requests
+
+from gpuobs.exporter.identity import hostname
+from gpuobs.stack.render import REPO_ROOT, Ports, atomic_write, render_alertmanager, render_prometheus
+
+APT_HINT = ("install them with: apt-get install -y --no-install-recommends prometheus prometheus-alertmanager "
+            "(Debian/Ubuntu, as root), or put the upstream binaries on PATH")
+
+
+class StackError(RuntimeError):
+    """A stack operation failed; ``exit_code`` is 2 for user/setup errors, 1 otherwise."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class StackConfig:
+    """What to start: run directory, fleet shape, ports and the runbook base URL."""
+
+    run_dir: Path = Path(".run")
+    nodes: int = 4
+    gpus: int = 8
+    seed: int = 1
+    ports: Ports = field(default_factory=Ports)
+    xid_window_ms: int = 15_000
+    runbook_base: str | None = None
+    timeout_s: float = 60.0
+
+
+def find_binaries() -> dict[str, str]:
+    """Paths of prometheus, promtool and Alertmanager; raises StackError(exit 2) naming what is missing."""
+    found = {"prometheus": shutil.which("prometheus"),
+             "alertmanager": shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")}
+    missing = [k for k, v in found.items() if not v]
+    if missing:
+        raise StackError(f"missing binaries: {', '.join(missing)}; {APT_HINT}", 2)
+    return found  # type: ignore[return-value]
+
+
+def port_free(port: int) -> bool:
+    """True if nothing listens on 127.0.0.1:port."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def alive(pid: int, argv: list[str]) -> bool:
+    """True if ``pid`` runs and is still the process started with ``argv`` (guards against pid reuse)."""
+    cmd = _cmdline(pid)
+    return bool(cmd) and cmd[: len(argv)] == argv
+
+
+def load_state(run_dir: Path) -> dict | None:
+    """The run directory's stack.json, or None if there is none."""
+    path = run_dir / "stack.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def _wait(what: str, check, deadline: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-2000:] if log and log.exists() else ""
+            raise StackError(f"{what} exited with status {proc.returncode} during start-up; log {log}:\n{tail}")
+        try:
+            if check():
+                return
+        except requests.RequestException as exc:
+            last = str(exc)
+        time.sleep(0.3)
+    raise StackError(f"timed out waiting for {what}{': ' + last if last else ''}")
+
+
+def _ok(url: str) -> bool:
+    return requests.get(url, timeout=2).status_code == 200
+
+
+def _all_targets_up(prom: str, expected: int) -> bool:
+    resp = requests.get(f"{prom}/api/v1/targets", params={"state": "active"}, timeout=2).json()
+    dcgm = [t for t in resp["data"]["activeTargets"] if t["labels"].get("job") == "dcgm"]
+    return len(dcgm) == expected and all(t["health"] == "up" for t in dcgm)
+
+
+def up(cfg: StackConfig, out=sys.stdout) -> dict:
+    """Start the stack and wait until Prometheus reports every node target up; returns the state dict.
+
+    Raises StackError: exit 2 for missing binaries, busy ports or a stack already running in the run
+    directory; exit 1 when a component fails to start (the components already started are stopped).
+    """
+    run = cfg.run_dir.resolve()
+    old = load_state(run)
+    if old and any(alive(c["pid"], c["argv"]) for c in old["components"].values()):
+        raise StackError(f"a stack is already running from {run}; run `gpuobs stack down --run-dir {cfg.run_dir}` first", 2)
+    bins = find_binaries()
+    p = cfg.ports
+    node_ports = [p.node_base + i for i in range(cfg.nodes)]
+    busy = [str(x) for x in [p.prometheus, p.alertmanager, p.pager, *node_ports] if not port_free(x)]
+    if busy:
+        raise StackError(f"ports already in use on 127.0.0.1: {', '.join(busy)}; choose others with the --*-port flags", 2)
+    for sub in ("logs", "prometheus/data", "alertmanager/data"):
+        (run / sub).mkdir(parents=True, exist_ok=True)
+    nodes = [(hostname("gpu-node", i), port) for i, port in enumerate(node_ports)]
+    pager_url = f"http://127.0.0.1:{p.pager}"
+    runbook_base = cfg.runbook_base or pager_url
+    prom_cfg = render_prometheus(run, p, nodes, runbook_base)
+    am_cfg = render_alertmanager(run, p)
+    py = [sys.executable, "-m", "gpuobs"]
+    specs = {
+        "exporter": py + ["exporter", "--nodes", str(cfg.nodes), "--gpus", str(cfg.gpus), "--base-port", str(p.node_base),
+                          "--seed", str(cfg.seed), "--token-file", str(run / "admin-token"),
+                          "--xid-window-ms", str(cfg.xid_window_ms)],
+        "pager": py + ["pager", "--port", str(p.pager), "--db", str(run / "pager.sqlite"),
+                       "--runbooks-dir", str(REPO_ROOT / "runbooks")],
+        "alertmanager": [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / 'alertmanager/data'}",
+                         f"--web.listen-address=127.0.0.1:{p.alertmanager}", "--cluster.listen-address=",
+                         f"--web.external-url=http://127.0.0.1:{p.alertmanager}", "--log.format=json"],
+        "prometheus": [bins["prometheus"], f"--config.file={prom_cfg}", f"--storage.tsdb.path={run / 'prometheus/data'}",
+                       f"--web.listen-address=127.0.0.1:{p.prometheus}", "--storage.tsdb.retention.time=7d",
+                       f"--web.external-url=http://127.0.0.1:{p.prometheus}", "--log.format=json"],
+    }
+    checks = {
+        "exporter": lambda: all(_ok(f"http://127.0.0.1:{port}/health") for port in node_ports),
+        "pager": lambda: _ok(f"{pager_url}/health"),
+        "alertmanager": lambda: _ok(f"http://127.0.0.1:{p.alertmanager}/-/ready"),
+        "prometheus": lambda: _ok(f"http://127.0.0.1:{p.prometheus}/-/ready"),
+    }
+    state = {"run_dir": str(run), "started_at": time.time(), "ports": asdict(p), "nodes": cfg.nodes, "gpus": cfg.gpus,
+             "seed": cfg.seed, "hostnames": [h for h, _ in nodes], "token_file": str(run / "admin-token"),
+             "urls": {"prometheus": f"http://127.0.0.1:{p.prometheus}",
+                      "alertmanager": f"http://127.0.0.1:{p.alertmanager}", "pager": pager_url,
+                      "nodes": [f"http://127.0.0.1:{port}/metrics" for port in node_ports]},
+             "components": {}}
+    deadline = time.monotonic() + cfg.timeout_s
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        for name, argv in specs.items():
+            log = run / "logs" / f"{name}.log"
+            with open(log, "ab") as fh:
+                proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, env=env, cwd=run)
+            state["components"][name] = {"pid": proc.pid, "argv": argv, "log": str(log)}
+            atomic_write(run / "stack.json", json.dumps(state, indent=2))
+            print(f"started {name:<12} pid {proc.pid}", file=out, flush=True)
+            _wait(name, checks[name], deadline, proc, log)
+        _wait("Prometheus to report every node target up",
+              lambda: _all_targets_up(state["urls"]["prometheus"], cfg.nodes), deadline)
+    except BaseException:
+        down(cfg.run_dir, out=out)
+        raise
+    return state
+
+
+def down(run_dir: Path, out=sys.stdout, grace_s: float = 10.0) -> int:
+    """Stop the processes recorded in ``run_dir``'s stack.json (reverse start order); returns how many."""
+    state = load_state(run_dir.resolve())
+    if not state:
+        print(f"no stack recorded in {run_dir}", file=out)
+        return 0
+    stopped = 0
+    for name, comp in reversed(list(state["components"].items())):
+        pid, argv = comp["pid"], comp["argv"]
+        if not alive(pid, argv):
+            continue
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        deadline = time.monotonic() + grace_s
+        while alive(pid, argv) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.1)
+        if alive(pid, argv):
+            os.killpg(pid, signal.SIGKILL)
+        _reap(pid)
+        stopped += 1
+        print(f"stopped {name:<12} pid {pid}", file=out)
+    state["components"] = {}
+    atomic_write(run_dir.resolve() / "stack.json", json.dumps(state, indent=2))
+    return stopped
+
+
+def _reap(pid: int) -> None:
+    """Collect a child's exit status if it is ours (in-process callers such as tests)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def status(run_dir: Path) -> list[dict]:
+    """Health of each recorded component: name, pid, running, healthy, url."""
+    state = load_state(run_dir.resolve())
+    if not state:
+        return []
+    u = state["urls"]
+    probes = {"exporter": [n.replace("/metrics", "/health") for n in u["nodes"]], "pager": [f"{u['pager']}/health"],
+              "alertmanager": [f"{u['alertmanager']}/-/healthy"], "prometheus": [f"{u['prometheus']}/-/healthy"]}
+    rows = []
+    for name, comp in state["components"].items():
+        running = alive(comp["pid"], comp["argv"])
+        healthy = False
+        if running:
+            try:
+                healthy = all(_ok(url) for url in probes[name])
+            except requests.RequestException:
+                healthy = False
+        rows.append({"component": name, "pid": comp["pid"], "running": running, "healthy": healthy,
+                     "url": probes[name][0].rsplit("/", 1)[0]})
+    return rows
