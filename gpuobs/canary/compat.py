@@ -33,13 +33,23 @@ else COMPATIBLE (both exit 0). Bad input raises :class:`CompatInputError` (exit 
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
-import re
-
 from gpuobs.canary.compat_data import (
-    ENGINE_CSV, CompatInputError, CudaRelease, CudaVersion, DriverVersion, EngineRow, Gpu,
-    engine_rows, lookup_cuda, parse_cuda, parse_driver, resolve_gpu, torch_row,
+    ENGINE_CSV,
+    CompatInputError,
+    CudaRelease,
+    CudaVersion,
+    DriverVersion,
+    EngineRow,
+    Gpu,
+    engine_rows,
+    lookup_cuda,
+    parse_cuda,
+    parse_driver,
+    resolve_gpu,
+    torch_row,
 )
 
 PASS, WARN, FAIL = "pass", "warn", "fail"

@@ -57,8 +57,8 @@ KINDS: dict[str, FaultKind] = {
         ),
         FaultKind(
             "thermal", True,
-            {"cooling_factor": Param(float, False, 2.2, 1.0, 10.0,
-                                     "thermal resistance multiplier (2.2 ~ failed fan)")},
+            {"cooling_factor": Param(float, False, 3.0, 1.0, 10.0,
+                                     "thermal resistance multiplier (3.0 ~ failed fan)")},
             "degrade cooling on one GPU: temperature rises past slowdown, clocks throttle",
         ),
         FaultKind("down", False, {}, "the node stops answering scrapes (admin API stays up)"),

@@ -88,11 +88,12 @@ class GpuState:
         m = self.model
         self.activity = min(1.0, max(0.0, load))
         # Proportional governor: cut clocks while above the slowdown point, recover slowly otherwise.
+        # A 2 C hysteresis band below the slowdown point holds the clock steady instead of hunting.
         over = self.temp_c - m.slowdown_temp_c
         if over > 0:
-            self.clock_factor -= min(0.2, 0.01 * over * dt)
-        else:
-            self.clock_factor += min(0.05 * dt, 1.0)
+            self.clock_factor -= min(0.05, 0.004 * over) * dt
+        elif over < -2.0:
+            self.clock_factor += 0.01 * dt
         self.clock_factor = min(1.0, max(0.4, self.clock_factor))
         throttled = self.clock_factor < 0.999
         dyn = (m.tdp_w - m.idle_w) * self.activity * self.clock_factor ** 2

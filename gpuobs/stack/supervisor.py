@@ -232,6 +232,8 @@ def status(run_dir: Path) -> list[dict]:
     u = state["urls"]
     probes = {"exporter": [n.replace("/metrics", "/health") for n in u["nodes"]], "pager": [f"{u['pager']}/health"],
               "alertmanager": [f"{u['alertmanager']}/-/healthy"], "prometheus": [f"{u['prometheus']}/-/healthy"]}
+    shown = {"exporter": u["nodes"][0].removesuffix("/metrics"), "pager": u["pager"],
+             "alertmanager": u["alertmanager"], "prometheus": u["prometheus"]}
     rows = []
     for name, comp in state["components"].items():
         running = alive(comp["pid"], comp["argv"])
@@ -242,5 +244,5 @@ def status(run_dir: Path) -> list[dict]:
             except requests.RequestException:
                 healthy = False
         rows.append({"component": name, "pid": comp["pid"], "running": running, "healthy": healthy,
-                     "url": probes[name][0].rsplit("/", 1)[0]})
+                     "url": shown[name]})
     return rows

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Make sure Prometheus, promtool, Alertmanager and amtool are on PATH. Installs Debian's packages when
+# they are missing and apt-get is usable as root; otherwise explains how to install them and exits 2.
+set -euo pipefail
+have() { command -v "$1" >/dev/null 2>&1; }
+missing() {
+  have prometheus && have promtool && have amtool && { have prometheus-alertmanager || have alertmanager; } && return 1
+  return 0
+}
+if ! missing; then exit 0; fi
+if have apt-get && [ "$(id -u)" = 0 ]; then
+  echo "Installing prometheus and prometheus-alertmanager from Debian (apt-get)..."
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
+  # Debian's packages enable systemd units; the stack runs its own processes, so stop any the
+  # package started (no-op where systemd is not running).
+  if have systemctl && [ -d /run/systemd/system ]; then
+    systemctl stop prometheus prometheus-alertmanager prometheus-node-exporter 2>/dev/null || true
+  fi
+fi
+if missing; then
+  echo "gpuobs needs prometheus, promtool, amtool and prometheus-alertmanager (or alertmanager) on PATH." >&2
+  echo "Install them with:  sudo apt-get install -y --no-install-recommends prometheus prometheus-alertmanager" >&2
+  echo "or put the upstream release binaries (prometheus.io/download) on PATH." >&2
+  exit 2
+fi
