@@ -308,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("which", choices=["xid"])
     r.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated text")
     r.set_defaults(func=cmd_rules)
+
+    from gpuobs.canary.compat_cli import register as register_compat
+    register_compat(sub)
     return p
 
 
