@@ -52,19 +52,37 @@ def _fail(msg: str, code: int = 2) -> int:
 
 # ---- exporter ----------------------------------------------------------------------------------
 def cmd_exporter(args: argparse.Namespace) -> int:
-    from gpuobs.exporter.fleet import Fleet, FleetConfig, load_or_create_token
+    from gpuobs.exporter.fleet import Fleet, FleetConfig, load_k8s_map, load_or_create_token
+    from gpuobs.exporter.mig import parse_mig_spec
+    from gpuobs.exporter.releases import CatalogueError
 
-    if args.base_port + args.nodes - 1 > 65535:
-        return _fail(f"--base-port {args.base_port} + --nodes {args.nodes} runs past port 65535")
+    if args.source == "nvml":
+        from gpuobs.exporter.nvml_serve import main_nvml
+
+        return main_nvml(args.host, args.base_port, args.hostname_label)
+    for flag, base in (("--base-port", args.base_port), ("--engine-base-port", args.engine_base_port)):
+        if base + args.nodes - 1 > 65535:
+            return _fail(f"{flag} {base} + --nodes {args.nodes} runs past port 65535")
+    if args.training_nodes > args.nodes:
+        return _fail(f"--training-nodes {args.training_nodes} exceeds --nodes {args.nodes}")
+    try:
+        mig = parse_mig_spec(args.mig_profile, args.gpus) if args.mig_profile else None
+        k8s = load_k8s_map(Path(args.k8s_map)) if args.k8s_map else None
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
     try:
         token = load_or_create_token(args.token, Path(args.token_file))
     except (OSError, ValueError) as exc:
         return _fail(f"admin token: {exc}")
     cfg = FleetConfig(nodes=args.nodes, gpus=args.gpus, base_port=args.base_port, seed=args.seed, host=args.host,
                       driver_version=args.driver_version, hostname_label=args.hostname_label,
-                      xid_window_ms=args.xid_window_ms, tick_s=args.tick_s)
+                      xid_window_ms=args.xid_window_ms, tick_s=args.tick_s, engine_base_port=args.engine_base_port,
+                      training_nodes=args.training_nodes, node_offset=args.node_offset, rate_rps=args.rate,
+                      mig=mig, k8s=k8s, releases_file=Path(args.releases) if args.releases else None)
     try:
         fleet = Fleet(cfg, token)
+    except (CatalogueError, KeyError) as exc:
+        return _fail(f"--releases: {exc}")
     except OSError as exc:
         return _fail(f"cannot listen on {args.host}:{args.base_port}..{args.base_port + args.nodes - 1}: {exc}")
     fleet.run_forever()
@@ -170,8 +188,11 @@ def cmd_stack(args: argparse.Namespace) -> int:
             print(f"{r['component']:<13} pid {r['pid']:<8} {state:<19} {r['url']}")
         return 0 if all(r["healthy"] for r in rows) else 1
     ports = Ports(prometheus=args.prometheus_port, alertmanager=args.alertmanager_port, pager=args.pager_port,
-                  node_base=args.base_port)
+                  node_base=args.base_port, engine_base=args.engine_base_port)
+    if args.training_nodes >= args.nodes:
+        return _fail(f"--training-nodes {args.training_nodes} must leave at least one serving node (--nodes {args.nodes})")
     cfg = sv.StackConfig(run_dir=run, nodes=args.nodes, gpus=args.gpus, seed=args.seed, ports=ports,
+                         training_nodes=args.training_nodes,
                          xid_window_ms=args.xid_window_ms, runbook_base=args.runbook_base, timeout_s=args.timeout)
     try:
         state = sv.up(cfg)
@@ -182,7 +203,9 @@ def cmd_stack(args: argparse.Namespace) -> int:
     print(f"  Prometheus    {u['prometheus']}")
     print(f"  Alertmanager  {u['alertmanager']}  (no web UI in Debian's build: use amtool or the API)")
     print(f"  Pager         {u['pager']}")
-    print(f"  GPU nodes     {u['nodes'][0]} .. {u['nodes'][-1]}  ({state['nodes']} nodes x {state['gpus']} GPUs)")
+    print(f"  GPU nodes     {u['nodes'][0]} .. {u['nodes'][-1]}  ({state['nodes']} nodes x {state['gpus']} GPUs, "
+          f"{state['training_nodes']} training)")
+    print(f"  vLLM engines  {u['engines'][0]} .. {u['engines'][-1]}")
     print(f"  run dir       {state['run_dir']}  (logs/, stack.json, admin-token)")
     print("Try: make drill-xid    Stop: make down")
     return 0
@@ -241,6 +264,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--xid-window-ms", type=_int_range(1000, 86_400_000), default=300_000,
                    help="DCGM_EXP_XID_ERRORS_COUNT window, ms (dcgm-exporter default 300000)")
     e.add_argument("--tick-s", type=_pos_float, default=1.0, help="simulation tick, seconds (default 1)")
+    e.add_argument("--source", choices=["sim", "nvml"], default="sim",
+                   help="sim: simulated fleet (default); nvml: this machine's real GPUs through NVML")
+    e.add_argument("--engine-base-port", type=PORT, default=8000,
+                   help="serving node i exposes its vLLM-style engine page on engine-base-port + i (default 8000)")
+    e.add_argument("--training-nodes", type=_int_range(0, 4096), default=0,
+                   help="the last N nodes run the training role instead of a serving engine")
+    e.add_argument("--node-offset", type=_int_range(0, 4095), default=0,
+                   help="index of the first node (one process per node in compose: node K uses --node-offset K)")
+    e.add_argument("--rate", type=_pos_float, default=4.0, help="mean request rate per serving node, req/s")
+    e.add_argument("--mig-profile", default=None,
+                   help="MIG: a profile for every GPU (1g.10gb) or per GPU (0=1g.10gb,3=3g.40gb)")
+    e.add_argument("--k8s-map", default=None, help="YAML/JSON file: hostname -> GPU index -> {pod, namespace, container}")
+    e.add_argument("--releases", default=_env("RELEASES"), help="release catalogue YAML (default: packaged)")
     e.set_defaults(func=cmd_exporter)
 
     g = sub.add_parser("pager", help="Alertmanager webhook receiver storing pages in SQLite")
@@ -279,13 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stack", help="run the native stack: up | down | status")
     s.add_argument("action", choices=["up", "down", "status"])
     s.add_argument("--run-dir", default=run_dir)
-    s.add_argument("--nodes", type=_int_range(1, 256), default=int(_env("NODES", "4")))
-    s.add_argument("--gpus", type=_int_range(1, 16), default=int(_env("GPUS", "8")))
+    s.add_argument("--nodes", type=_int_range(1, 256), default=_env("NODES", "4"))
+    s.add_argument("--gpus", type=_int_range(1, 16), default=_env("GPUS", "8"))
     s.add_argument("--seed", type=int, default=1)
-    s.add_argument("--prometheus-port", type=PORT, default=int(_env("PROMETHEUS_PORT", "9090")))
-    s.add_argument("--alertmanager-port", type=PORT, default=int(_env("ALERTMANAGER_PORT", "9093")))
-    s.add_argument("--pager-port", type=PORT, default=int(_env("PAGER_PORT", "9097")))
-    s.add_argument("--base-port", type=PORT, default=int(_env("BASE_PORT", "9400")), help="first node port")
+    s.add_argument("--prometheus-port", type=PORT, default=_env("PROMETHEUS_PORT", "9090"))
+    s.add_argument("--alertmanager-port", type=PORT, default=_env("ALERTMANAGER_PORT", "9093"))
+    s.add_argument("--pager-port", type=PORT, default=_env("PAGER_PORT", "9097"))
+    s.add_argument("--base-port", type=PORT, default=_env("BASE_PORT", "9400"), help="first node port")
+    s.add_argument("--engine-base-port", type=PORT, default=_env("ENGINE_BASE_PORT", "8000"),
+                   help="first serving-engine port")
+    s.add_argument("--training-nodes", type=_int_range(0, 255), default=_env("TRAINING_NODES", "1"),
+                   help="the last N nodes run training instead of serving (default 1)")
     s.add_argument("--xid-window-ms", type=_int_range(1000, 86_400_000), default=15_000,
                    help="exporter Xid window for the local stack (default 15000 so drills resolve in ~1.5 min)")
     s.add_argument("--runbook-base", default=_env("RUNBOOK_BASE"), help="runbook_url base (default: the pager)")

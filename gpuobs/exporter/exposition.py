@@ -29,8 +29,20 @@ def label_string(pairs: Sequence[tuple[str, str]]) -> str:
     return ",".join(f'{k}="{escape_label_value(v)}"' for k, v in pairs)
 
 
-def format_value(value: float | int, integer: bool) -> str:
-    """dcgm-exporter value formatting: integer fields plain, float fields ``%f`` (six decimals)."""
+def format_value(value: float | int, integer: bool | None) -> str:
+    """Format a sample value.
+
+    ``True``/``False``: dcgm-exporter formatting, integer fields plain, float fields ``%f`` (six
+    decimals). ``None``: prometheus_client formatting (Python ``repr`` of the float, ``+Inf``,
+    ``-Inf``, ``NaN``), used for the serving-engine page, which vLLM renders with prometheus_client.
+    """
+    if integer is None:
+        v = float(value)
+        if v != v:
+            return "NaN"
+        if v in (float("inf"), float("-inf")):
+            return "+Inf" if v > 0 else "-Inf"
+        return repr(v)
     if integer:
         return str(int(value))
     return f"{value:f}"
@@ -41,14 +53,16 @@ class Family:
     """One metric family: name, type (gauge|counter|...), help and samples.
 
     ``samples`` holds ``(label_string, value)`` with label_string already rendered by
-    :func:`label_string`; ``integer`` selects dcgm-exporter's integer formatting.
+    :func:`label_string`, or ``(sample_name, label_string, value)`` for histogram series whose
+    samples carry suffixes (``_bucket``, ``_sum``, ``_count``); ``integer`` selects
+    dcgm-exporter's integer formatting.
     """
 
     name: str
     type: str
     help: str
-    integer: bool = False
-    samples: list[tuple[str, float]] = field(default_factory=list)
+    integer: bool | None = False
+    samples: list[tuple] = field(default_factory=list)
 
 
 def render(families: Iterable[Family]) -> str:
@@ -58,7 +72,11 @@ def render(families: Iterable[Family]) -> str:
         if not fam.samples:
             continue
         out.append(f"# HELP {fam.name} {escape_help(fam.help)}\n# TYPE {fam.name} {fam.type}\n")
-        for labels, value in fam.samples:
+        for sample in fam.samples:
+            if len(sample) == 3:
+                name, labels, value = sample
+            else:
+                name, (labels, value) = fam.name, sample
             v = format_value(value, fam.integer)
-            out.append(f"{fam.name}{{{labels}}} {v}\n" if labels else f"{fam.name} {v}\n")
+            out.append(f"{name}{{{labels}}} {v}\n" if labels else f"{name} {v}\n")
     return "".join(out)

@@ -9,6 +9,7 @@ Effects of each kind on the simulated node are applied in :mod:`gpuobs.exporter.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +24,15 @@ class FaultError(ValueError):
 
 @dataclass(frozen=True)
 class Param:
-    """One numeric parameter of a fault kind: type ``int`` or ``float``, bounds inclusive."""
+    """One parameter of a fault kind: type ``int``, ``float`` (bounds inclusive) or ``str`` (regex)."""
 
     type: type
     required: bool = False
-    default: float | int | None = None
+    default: float | int | str | None = None
     minimum: float | None = None
     maximum: float | None = None
     help: str = ""
+    pattern: str | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,9 @@ class FaultKind:
     params: dict[str, Param] = field(default_factory=dict)
     help: str = ""
 
+
+#: Driver version format accepted by the ``driver`` fault (NVIDIA Linux driver: 535.104.05, 580.95.05).
+DRIVER_PATTERN = r"^[0-9]{3}\.[0-9]{1,3}(\.[0-9]{1,3})?$"
 
 KINDS: dict[str, FaultKind] = {
     k.name: k
@@ -61,6 +66,51 @@ KINDS: dict[str, FaultKind] = {
                                      "thermal resistance multiplier (3.0 ~ failed fan)")},
             "degrade cooling on one GPU: temperature rises past slowdown, clocks throttle",
         ),
+        FaultKind(
+            "power-brake", True,
+            {"clock_factor": Param(float, False, 0.35, 0.1, 0.9, "clock fraction while the brake is asserted")},
+            "assert the external power brake (HW_POWER_BRAKE): clocks collapse, power violation accrues",
+        ),
+        FaultKind(
+            "ecc-dbe", True,
+            {"count": Param(int, False, 1, 1, 1000, "double-bit errors to raise"),
+             "repeat_s": Param(float, False, 0.0, 0.0, 86400.0, "raise another burst every N seconds; 0 = once")},
+            "uncorrectable ECC error: DBE counters, Xid 48, a row remap pending (Xid 63)",
+        ),
+        FaultKind("row-remap-failure", True, {}, "row remapping failed (Xid 64): DCGM_FI_DEV_ROW_REMAP_FAILURE=1"),
+        FaultKind(
+            "nvlink-errors", True,
+            {"rate_per_s": Param(float, False, 50.0, 0.1, 1e6, "CRC flit errors per second")},
+            "NVLink CRC/replay/recovery error counters grow",
+        ),
+        FaultKind(
+            "pcie-replay", True,
+            {"rate_per_s": Param(float, False, 20.0, 0.1, 1e6, "PCIe replays per second")},
+            "PCIe replay counter grows (bad riser/link)",
+        ),
+        FaultKind(
+            "fragmentation", True,
+            {"rate_mib_per_min": Param(float, False, 1500.0, 1.0, 1e6,
+                                       "growth of the allocator's reserved-minus-allocated gap")},
+            "caching-allocator fragmentation: reserved grows, allocated flat, retries, then OOM",
+        ),
+        FaultKind(
+            "kv-pressure", False,
+            {"factor": Param(float, False, 3.0, 1.0, 100.0, "multiplier of KV-cache demand per request")},
+            "long-context surge on the node's engine: KV usage near 1, preemptions, queueing",
+        ),
+        FaultKind("collective-hang", False, {},
+                  "training collective hangs: steps stop, GPU_UTIL stays ~100 while SM_ACTIVE and power collapse"),
+        FaultKind(
+            "straggler", True,
+            {"slowdown": Param(float, False, 1.6, 1.05, 20.0, "compute-time multiplier of this GPU's rank")},
+            "one training rank is slow; every other rank waits for it in collectives",
+        ),
+        FaultKind(
+            "driver", False,
+            {"version": Param(str, True, None, pattern=DRIVER_PATTERN, help="driver version, e.g. 580.95.05")},
+            "change the node's driver version (driver skew / upgrade)",
+        ),
         FaultKind("down", False, {}, "the node stops answering scrapes (admin API stays up)"),
     )
 }
@@ -72,7 +122,13 @@ class FaultRequest:
 
     kind: str
     gpu: int | None
-    params: dict[str, float | int]
+    params: dict[str, float | int | str]
+
+
+def _string(name: str, value: Any, spec: Param) -> str:
+    if not isinstance(value, str) or (spec.pattern and not re.fullmatch(spec.pattern, value)):
+        raise FaultError(name, f"field '{name}' must be a string like {spec.help.split('e.g. ')[-1]!r}; got {value!r}")
+    return value
 
 
 def _number(name: str, value: Any, spec: Param) -> float | int:
@@ -120,10 +176,10 @@ def validate(body: Any, gpu_count: int) -> FaultRequest:
         gpu = gpu_val
     elif body.get("gpu") is not None:
         raise FaultError("gpu", f"kind '{kind_name}' applies to the whole node; omit field 'gpu'")
-    params: dict[str, float | int] = {}
+    params: dict[str, float | int | str] = {}
     for name, spec in kind.params.items():
         if name in body:
-            params[name] = _number(name, body[name], spec)
+            params[name] = _string(name, body[name], spec) if spec.type is str else _number(name, body[name], spec)
         elif spec.required:
             raise FaultError(name, f"field '{name}' is required for kind '{kind_name}' ({spec.help})")
         elif spec.default is not None:

@@ -1,6 +1,7 @@
-"""Run N simulated nodes in one process, each on its own 127.0.0.1 port, with a shared ticker.
+"""Run N simulated nodes in one process, each on its own 127.0.0.1 ports, with a shared ticker.
 
-Node ``i`` listens on ``base_port + i``. A ticker thread advances every node by the wall-clock time
+Node ``i`` serves its DCGM page and admin API on ``base_port + i`` and, for serving nodes, its
+engine page on ``engine_base_port + i``. The last ``training_nodes`` nodes run the training role. A ticker thread advances every node by the wall-clock time
 elapsed since the previous tick (default tick 1 s), so the simulation runs in real time while the
 physics stays deterministic per tick for tests that call :meth:`Node.advance` directly.
 """
@@ -15,8 +16,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from gpuobs import log
+from gpuobs.exporter.collector import DcgmCollector, EngineCollector, K8sMap
+from gpuobs.exporter.engine import EngineConfig
+from gpuobs.exporter.mig import MigProfile
 from gpuobs.exporter.node import Node, NodeConfig
+from gpuobs.exporter.releases import load as load_releases
 from gpuobs.exporter.server import NodeServer
 
 _log = log.get("exporter")
@@ -59,6 +66,39 @@ class FleetConfig:
     hostname_label: str = "Hostname"
     xid_window_ms: int = 300_000
     tick_s: float = 1.0
+    engine_base_port: int | None = 8000
+    training_nodes: int = 0
+    node_offset: int = 0
+    rate_rps: float = 4.0
+    mig: dict[int, MigProfile] | None = None
+    k8s: K8sMap | None = None
+    releases_file: Path | None = None
+
+
+def load_k8s_map(path: Path) -> K8sMap:
+    """Read a GPU -> pod mapping file (YAML or JSON)::
+
+        gpu-node-00:
+          0: {pod: llama-0, namespace: serving, container: vllm}
+
+    Raises ValueError naming the bad entry; only ``pod``, ``namespace``, ``container`` are allowed.
+    """
+    doc = yaml.safe_load(Path(path).read_text())
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: top level must map hostnames to GPU entries")
+    out: K8sMap = {}
+    for host, gpus in doc.items():
+        if not isinstance(gpus, dict):
+            raise ValueError(f"{path}: {host}: must map GPU indexes to {{pod, namespace, container}}")
+        out[str(host)] = {}
+        for idx, labels in gpus.items():
+            if not isinstance(idx, int) or not isinstance(labels, dict):
+                raise ValueError(f"{path}: {host}: GPU key {idx!r} must be an integer index with a mapping value")
+            bad = set(labels) - {"pod", "namespace", "container"}
+            if bad or not all(isinstance(v, str) for v in labels.values()):
+                raise ValueError(f"{path}: {host}.{idx}: allowed keys pod, namespace, container (strings); got {sorted(labels)}")
+            out[str(host)][idx] = labels
+    return out
 
 
 class Fleet:
@@ -67,14 +107,22 @@ class Fleet:
     def __init__(self, cfg: FleetConfig, token: str):
         self.cfg = cfg
         now = time.time()
+        releases = load_releases(cfg.releases_file)
+        first_training = cfg.node_offset + cfg.nodes - cfg.training_nodes
         self.nodes = [Node(NodeConfig(index=i, gpus=cfg.gpus, seed=cfg.seed, host_prefix=cfg.host_prefix,
+                                      role="training" if i >= first_training else "serving",
                                       driver_version=cfg.driver_version, xid_window_ms=cfg.xid_window_ms,
-                                      start_time=now))
-                      for i in range(cfg.nodes)]
+                                      start_time=now, engine=EngineConfig(rate_rps=cfg.rate_rps)), releases)
+                      for i in range(cfg.node_offset, cfg.node_offset + cfg.nodes)]
         self.servers: list[NodeServer] = []
         try:
             for i, node in enumerate(self.nodes):
-                self.servers.append(NodeServer((cfg.host, cfg.base_port + i), node, token, cfg.hostname_label))
+                dcgm = DcgmCollector(node, cfg.hostname_label, cfg.mig, cfg.k8s)
+                self.servers.append(NodeServer((cfg.host, cfg.base_port + i), node, token, dcgm, True,
+                                               cfg.hostname_label))
+                if node.engine is not None and cfg.engine_base_port is not None:
+                    self.servers.append(NodeServer((cfg.host, cfg.engine_base_port + i), node, token,
+                                                   EngineCollector(node), False, cfg.hostname_label))
         except OSError:
             for s in self.servers:
                 s.server_close()

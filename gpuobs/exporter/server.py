@@ -7,6 +7,10 @@ Admin API (loopback clients only, ``Authorization: Bearer <token>``):
   400 ``{"error": ..., "field": ...}`` for bad JSON or parameters; 413 over 64 KiB
 * ``DELETE /admin/faults/<id>`` -> 200 with the cleared fault, 404 if unknown
 * ``GET /admin/kernel-log`` -> 200 text, the node's simulated dmesg lines (Xid lines)
+* ``GET /admin/deploy`` -> ``{"version": ...}``; ``POST /admin/deploy`` with ``{"version": "1.5.0"}``
+  -> 200 ``{"version": ..., "previous": ...}``; unknown version -> 400 naming the known ones
+
+The serving engine's port serves only ``/metrics`` and ``/health`` (``admin=False``).
 
 Missing or wrong token -> 401; a non-loopback client -> 403. Handler errors are answered with 500
 and logged; they never stop the server or the simulation.
@@ -23,7 +27,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpuobs import log
 from gpuobs.exporter import faults as faultmod
-from gpuobs.exporter.collector import DcgmCollector
 from gpuobs.exporter.exposition import CONTENT_TYPE, Family, label_string, render
 from gpuobs.exporter.node import Node
 
@@ -37,11 +40,14 @@ class NodeServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], node: Node, token: str, hostname_label: str = "Hostname"):
+    def __init__(self, addr: tuple[str, int], node: Node, token: str, collector, admin: bool = True,
+                 hostname_label: str = "Hostname"):
         super().__init__(addr, Handler)
         self.node = node
         self.token = token
-        self.collector = DcgmCollector(node, hostname_label)
+        self.collector = collector
+        self.admin = admin
+        self.hostname_label = hostname_label
         self.stats_lock = threading.Lock()
         self.scrapes = 0
         self.last_collect_s = 0.0
@@ -50,7 +56,7 @@ class NodeServer(ThreadingHTTPServer):
         """Render the node's page, including exporter self-metrics (design §4.5)."""
         start = time.perf_counter()
         fams = self.collector.collect()
-        host = [(self.collector.hostname_label, self.node.hostname)]
+        host = [(self.hostname_label, self.node.hostname)]
         with self.stats_lock:
             self.scrapes += 1
             fams.append(Family("gpuobs_exporter_scrapes_total", "counter",
@@ -170,6 +176,11 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, self.server.metrics_page(), CONTENT_TYPE)
         elif path == "/health":
             self._json(200, {"status": "ok", "hostname": node.hostname, "down": node.down})
+        elif not self.server.admin:
+            self._error(404, f"no route {path}")
+        elif path == "/admin/deploy":
+            if self._authorized():
+                self._json(200, {"hostname": node.hostname, "version": node.version})
         elif path == "/admin/faults":
             if self._authorized():
                 self._json(200, {"hostname": node.hostname, "faults": node.list_faults()})
@@ -183,7 +194,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _post(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path != "/admin/faults":
+        if path not in ("/admin/faults", "/admin/deploy") or not self.server.admin:
             self._error(404, f"no route {path}")
             return
         if not self._authorized():
@@ -192,6 +203,9 @@ class Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         node = self.server.node
+        if path == "/admin/deploy":
+            self._deploy(body)
+            return
         try:
             req = faultmod.validate(body, len(node.gpus))
         except faultmod.FaultError as exc:
@@ -201,10 +215,25 @@ class Handler(BaseHTTPRequestHandler):
         _log.info("fault injected", extra={"fields": {"hostname": node.hostname, **fault.to_json()}})
         self._json(201, fault.to_json())
 
+    def _deploy(self, body: object) -> None:
+        node = self.server.node
+        known = ", ".join(node.releases.releases)
+        if not isinstance(body, dict) or set(body) != {"version"} or not isinstance(body["version"], str):
+            self._error(400, f'body must be {{"version": "<one of {known}>"}}', "version")
+            return
+        try:
+            previous = node.deploy(body["version"])
+        except KeyError:
+            self._error(400, f"field 'version' must be one of {known}; got {body['version']!r}", "version")
+            return
+        _log.info("deployed", extra={"fields": {"hostname": node.hostname, "version": body["version"],
+                                                "previous": previous}})
+        self._json(200, {"hostname": node.hostname, "version": body["version"], "previous": previous})
+
     def _delete(self) -> None:
         path = self.path.split("?", 1)[0]
         prefix = "/admin/faults/"
-        if not path.startswith(prefix) or len(path) == len(prefix):
+        if not self.server.admin or not path.startswith(prefix) or len(path) == len(prefix):
             self._error(404, f"no route {path}")
             return
         if not self._authorized():

@@ -27,6 +27,7 @@ class Ports:
     alertmanager: int = 9093
     pager: int = 9097
     node_base: int = 9400
+    engine_base: int = 8000
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -39,26 +40,39 @@ def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], runbook_base: str,
-                      repo: Path = REPO_ROOT) -> Path:
-    """Write ``run/prometheus/{prometheus.yml,rules/*.yml,targets/dcgm-nodes.json}``; returns the config path.
+def write_targets(run: Path, job: str, targets: list[tuple[str, int, dict[str, str]]]) -> Path:
+    """Write the file_sd file of ``job`` (``dcgm`` or ``vllm``): ``[(hostname, port, extra labels)]``.
 
-    ``nodes`` is ``[(hostname, port), ...]``; each becomes a file_sd target labelled ``node``.
+    Each target is labelled ``node=<hostname>`` plus the extra labels (e.g. ``track``). Written
+    atomically, so Prometheus never reads half a file.
+    """
+    doc = [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": host, **extra}} for host, port, extra in targets]
+    path = run / "prometheus" / "targets" / f"{job}-nodes.json"
+    atomic_write(path, json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], engines: list[tuple[str, int]],
+                      runbook_base: str, repo: Path = REPO_ROOT) -> Path:
+    """Write ``run/prometheus/{prometheus.yml,rules/*.yml,targets/*.json}``; returns the config path.
+
+    ``nodes``/``engines`` are ``[(hostname, port), ...]`` for the DCGM and vLLM jobs.
     """
     out = run / "prometheus"
     cfg = yaml.safe_load((repo / "prometheus" / "prometheus.yml").read_text())
     cfg["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]
     cfg["rule_files"] = [str(out / "rules" / "*.yml")]
     for sc in cfg["scrape_configs"]:
-        if sc["job_name"] == "dcgm":
-            sc["file_sd_configs"] = [{"files": [str(out / "targets" / "dcgm-*.json")], "refresh_interval": "5s"}]
+        if sc["job_name"] in ("dcgm", "vllm"):
+            sc["file_sd_configs"] = [{"files": [str(out / "targets" / f"{sc['job_name']}-*.json")],
+                                      "refresh_interval": "5s"}]
         elif sc["job_name"] == "prometheus":
             sc["static_configs"] = [{"targets": [f"127.0.0.1:{ports.prometheus}"]}]
     for rule_file in sorted((repo / "prometheus" / "rules").glob("*.yml")):
         text = rule_file.read_text().replace(RUNBOOK_BASE, runbook_base.rstrip("/"))
         atomic_write(out / "rules" / rule_file.name, text)
-    targets = [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": host}} for host, port in nodes]
-    atomic_write(out / "targets" / "dcgm-nodes.json", json.dumps(targets, indent=2) + "\n")
+    write_targets(run, "dcgm", [(h, p, {}) for h, p in nodes])
+    write_targets(run, "vllm", [(h, p, {}) for h, p in engines])
     path = out / "prometheus.yml"
     atomic_write(path, yaml.safe_dump(cfg, sort_keys=False))
     return path

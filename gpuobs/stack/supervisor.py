@@ -44,6 +44,7 @@ class StackConfig:
     run_dir: Path = Path(".run")
     nodes: int = 4
     gpus: int = 8
+    training_nodes: int = 1
     seed: int = 1
     ports: Ports = field(default_factory=Ports)
     xid_window_ms: int = 15_000
@@ -114,8 +115,8 @@ def _ok(url: str) -> bool:
 
 def _all_targets_up(prom: str, expected: int) -> bool:
     resp = requests.get(f"{prom}/api/v1/targets", params={"state": "active"}, timeout=2).json()
-    dcgm = [t for t in resp["data"]["activeTargets"] if t["labels"].get("job") == "dcgm"]
-    return len(dcgm) == expected and all(t["health"] == "up" for t in dcgm)
+    nodes = [t for t in resp["data"]["activeTargets"] if t["labels"].get("job") in ("dcgm", "vllm")]
+    return len(nodes) == expected and all(t["health"] == "up" for t in nodes)
 
 
 def up(cfg: StackConfig, out=sys.stdout) -> dict:
@@ -131,21 +132,25 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
     bins = find_binaries()
     p = cfg.ports
     node_ports = [p.node_base + i for i in range(cfg.nodes)]
-    busy = [str(x) for x in [p.prometheus, p.alertmanager, p.pager, *node_ports] if not port_free(x)]
+    serving = cfg.nodes - cfg.training_nodes
+    engine_ports = [p.engine_base + i for i in range(serving)]
+    busy = [str(x) for x in [p.prometheus, p.alertmanager, p.pager, *node_ports, *engine_ports] if not port_free(x)]
     if busy:
         raise StackError(f"ports already in use on 127.0.0.1: {', '.join(busy)}; choose others with the --*-port flags", 2)
     for sub in ("logs", "prometheus/data", "alertmanager/data"):
         (run / sub).mkdir(parents=True, exist_ok=True)
     nodes = [(hostname("gpu-node", i), port) for i, port in enumerate(node_ports)]
+    engines = [(hostname("gpu-node", i), port) for i, port in enumerate(engine_ports)]
     pager_url = f"http://127.0.0.1:{p.pager}"
     runbook_base = cfg.runbook_base or pager_url
-    prom_cfg = render_prometheus(run, p, nodes, runbook_base)
+    prom_cfg = render_prometheus(run, p, nodes, engines, runbook_base)
     am_cfg = render_alertmanager(run, p)
     py = [sys.executable, "-m", "gpuobs"]
     specs = {
         "exporter": py + ["exporter", "--nodes", str(cfg.nodes), "--gpus", str(cfg.gpus), "--base-port", str(p.node_base),
                           "--seed", str(cfg.seed), "--token-file", str(run / "admin-token"),
-                          "--xid-window-ms", str(cfg.xid_window_ms)],
+                          "--xid-window-ms", str(cfg.xid_window_ms), "--engine-base-port", str(p.engine_base),
+                          "--training-nodes", str(cfg.training_nodes)],
         "pager": py + ["pager", "--port", str(p.pager), "--db", str(run / "pager.sqlite"),
                        "--runbooks-dir", str(REPO_ROOT / "runbooks")],
         "alertmanager": [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / 'alertmanager/data'}",
@@ -156,16 +161,18 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
                        f"--web.external-url=http://127.0.0.1:{p.prometheus}", "--log.format=json"],
     }
     checks = {
-        "exporter": lambda: all(_ok(f"http://127.0.0.1:{port}/health") for port in node_ports),
+        "exporter": lambda: all(_ok(f"http://127.0.0.1:{port}/health") for port in node_ports + engine_ports),
         "pager": lambda: _ok(f"{pager_url}/health"),
         "alertmanager": lambda: _ok(f"http://127.0.0.1:{p.alertmanager}/-/ready"),
         "prometheus": lambda: _ok(f"http://127.0.0.1:{p.prometheus}/-/ready"),
     }
     state = {"run_dir": str(run), "started_at": time.time(), "ports": asdict(p), "nodes": cfg.nodes, "gpus": cfg.gpus,
-             "seed": cfg.seed, "hostnames": [h for h, _ in nodes], "token_file": str(run / "admin-token"),
+             "seed": cfg.seed, "training_nodes": cfg.training_nodes, "hostnames": [h for h, _ in nodes],
+             "token_file": str(run / "admin-token"),
              "urls": {"prometheus": f"http://127.0.0.1:{p.prometheus}",
                       "alertmanager": f"http://127.0.0.1:{p.alertmanager}", "pager": pager_url,
-                      "nodes": [f"http://127.0.0.1:{port}/metrics" for port in node_ports]},
+                      "nodes": [f"http://127.0.0.1:{port}/metrics" for port in node_ports],
+                      "engines": [f"http://127.0.0.1:{port}/metrics" for port in engine_ports]},
              "components": {}}
     deadline = time.monotonic() + cfg.timeout_s
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -180,7 +187,7 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
             print(f"started {name:<12} pid {proc.pid}", file=out, flush=True)
             _wait(name, checks[name], deadline, proc, log)
         _wait("Prometheus to report every node target up",
-              lambda: _all_targets_up(state["urls"]["prometheus"], cfg.nodes), deadline)
+              lambda: _all_targets_up(state["urls"]["prometheus"], cfg.nodes + serving), deadline)
     except BaseException:
         down(cfg.run_dir, out=out)
         raise

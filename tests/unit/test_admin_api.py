@@ -25,7 +25,13 @@ def test_token_required(node_server):
 
 
 @pytest.mark.parametrize("body, field, fragment", [
-    ({"kind": "meteor", "gpu": 0}, "kind", "must be one of down, thermal, xid"),
+    ({"kind": "meteor", "gpu": 0}, "kind", "must be one of collective-hang, down, driver, ecc-dbe, fragmentation, "
+                                            "kv-pressure, nvlink-errors, pcie-replay, power-brake, row-remap-failure, "
+                                            "straggler, thermal, xid"),
+    ({"kind": "driver", "version": "5.x"}, "version", "580.95.05"),
+    ({"kind": "driver"}, "version", "required"),
+    ({"kind": "fragmentation", "gpu": 0, "rate_mib_per_min": "fast"}, "rate_mib_per_min", "must be a number"),
+    ({"kind": "kv-pressure", "factor": 1000}, "factor", "between 1 and 100"),
     ({"gpu": 0, "code": 48}, "kind", "must be one of"),
     ({"kind": "xid", "gpu": 4, "code": 48}, "gpu", "0..3"),
     ({"kind": "xid", "gpu": -1, "code": 48}, "gpu", "0..3"),
@@ -53,6 +59,8 @@ def test_bad_json_and_oversized_body(node_server):
     url, node = node_server
     r = post(url, data=b"{not json", headers={**AUTH, "Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["field"] == "body"
+    r = post(url, data=b'{"kind": "kv-pressure", "factor": Infinity}', headers=AUTH)
+    assert r.status_code == 400 and r.json()["field"] == "factor" and "finite" in r.json()["error"]
     r = post(url, data=b"x" * (64 * 1024 + 1), headers=AUTH)
     assert r.status_code == 413
     assert node.faults == {}

@@ -1,0 +1,69 @@
+"""Cumulative Prometheus histograms fed with numpy arrays of observations.
+
+Bucket boundaries are upper bounds (``le``); an observation equal to a boundary falls in that
+bucket, as in prometheus_client. ``observe_many`` is vectorised so a node can record thousands of
+per-token latencies per tick cheaply.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuobs.exporter.exposition import Family, label_string
+
+# vLLM V1 bucket boundaries, seconds (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# Training step and collective durations (gpuobs's own metrics), seconds.
+STEP_BUCKETS = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0)
+COLLECTIVE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Histogram:
+    """One histogram series: per-bucket counts (non-cumulative internally), sum and count."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = np.asarray(bounds, dtype=float)
+        self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last slot = +Inf overflow
+        self.sum = 0.0
+        self.count = 0
+
+    def observe_many(self, values: np.ndarray) -> None:
+        """Record observations (seconds); NaN values are rejected with ValueError."""
+        if values.size == 0:
+            return
+        if np.isnan(values).any():
+            raise ValueError("histogram observation is NaN")
+        idx = np.searchsorted(self.bounds, values, side="left")
+        self.counts += np.bincount(idx, minlength=self.counts.size)
+        self.sum += float(values.sum())
+        self.count += int(values.size)
+
+    def samples(self, name: str, labels: list[tuple[str, str]]) -> list[tuple[str, str, float]]:
+        """(sample name, label string, value) rows: cumulative ``_bucket`` per le, ``_sum``, ``_count``."""
+        cum = np.cumsum(self.counts)
+        rows = [(f"{name}_bucket", label_string(labels + [("le", _fmt_le(b))]), float(c))
+                for b, c in zip(self.bounds, cum[:-1])]
+        rows.append((f"{name}_bucket", label_string(labels + [("le", "+Inf")]), float(cum[-1])))
+        rows.append((f"{name}_sum", label_string(labels), self.sum))
+        rows.append((f"{name}_count", label_string(labels), float(self.count)))
+        return rows
+
+
+def _fmt_le(bound: float) -> str:
+    """``le`` label text as prometheus_client writes it (``1.0``, ``0.25``, ``2560.0``)."""
+    return repr(float(bound))
+
+
+def histogram_family(name: str, help_text: str, series: list[tuple[list[tuple[str, str]], Histogram]]) -> Family:
+    """A histogram Family from ``[(labels, Histogram), ...]``; samples carry their own suffixed names."""
+    fam = Family(name, "histogram", help_text, None)
+    for labels, h in series:
+        fam.samples.extend(h.samples(name, labels))
+    return fam
