@@ -230,8 +230,12 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 def cmd_rules(args: argparse.Namespace) -> int:
     from gpuobs.rulegen import render_xid_rules
+    from gpuobs.slo_rules import SloConfigError, render_slo_rules
 
-    text = render_xid_rules()
+    try:
+        text = render_xid_rules() if args.which == "xid" else render_slo_rules(Path(args.slo_config), args.period)
+    except (SloConfigError, OSError) as exc:
+        return _fail(str(exc))
     if args.check:
         current = Path(args.check).read_text()
         if current != text:
@@ -345,7 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     dx.set_defaults(func=cmd_drill)
 
     r = sub.add_parser("rules", help="generate rule files derived from reference data")
-    r.add_argument("which", choices=["xid"])
+    r.add_argument("which", choices=["xid", "slo"])
+    r.add_argument("--slo-config", default="prometheus/slo.yaml", help="SLO definitions (for `slo`)")
+    r.add_argument("--period", default=None, help="override the SLO period, e.g. 3d (for `slo`)")
     r.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated text")
     r.set_defaults(func=cmd_rules)
 

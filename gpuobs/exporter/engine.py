@@ -62,12 +62,11 @@ class Engine:
         self.kv_usage = 0.0
         self._mean_e2e = 4.0
 
-    def advance(self, dt: float, rate_scale: float, clock_ratio: float, kv_factor: float, profile: Profile,
-                failing: bool = False) -> None:
+    def advance(self, dt: float, rate_scale: float, clock_ratio: float, kv_factor: float, profile: Profile) -> None:
         """Serve ``dt`` seconds of traffic at ``cfg.rate_rps * rate_scale``.
 
         ``clock_ratio`` = slowest GPU's SM clock / max (0..1]; ``kv_factor`` >= 1 multiplies KV
-        demand per sequence; ``failing`` (a GPU of the group is gone) fails every request.
+        demand per sequence.
         """
         cfg, rng = self.cfg, self.rng
         rate = cfg.rate_rps * max(0.0, rate_scale)
@@ -106,7 +105,7 @@ class Engine:
         self.e2e.observe_many(e2e)
         self.queue.observe_many(queue)
         self._mean_e2e = 0.9 * self._mean_e2e + 0.1 * float(e2e.mean())
-        err_p = 1.0 if failing else min(1.0, cfg.base_error_ratio + profile.error_rate_delta)
+        err_p = min(1.0, cfg.base_error_ratio + profile.error_rate_delta)
         u = rng.random(n)
         errors = u < err_p
         aborts = (~errors) & (u < err_p + cfg.abort_ratio)

@@ -8,6 +8,7 @@ physics stays deterministic per tick for tests that call :meth:`Node.advance` di
 
 from __future__ import annotations
 
+import collections
 import os
 import secrets
 import signal
@@ -129,6 +130,8 @@ class Fleet:
             raise
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        #: Wall seconds each recent tick spent advancing every node (the bench reads it).
+        self.tick_seconds: collections.deque[float] = collections.deque(maxlen=3600)
 
     def start(self) -> None:
         """Start one serving thread per node and the ticker thread."""
@@ -147,12 +150,18 @@ class Fleet:
             for node in self.nodes:
                 node.advance(now - last)
             last = now
+            self.tick_seconds.append(time.monotonic() - now)
 
     def stop(self) -> None:
         """Stop the ticker and every server; idempotent."""
         self._stop.set()
+        # shutdown() waits up to one poll interval (0.5 s) per server: wait for all of them at once.
+        waiters = [threading.Thread(target=s.shutdown, daemon=True) for s in self.servers]
+        for t in waiters:
+            t.start()
+        for t in waiters:
+            t.join()
         for s in self.servers:
-            s.shutdown()
             s.server_close()
 
     def run_forever(self) -> None:

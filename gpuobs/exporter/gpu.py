@@ -156,12 +156,15 @@ class GpuState:
         """Advance ``dt`` seconds with demanded load ``load`` (0..1)."""
         m = self.model
         self.activity = min(1.0, max(0.0, load))
-        # A 2 C hysteresis band below the slowdown point holds the clock steady instead of hunting.
+        # Hysteresis: hold the clock within 2 C below the slowdown point, creep up within 5 C, recover
+        # quickly only when well below it, so the governor settles instead of hunting.
         over = self.temp_c - m.slowdown_temp_c
         if over > 0:
             self.clock_factor -= min(0.05, 0.004 * over) * dt
+        elif over < -5.0:  # well below the limit (cooling restored): recover quickly
+            self.clock_factor += 0.03 * dt
         elif over < -2.0:
-            self.clock_factor += 0.01 * dt
+            self.clock_factor += 0.003 * dt
         self.clock_factor = min(1.0, max(0.4, self.clock_factor))
         thermal_throttled = self.clock_factor < 0.999
         braked = self.brake_factor < 1.0

@@ -125,13 +125,18 @@ class Node:
                 g.prune_xids(self.now, window_s)
             present = [g for g in self.gpus if g.present]
             clock = min((g.effective_clock_factor for g in present), default=1.0)
-            if self.engine is not None:
+            if self.engine is not None and not self.engine_down:
                 rate_scale = sum(self.load(i) for i in range(len(self.gpus))) / len(self.gpus) / self._base
-                self.engine.advance(dt, rate_scale, clock, self.kv_factor, self.release.profile,
-                                    failing=len(present) < len(self.gpus))
+                self.engine.advance(dt, rate_scale, clock, self.kv_factor, self.release.profile)
             if self.training is not None:
                 self.training.advance(dt, [g.effective_clock_factor for g in self.gpus], self.slowdowns,
                                       self.hung or len(present) < len(self.gpus))
+
+    @property
+    def engine_down(self) -> bool:
+        """The engine process is gone: the node is down, or a GPU of its tensor-parallel group fell off
+        the bus (the engine crashes; the load balancer's health check stops routing traffic to it)."""
+        return self.down or any(not g.present for g in self.gpus)
 
     @property
     def release(self):

@@ -170,7 +170,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         node = self.server.node
         if path == "/metrics":
-            if node.down:  # fault 'down': the node stops answering scrapes
+            if node.down or (not self.server.admin and node.engine_down):  # the node / its engine is gone
                 self.close_connection = True
                 return
             self._send(200, self.server.metrics_page(), CONTENT_TYPE)

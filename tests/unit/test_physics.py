@@ -164,17 +164,21 @@ def test_deploy_applies_hidden_profile_and_rejects_unknown_versions():
     assert bad.version == "1.6.0"
 
 
-def test_error_profile_and_missing_gpu_raise_error_ratio():
+def test_error_profile_raises_error_ratio_and_a_missing_gpu_stops_the_engine():
     node = Node(NodeConfig(index=0, seed=6))
     node.deploy("1.6.1")
     e0, n0 = node.engine.finished["error"], sum(node.engine.finished.values())
     run(node, 600)
     ratio = (node.engine.finished["error"] - e0) / (sum(node.engine.finished.values()) - n0)
     assert 0.02 < ratio < 0.045
-    node.inject(FaultRequest("xid", 0, {"code": 79, "repeat_s": 0.0}))
-    e0, n0 = node.engine.finished["error"], sum(node.engine.finished.values())
+    f = node.inject(FaultRequest("xid", 0, {"code": 79, "repeat_s": 0.0}))
+    assert node.engine_down
+    n0 = sum(node.engine.finished.values())
     run(node, 30)
-    assert node.engine.finished["error"] - e0 == sum(node.engine.finished.values()) - n0 > 0
+    assert sum(node.engine.finished.values()) == n0  # crashed engine: no traffic routed to it
+    node.clear(f.id)
+    run(node, 30)
+    assert not node.engine_down and sum(node.engine.finished.values()) > n0
 
 
 def test_driver_fault_changes_version_label_until_cleared():
