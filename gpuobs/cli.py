@@ -192,7 +192,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
     if args.training_nodes >= args.nodes:
         return _fail(f"--training-nodes {args.training_nodes} must leave at least one serving node (--nodes {args.nodes})")
     cfg = sv.StackConfig(run_dir=run, nodes=args.nodes, gpus=args.gpus, seed=args.seed, ports=ports,
-                         training_nodes=args.training_nodes,
+                         training_nodes=args.training_nodes, profile=args.profile,
                          xid_window_ms=args.xid_window_ms, runbook_base=args.runbook_base, timeout_s=args.timeout)
     try:
         state = sv.up(cfg)
@@ -206,7 +206,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
     print(f"  GPU nodes     {u['nodes'][0]} .. {u['nodes'][-1]}  ({state['nodes']} nodes x {state['gpus']} GPUs, "
           f"{state['training_nodes']} training)")
     print(f"  vLLM engines  {u['engines'][0]} .. {u['engines'][-1]}")
-    print(f"  run dir       {state['run_dir']}  (logs/, stack.json, admin-token)")
+    print(f"  run dir       {state['run_dir']}  (logs/, stack.json, admin-token); rule profile {state['profile']}")
     print("Try: make drill-xid    Stop: make down")
     return 0
 
@@ -333,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--xid-window-ms", type=_int_range(1000, 86_400_000), default=15_000,
                    help="exporter Xid window for the local stack (default 15000 so drills resolve in ~1.5 min)")
     s.add_argument("--runbook-base", default=_env("RUNBOOK_BASE"), help="runbook_url base (default: the pager)")
+    s.add_argument("--profile", choices=["default", "drill"], default=_env("PROFILE", "default"),
+                   help="default: the rule files as they are; drill: `for:` capped at 20s and a 1d SLO period "
+                        "so every drill fires and resolves in minutes (see gpuobs/stack/render.py)")
     s.add_argument("--timeout", type=_pos_float, default=90.0, help="start-up deadline, seconds")
     s.set_defaults(func=cmd_stack)
 

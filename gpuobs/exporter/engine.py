@@ -38,7 +38,7 @@ class EngineConfig:
     gen_median_tokens: float = 180.0
     max_tokens: int = 1024
     kv_capacity_tokens: float = 40_000.0
-    base_error_ratio: float = 0.0005
+    base_error_ratio: float = 0.0002
     abort_ratio: float = 0.003
 
 

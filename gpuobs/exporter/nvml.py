@@ -4,10 +4,10 @@ Each DCGM field comes from one NVML call (table and readers in :mod:`gpuobs.expo
 ``docs/nvml.md``). Fields NVML cannot give (the ``DCGM_FI_PROF_*`` profiling ratios, which need DCGM's
 profiling module) are omitted, never invented. A call that answers ``NVML_ERROR_NOT_SUPPORTED`` (or
 ``FUNCTION_NOT_FOUND``, or is missing from an old binding) omits its fields for that GPU only; any
-other error is counted in
-``gpuobs_exporter_collector_errors_total`` and turns ``gpuobs_exporter_collector_success`` to 0 for
-that scrape, but never breaks the page. A GPU answering ``NVML_ERROR_GPU_IS_LOST`` vanishes from the
-page, like dcgm-exporter after Xid 79; ``gpuobs_node_expected_gpus`` keeps that alertable.
+other error is counted in ``gpuobs_exporter_collector_errors_total`` and turns
+``gpuobs_exporter_collector_success`` to 0 for that scrape, but never breaks the page. A GPU answering
+``NVML_ERROR_GPU_IS_LOST`` vanishes from the page, like dcgm-exporter after Xid 79;
+``gpuobs_node_expected_gpus`` (nvmlDeviceGetCount at start) keeps that alertable.
 
 Xids arrive through NVML events (``nvmlEventSetCreate`` / ``nvmlDeviceRegisterEvents`` with
 ``nvmlEventTypeXidCriticalError``), drained without blocking (``nvmlEventSetWait`` timeout 0) by
@@ -250,17 +250,18 @@ class NvmlCollector:
                     xid_count.samples.append(
                         (label_string(g.labels + [("window_size_in_ms", window), ("xid", str(c))]), n))
             host = [(self.hostname_label, self.hostname)]
-            coll = [("collector", "nvml")] + host
+            ok = 1 if sum(self._errors.values()) == errors_before else 0
             self_fams = [
-                Family("gpuobs_node_expected_gpus", "gauge", "Number of GPUs NVML reported at exporter start "
-                       "(nvmlDeviceGetCount); GPUs that fell off the bus vanish from the DCGM page.", True,
+                # HELP texts and label order shared with the simulated collector (collector.py).
+                Family("gpuobs_node_expected_gpus", "gauge", "Number of GPUs the node should have (GPUs that "
+                       "fell off the bus vanish from the DCGM page).", True,
                        [(label_string(host), self.expected_gpus)]),
                 Family("gpuobs_exporter_collector_success", "gauge",
-                       "1 if the collector's last scrape had no errors (unsupported fields are not errors).", True,
-                       [(label_string(coll), 1 if sum(self._errors.values()) == errors_before else 0)]),
+                       "Whether a collector succeeded in the last scrape (1) or raised (0).", True,
+                       [(label_string(host + [("collector", "nvml")]), ok)]),
                 Family("gpuobs_exporter_collector_errors_total", "counter",
                        "NVML calls that failed (other than not-supported) since start, by GPU and call.", True,
-                       [(label_string([("collector", "nvml"), ("gpu", gpu), ("nvml_call", call)] + host), n)
+                       [(label_string(host + [("collector", "nvml"), ("gpu", gpu), ("nvml_call", call)]), n)
                         for (gpu, call), n in sorted(self._errors.items())])]
             return list(fams.values()) + [xid, xid_count] + self_fams
 

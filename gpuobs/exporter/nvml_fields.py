@@ -51,6 +51,14 @@ FIELDS: list[tuple[str, str, bool, str]] = [
     ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", True, "Total number of NVLink recovery errors."),
 ]
 
+#: dcgm-exporter fields the NVML source never emits, and why (every ``DCGM_FI_PROF_*`` is omitted too:
+#: those ratios come from DCGM's profiling module, which NVML does not expose).
+OMITTED: dict[str, str] = {
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "DCGM's own aggregate of per-lane counters; NVML's NVLink throughput "
+                                          "fields differ in unit and reset behaviour, so no value is approximated",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "only meaningful inside a vGPU guest; a bare-metal NVML has no such field",
+}
+
 Reader = Callable[[Any, Any], dict[str, float]]
 
 

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from gpuobs.rulegen import RUNBOOK_BASE
+from gpuobs.slo_rules import parse_duration, render_slo_rules
+
+#: Stack profiles. ``default`` loads the repository's rule files as they are (realistic ``for:``
+#: durations, 30-day SLO). ``drill`` is for rehearsing every failure quickly (``make drills``): every
+#: ``for:`` longer than DRILL_MAX_FOR is cut to it, and the SLO rules are regenerated for a
+#: DRILL_SLO_PERIOD SLO period, which shrinks the burn-rate windows proportionally (1d: 2m/30s x14.4,
+#: 12m/1m x6 page; 144m/12m x1 ticket). Production rule files are never modified.
+PROFILES = ("default", "drill")
+DRILL_MAX_FOR = "20s"
+DRILL_SLO_PERIOD = "1d"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,11 +63,39 @@ def write_targets(run: Path, job: str, targets: list[tuple[str, int, dict[str, s
     return path
 
 
+def _cap_for(text: str, cap: str) -> str:
+    """Replace every ``for: <duration>`` longer than ``cap`` with ``cap`` (drill profile)."""
+    limit = parse_duration(cap)
+
+    def sub(m: re.Match) -> str:
+        return f"{m.group(1)}for: {cap}" if parse_duration(m.group(2)) > limit else m.group(0)
+    return re.sub(r"(?m)^(\s*)for: ([0-9dhms]+)\s*$", sub, text)
+
+
+def render_rules(out: Path, runbook_base: str, profile: str = "default", repo: Path = REPO_ROOT) -> list[Path]:
+    """Copy the rule files into ``out`` with the runbook base applied and, for ``drill``, shortened."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    written = []
+    for rule_file in sorted((repo / "prometheus" / "rules").glob("*.yml")):
+        if profile == "drill" and rule_file.name == "slo.yml":
+            text = render_slo_rules(repo / "prometheus" / "slo.yaml", DRILL_SLO_PERIOD)
+        else:
+            text = rule_file.read_text()
+        if profile == "drill":
+            text = _cap_for(text, DRILL_MAX_FOR)
+        text = text.replace(RUNBOOK_BASE, runbook_base.rstrip("/"))
+        atomic_write(out / rule_file.name, text)
+        written.append(out / rule_file.name)
+    return written
+
+
 def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], engines: list[tuple[str, int]],
-                      runbook_base: str, repo: Path = REPO_ROOT) -> Path:
+                      runbook_base: str, profile: str = "default", repo: Path = REPO_ROOT) -> Path:
     """Write ``run/prometheus/{prometheus.yml,rules/*.yml,targets/*.json}``; returns the config path.
 
-    ``nodes``/``engines`` are ``[(hostname, port), ...]`` for the DCGM and vLLM jobs.
+    ``nodes``/``engines`` are ``[(hostname, port), ...]`` for the DCGM and vLLM jobs; ``profile`` is
+    one of :data:`PROFILES`.
     """
     out = run / "prometheus"
     cfg = yaml.safe_load((repo / "prometheus" / "prometheus.yml").read_text())
@@ -68,9 +107,7 @@ def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], eng
                                       "refresh_interval": "5s"}]
         elif sc["job_name"] == "prometheus":
             sc["static_configs"] = [{"targets": [f"127.0.0.1:{ports.prometheus}"]}]
-    for rule_file in sorted((repo / "prometheus" / "rules").glob("*.yml")):
-        text = rule_file.read_text().replace(RUNBOOK_BASE, runbook_base.rstrip("/"))
-        atomic_write(out / "rules" / rule_file.name, text)
+    render_rules(out / "rules", runbook_base, profile, repo)
     write_targets(run, "dcgm", [(h, p, {}) for h, p in nodes])
     write_targets(run, "vllm", [(h, p, {}) for h, p in engines])
     path = out / "prometheus.yml"

@@ -48,6 +48,7 @@ class StackConfig:
     seed: int = 1
     ports: Ports = field(default_factory=Ports)
     xid_window_ms: int = 15_000
+    profile: str = "default"
     runbook_base: str | None = None
     timeout_s: float = 60.0
 
@@ -143,7 +144,7 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
     engines = [(hostname("gpu-node", i), port) for i, port in enumerate(engine_ports)]
     pager_url = f"http://127.0.0.1:{p.pager}"
     runbook_base = cfg.runbook_base or pager_url
-    prom_cfg = render_prometheus(run, p, nodes, engines, runbook_base)
+    prom_cfg = render_prometheus(run, p, nodes, engines, runbook_base, cfg.profile)
     am_cfg = render_alertmanager(run, p)
     py = [sys.executable, "-m", "gpuobs"]
     specs = {
@@ -167,7 +168,7 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
         "prometheus": lambda: _ok(f"http://127.0.0.1:{p.prometheus}/-/ready"),
     }
     state = {"run_dir": str(run), "started_at": time.time(), "ports": asdict(p), "nodes": cfg.nodes, "gpus": cfg.gpus,
-             "seed": cfg.seed, "training_nodes": cfg.training_nodes, "hostnames": [h for h, _ in nodes],
+             "seed": cfg.seed, "training_nodes": cfg.training_nodes, "profile": cfg.profile, "hostnames": [h for h, _ in nodes],
              "token_file": str(run / "admin-token"),
              "urls": {"prometheus": f"http://127.0.0.1:{p.prometheus}",
                       "alertmanager": f"http://127.0.0.1:{p.alertmanager}", "pager": pager_url,
