@@ -213,6 +213,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
 def cmd_drill(args: argparse.Namespace) -> int:
     from gpuobs.stack import drill
+    from gpuobs.stack.drills import xid_drill
     from gpuobs.stack.supervisor import load_state
 
     state = load_state(Path(args.run_dir))
@@ -220,12 +221,24 @@ def cmd_drill(args: argparse.Namespace) -> int:
         return _fail(f"no running stack in {args.run_dir}; start one with `make up`")
     progress = None if args.json else (lambda m: print(f"  .. {m}", flush=True))
     try:
-        res = drill.run_xid(state, code=args.code, node=args.node, gpu=args.gpu, deadline_s=args.deadline,
-                            resolve_deadline_s=args.resolve_deadline, progress=progress)
-    except drill.DrillError as exc:
+        if args.drill == "all":
+            results = drill.run_all(state, progress)
+        else:
+            spec = None
+            if args.drill == "xid" and args.code != 48:
+                spec = xid_drill(args.code)
+            results = [drill.run_drill(state, args.drill, progress=progress, spec=spec)]
+    except (drill.DrillError, ValueError) as exc:
         return _fail(str(exc))
-    print(json.dumps(res.to_json(), indent=2) if args.json else drill.format_timeline(res))
-    return 0 if res.ok else 1
+    if args.json:
+        print(json.dumps([r.to_json() for r in results] if args.drill == "all" else results[0].to_json(), indent=2))
+    else:
+        for r in results:
+            print(drill.format_timeline(r))
+        if len(results) > 1:
+            print()
+            print(drill.format_table(results))
+    return 0 if all(r.ok for r in results) else 1
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
@@ -339,17 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=_pos_float, default=90.0, help="start-up deadline, seconds")
     s.set_defaults(func=cmd_stack)
 
-    d = sub.add_parser("drill", help="failure drills on the running stack")
-    dsub = d.add_subparsers(dest="drill", required=True)
-    dx = dsub.add_parser("xid", help="inject an Xid, wait for the page, clear, wait for resolution")
-    dx.add_argument("--code", type=_int_range(1, 65535), default=48, help="Xid code (default 48, DBE)")
-    dx.add_argument("--node", type=_int_range(0, 4095), default=0)
-    dx.add_argument("--gpu", type=_int_range(0, 15), default=0)
-    dx.add_argument("--deadline", type=_pos_float, default=60.0, help="seconds to page (default 60)")
-    dx.add_argument("--resolve-deadline", type=_pos_float, default=240.0, help="seconds to resolve after clear")
-    dx.add_argument("--run-dir", default=run_dir)
-    dx.add_argument("--json", action="store_true")
-    dx.set_defaults(func=cmd_drill)
+    from gpuobs.stack.drills import DRILLS
+    d = sub.add_parser("drill", help="failure drills on the running stack: inject, page, clear, resolve")
+    d.add_argument("drill", choices=[*DRILLS, "all"], help="drill name, or all (lanes in parallel, then slo-burn)")
+    d.add_argument("--code", type=_int_range(1, 65535), default=48, help="xid drill: Xid code (default 48, DBE)")
+    d.add_argument("--run-dir", default=run_dir)
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_drill)
 
     r = sub.add_parser("rules", help="generate rule files derived from reference data")
     r.add_argument("which", choices=["xid", "slo"])

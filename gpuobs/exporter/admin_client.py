@@ -44,6 +44,14 @@ class AdminClient:
         """DELETE a fault by id; returns the cleared fault. AdminError(404) if unknown."""
         return self._call("DELETE", f"/admin/faults/{fault_id}")
 
+    def deploy(self, version: str) -> dict:
+        """POST /admin/deploy; returns ``{"version", "previous", "hostname"}``. AdminError(400) if unknown."""
+        return self._call("POST", "/admin/deploy", {"version": version})
+
+    def version(self) -> str:
+        """The engine version the node runs."""
+        return self._call("GET", "/admin/deploy")["version"]
+
     def list(self) -> list[dict]:
         """Active faults of the node."""
         return self._call("GET", "/admin/faults")["faults"]

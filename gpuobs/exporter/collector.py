@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuobs import log
-from gpuobs.exporter.exposition import Family, label_string
+from gpuobs.exporter.exposition import Family, Prerendered, Template, label_string
 from gpuobs.exporter.gpu import GpuState
 from gpuobs.exporter.mig import MigProfile
 from gpuobs.exporter.node import Node
@@ -120,13 +120,20 @@ class DcgmCollector:
     """
 
     def __init__(self, node: Node, hostname_label: str = "Hostname", mig: dict[int, MigProfile] | None = None,
-                 k8s: K8sMap | None = None):
+                 k8s: K8sMap | None = None, cache: bool = True):
         if hostname_label not in ("Hostname", "hostname"):
             raise ValueError(f"hostname_label must be 'Hostname' or 'hostname', got {hostname_label!r}")
         self.node = node
         self.hostname_label = hostname_label
         self.mig = mig or {}
         self.pods = (k8s or {}).get(node.hostname, {})
+        #: ``cache=False`` renders every scrape from scratch (the reference the cached output must equal).
+        self.cache = cache
+        self._key: tuple | None = None  # label values the cached strings were built for
+        self._gpu_ls: list[str] = []  # rendered identity labels of each present GPU
+        self._series_ls: list[str] = []  # ... of each DCGM series (a GPU, or a MIG instance)
+        self._dcgm_tmpl: Template | None = None
+        self._alloc_tmpl: Template | None = None
 
     def identity_labels(self, g: GpuState, mig: tuple[str, int] | None = None) -> list[tuple[str, str]]:
         """dcgm-exporter's identity labels of one GPU (or MIG instance), in order."""
@@ -141,51 +148,82 @@ class DcgmCollector:
             labels += [(k, pod[k]) for k in ("container", "namespace", "pod") if pod.get(k)]
         return labels
 
-    def _dcgm(self, fams: dict[str, Family], present: list[GpuState]) -> None:
+    def _series(self, present: list[GpuState]) -> list[tuple[GpuState, tuple[MigProfile, int, int] | None]]:
+        """DCGM series in page order: ``(gpu, None)``, or ``(gpu, (profile, k, instance id))`` per MIG instance."""
+        out: list[tuple[GpuState, tuple[MigProfile, int, int] | None]] = []
         for g in present:
             prof = self.mig.get(g.ident.index)
             if prof is None:
-                base = label_string(self.identity_labels(g))
-                for name, _t, _i, _h, get in DCGM_FIELDS:
-                    fams[name].samples.append((base, get(g)))
-                continue
-            n = len(prof.instance_ids)
-            for k, gi in enumerate(prof.instance_ids):
-                base = label_string(self.identity_labels(g, (prof.name, gi)))
-                share = (0.85 + 0.3 * k / max(1, n - 1)) / n if n > 1 else 1.0
-                for name, _t, _i, _h, get in DCGM_FIELDS:
-                    if name in MIG_EXCLUDED:
-                        continue
-                    if name == "DCGM_FI_DEV_FB_USED":
-                        value = min(prof.memory_mib, g.fb_used_mib * share)
-                    elif name == "DCGM_FI_DEV_FB_FREE":
-                        value = max(0.0, prof.memory_mib - min(prof.memory_mib, g.fb_used_mib * share))
-                    elif name.startswith("DCGM_FI_PROF_"):
-                        value = min(1.0, get(g) * (0.9 + 0.2 * k / max(1, n - 1))) if "PCIE" not in name else get(g) / n
-                    else:
-                        value = get(g)  # clocks, temperature, power, counters: the parent's values
-                    fams[name].samples.append((base, value))
+                out.append((g, None))
+            else:
+                out.extend((g, (prof, k, gi)) for k, gi in enumerate(prof.instance_ids))
+        return out
+
+    @staticmethod
+    def _mig_value(name: str, get: Callable[[G], float], g: GpuState, prof: MigProfile, k: int) -> float:
+        n = len(prof.instance_ids)
+        share = (0.85 + 0.3 * k / max(1, n - 1)) / n if n > 1 else 1.0
+        if name == "DCGM_FI_DEV_FB_USED":
+            return min(prof.memory_mib, g.fb_used_mib * share)
+        if name == "DCGM_FI_DEV_FB_FREE":
+            return max(0.0, prof.memory_mib - min(prof.memory_mib, g.fb_used_mib * share))
+        if name.startswith("DCGM_FI_PROF_"):
+            return min(1.0, get(g) * (0.9 + 0.2 * k / max(1, n - 1))) if "PCIE" not in name else get(g) / n
+        return get(g)  # clocks, temperature, power, counters: the parent's values
+
+    def _dcgm_values(self, series: list) -> list[float]:
+        """Every DCGM sample's value in page order: per field (DCGM_FIELDS order), the series reporting it."""
+        if not self.mig:
+            gpus = [g for g, _ in series]
+            return [get(g) for *_, get in DCGM_FIELDS for g in gpus]
+        return [get(g) if m is None else self._mig_value(name, get, g, m[0], m[1])
+                for name, *_, get in DCGM_FIELDS for g, m in series if m is None or name not in MIG_EXCLUDED]
+
+    def _dcgm_fams(self, series: list, values: list[float]) -> list[Family]:
+        fams, it = [], iter(values)
+        for name, mtype, integer, help_text, _g in DCGM_FIELDS:
+            labels = [ls for ls, (_, m) in zip(self._series_ls, series) if m is None or name not in MIG_EXCLUDED]
+            fams.append(Family(name, mtype, help_text, integer, [(ls, next(it)) for ls in labels]))
+        return fams
+
+    def _refresh_labels(self, present: list[GpuState]) -> None:
+        """Render the identity label strings, unless cached ones were built for the same label values
+        (GPUs present, hostname, driver version, MIG layout, pod labels). Drops stale templates."""
+        key = (self.hostname_label, self.node.hostname, self.node.driver_version, tuple(g.ident for g in present),
+               tuple(sorted(self.mig.items())), tuple((i, tuple(p.items())) for i, p in sorted(self.pods.items())))
+        if self.cache and key == self._key:
+            return
+        self._key, self._dcgm_tmpl, self._alloc_tmpl = key, None, None
+        self._gpu_ls = [label_string(self.identity_labels(g)) for g in present]
+        self._series_ls = [label_string(self.identity_labels(g, (m[0].name, m[2]) if m else None))
+                           for g, m in self._series(present)]
 
     def _xid(self, present: list[GpuState]) -> list[Family]:
         xid = Family("DCGM_FI_DEV_XID_ERRORS", "gauge", XID_HELP, True)
         count = Family("DCGM_EXP_XID_ERRORS_COUNT", "gauge", XID_COUNT_HELP, True)
-        window = str(self.node.cfg.xid_window_ms)
-        for g in present:
-            ident = self.identity_labels(g)
+        window = label_string([("window_size_in_ms", str(self.node.cfg.xid_window_ms))])
+        self._refresh_labels(present)
+        for g, ident in zip(present, self._gpu_ls):
+            if not self.cache:  # reference: render the whole label set
+                ident = label_string(self.identity_labels(g))
             last = g.last_xid
             code, msg = (last.code, last.message) if last else (0, "No Error")
-            xid.samples.append((label_string(ident + [("err_code", str(code)), ("err_msg", msg)]), code))
+            # identity labels are never empty, so label_string(a + b) == label_string(a) + "," + label_string(b)
+            xid.samples.append((f"{ident},{label_string([('err_code', str(code)), ('err_msg', msg)])}", code))
             for c, n in sorted(g.xid_counts().items()):
-                count.samples.append((label_string(ident + [("window_size_in_ms", window), ("xid", str(c))]), n))
+                count.samples.append((f'{ident},{window},xid="{c}"', n))
         return [xid, count]
 
-    def _allocator(self, present: list[GpuState]) -> list[Family]:
-        fams = [Family(n, t, h, None) for n, t, h, _ in ALLOCATOR_FIELDS]
-        for g in present:
-            ls = label_string(self.identity_labels(g))
-            for fam, (_n, _t, _h, get) in zip(fams, ALLOCATOR_FIELDS):
-                fam.samples.append((ls, get(g)))
-        return fams
+    def _allocator(self, present: list[GpuState]) -> list[Family | Prerendered]:
+        self._refresh_labels(present)
+        values = [get(g) for *_, get in ALLOCATOR_FIELDS for g in present]
+        if self._alloc_tmpl is None:
+            fams = [Family(n, t, h, None, list(zip(self._gpu_ls, values[k * len(present):])))
+                    for k, (n, t, h, _) in enumerate(ALLOCATOR_FIELDS)]
+            if not self.cache:
+                return fams
+            self._alloc_tmpl = Template(fams)
+        return [Prerendered(self._alloc_tmpl.fill(values))]
 
     def _training(self, present: list[GpuState]) -> list[Family]:
         tr = self.node.training
@@ -222,10 +260,18 @@ class DcgmCollector:
         out.append(success)
         return out
 
-    def _dcgm_families(self, present: list[GpuState]) -> list[Family]:
-        fams = {n: Family(n, t, h, i) for n, t, i, h, _ in DCGM_FIELDS}
-        self._dcgm(fams, present)
-        return list(fams.values())
+    def _dcgm_families(self, present: list[GpuState]) -> list[Family | Prerendered]:
+        """The DCGM fields: from the cached template when the label values are unchanged (one
+        ``%``-format per scrape), else rendered from families (``cache=False``: always)."""
+        self._refresh_labels(present)
+        series = self._series(present)
+        values = self._dcgm_values(series)
+        if self._dcgm_tmpl is None:
+            fams = self._dcgm_fams(series, values)
+            if not self.cache:
+                return fams
+            self._dcgm_tmpl = Template(fams)
+        return [Prerendered(self._dcgm_tmpl.fill(values))]
 
 
 class EngineCollector:

@@ -104,7 +104,9 @@ class Engine:
         self.tpot.observe_many(decode[multi] / (gen[multi] - 1))
         self.e2e.observe_many(e2e)
         self.queue.observe_many(queue)
-        self._mean_e2e = 0.9 * self._mean_e2e + 0.1 * float(e2e.mean())
+        # Sequences hold KV cache from admission to completion, not while queued: Little's law on
+        # the in-engine time, so queueing does not feed back into KV demand.
+        self._mean_e2e = 0.9 * self._mean_e2e + 0.1 * float((e2e - queue).mean())
         err_p = min(1.0, cfg.base_error_ratio + profile.error_rate_delta)
         u = rng.random(n)
         errors = u < err_p

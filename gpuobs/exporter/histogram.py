@@ -26,13 +26,14 @@ COLLECTIVE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30
 class Histogram:
     """One histogram series: per-bucket counts (non-cumulative internally), sum and count."""
 
-    __slots__ = ("bounds", "counts", "sum", "count")
+    __slots__ = ("bounds", "counts", "sum", "count", "_rows")
 
     def __init__(self, bounds: tuple[float, ...]):
         self.bounds = np.asarray(bounds, dtype=float)
         self.counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last slot = +Inf overflow
         self.sum = 0.0
         self.count = 0
+        self._rows: tuple[tuple, list[tuple[str, str]]] | None = None  # (name, labels) -> rendered names/labels
 
     def observe_many(self, values: np.ndarray) -> None:
         """Record observations (seconds); NaN values are rejected with ValueError."""
@@ -46,14 +47,17 @@ class Histogram:
         self.count += int(values.size)
 
     def samples(self, name: str, labels: list[tuple[str, str]]) -> list[tuple[str, str, float]]:
-        """(sample name, label string, value) rows: cumulative ``_bucket`` per le, ``_sum``, ``_count``."""
-        cum = np.cumsum(self.counts)
-        rows = [(f"{name}_bucket", label_string(labels + [("le", _fmt_le(b))]), float(c))
-                for b, c in zip(self.bounds, cum[:-1])]
-        rows.append((f"{name}_bucket", label_string(labels + [("le", "+Inf")]), float(cum[-1])))
-        rows.append((f"{name}_sum", label_string(labels), self.sum))
-        rows.append((f"{name}_count", label_string(labels), float(self.count)))
-        return rows
+        """(sample name, label string, value) rows: cumulative ``_bucket`` per le, ``_sum``, ``_count``.
+
+        The sample names and label strings are rendered once per (name, labels) and reused."""
+        key = (name, tuple(labels))
+        if self._rows is None or self._rows[0] != key:
+            heads = [(f"{name}_bucket", label_string(labels + [("le", _fmt_le(b))])) for b in self.bounds]
+            heads.append((f"{name}_bucket", label_string(labels + [("le", "+Inf")])))
+            heads += [(f"{name}_sum", label_string(labels)), (f"{name}_count", label_string(labels))]
+            self._rows = (key, heads)
+        values = np.cumsum(self.counts).astype(float).tolist() + [self.sum, float(self.count)]
+        return [(n, ls, v) for (n, ls), v in zip(self._rows[1], values)]
 
 
 def _fmt_le(bound: float) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import logging
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -76,9 +77,16 @@ class Handler(BaseHTTPRequestHandler):
     server: NodeServer
     protocol_version = "HTTP/1.1"
     server_version = "gpuobs-exporter"
+    # TCP_NODELAY: headers and body go out as two writes; with Nagle a small body (/health, admin
+    # JSON) waits for the client's delayed ACK, ~40 ms per response on keep-alive connections.
+    disable_nagle_algorithm = True
 
     def log_message(self, fmt: str, *args) -> None:  # route access logs to debug JSON logs
         _log.debug(fmt % args, extra={"fields": {"client": self.client_address[0]}})
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        if _log.isEnabledFor(logging.DEBUG):  # skip formatting the access line on every scrape
+            super().log_request(code, size)
 
     # ---- helpers ----------------------------------------------------------------------------
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:

@@ -19,12 +19,14 @@ from gpuobs.rulegen import RUNBOOK_BASE
 from gpuobs.slo_rules import parse_duration, render_slo_rules
 
 #: Stack profiles. ``default`` loads the repository's rule files as they are (realistic ``for:``
-#: durations, 30-day SLO). ``drill`` is for rehearsing every failure quickly (``make drills``): every
-#: ``for:`` longer than DRILL_MAX_FOR is cut to it, and the SLO rules are regenerated for a
-#: DRILL_SLO_PERIOD SLO period, which shrinks the burn-rate windows proportionally (1d: 2m/30s x14.4,
-#: 12m/1m x6 page; 144m/12m x1 ticket). Production rule files are never modified.
+#: durations and windows, 30-day SLO). ``drill`` is for rehearsing every failure quickly
+#: (``make drills``): every ``for:`` longer than DRILL_MAX_FOR is cut to it, every range selector of
+#: 5 minutes or more is divided by DRILL_WINDOW_DIVISOR (10m -> 2m), and the SLO rules are
+#: regenerated for a DRILL_SLO_PERIOD SLO period, which shrinks the burn-rate windows proportionally
+#: (1d: 2m/30s x14.4 and 12m/1m x6 page; 144m/12m x1 ticket). Production rule files are never modified.
 PROFILES = ("default", "drill")
 DRILL_MAX_FOR = "20s"
+DRILL_WINDOW_DIVISOR = 5
 DRILL_SLO_PERIOD = "1d"
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +59,12 @@ def write_targets(run: Path, job: str, targets: list[tuple[str, int, dict[str, s
     Each target is labelled ``node=<hostname>`` plus the extra labels (e.g. ``track``). Written
     atomically, so Prometheus never reads half a file.
     """
-    doc = [{"targets": [f"127.0.0.1:{port}"], "labels": {"node": host, **extra}} for host, port, extra in targets]
+    # The vLLM page has no host label of its own, so its targets also carry `Hostname` (the DCGM page
+    # brings its own, which a target label would clash with): serving alerts group and inhibit by it.
+    host_label = "Hostname" if job == "vllm" else None
+    doc = [{"targets": [f"127.0.0.1:{port}"],
+            "labels": {"node": host, **({host_label: host} if host_label else {}), **extra}}
+           for host, port, extra in targets]
     path = run / "prometheus" / "targets" / f"{job}-nodes.json"
     atomic_write(path, json.dumps(doc, indent=2) + "\n")
     return path
@@ -72,6 +79,14 @@ def _cap_for(text: str, cap: str) -> str:
     return re.sub(r"(?m)^(\s*)for: ([0-9dhms]+)\s*$", sub, text)
 
 
+def _shorten_windows(text: str, divisor: int) -> str:
+    """Divide every PromQL range selector of 5 minutes or more by ``divisor`` (drill profile)."""
+    def sub(m: re.Match) -> str:
+        secs = parse_duration(m.group(1))
+        return f"[{secs // divisor}s]" if secs >= 300 else m.group(0)
+    return re.sub(r"\[([0-9]+[dhms](?:[0-9]+[dhms])*)\]", sub, text)
+
+
 def render_rules(out: Path, runbook_base: str, profile: str = "default", repo: Path = REPO_ROOT) -> list[Path]:
     """Copy the rule files into ``out`` with the runbook base applied and, for ``drill``, shortened."""
     if profile not in PROFILES:
@@ -84,6 +99,8 @@ def render_rules(out: Path, runbook_base: str, profile: str = "default", repo: P
             text = rule_file.read_text()
         if profile == "drill":
             text = _cap_for(text, DRILL_MAX_FOR)
+            if rule_file.name != "slo.yml":  # the SLO file is regenerated for its own period instead
+                text = _shorten_windows(text, DRILL_WINDOW_DIVISOR)
         text = text.replace(RUNBOOK_BASE, runbook_base.rstrip("/"))
         atomic_write(out / rule_file.name, text)
         written.append(out / rule_file.name)
