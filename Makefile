@@ -7,10 +7,13 @@ GPUOBS := $(VENV)/bin/gpuobs
 RUN_DIR ?= .run
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries up down status test test-unit test-live lint rules drill-xid clean
+DRILL_RUN_DIR ?= .run-drills
+DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --base-port 19400 --engine-base-port 18000
+
+.PHONY: help venv binaries up down status test lint rules drills bench bench-canary clean
 
 help:
-	@echo "make up | down | status | test | lint | drill-xid | rules | clean"
+	@echo "make up | down | status | test | lint | drill-<name> | drills | bench | bench-canary | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuobs needs Python >= 3.11")'
@@ -37,8 +40,24 @@ down: venv
 status: venv
 	$(GPUOBS) stack status --run-dir $(RUN_DIR)
 
-drill-xid: venv
-	$(GPUOBS) drill xid --run-dir $(RUN_DIR)
+# One drill against the stack `make up` started (realistic rule timings: some drills take minutes).
+drill-%: venv
+	$(GPUOBS) drill $* --run-dir $(RUN_DIR)
+
+# Every drill on a fresh stack of its own with the drill profile (shortened `for:`/windows, 1d SLO
+# period; see gpuobs/stack/render.py), lanes in parallel, then one table. Stops its stack afterwards.
+drills: venv binaries
+	@$(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR) >/dev/null 2>&1 || true
+	rm -rf $(DRILL_RUN_DIR)
+	$(GPUOBS) stack up --run-dir $(DRILL_RUN_DIR) --profile drill --nodes 5 --training-nodes 1 $(DRILL_PORTS)
+	@rc=0; $(GPUOBS) drill all --run-dir $(DRILL_RUN_DIR) || rc=$$?; \
+	  $(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR); exit $$rc
+
+bench: venv binaries
+	$(PY) bench/bench_exporter.py
+
+bench-canary: venv
+	$(PY) bench/bench_canary.py
 
 lint: venv binaries
 	promtool check config prometheus/prometheus.yml
@@ -46,12 +65,14 @@ lint: venv binaries
 	cd prometheus/tests && promtool test rules *.test.yml
 	amtool check-config alertmanager/alertmanager.yml
 	$(GPUOBS) rules xid --check prometheus/rules/gpu-xid.yml
+	$(GPUOBS) rules slo --check prometheus/rules/slo.yml
 
 rules: venv
 	$(GPUOBS) rules xid > prometheus/rules/gpu-xid.yml
+	$(GPUOBS) rules slo > prometheus/rules/slo.yml
 
 test: venv binaries
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(RUN_DIR) .pytest_cache
+	rm -rf $(VENV) $(RUN_DIR) $(DRILL_RUN_DIR) .pytest_cache

@@ -252,7 +252,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     if args.check:
         current = Path(args.check).read_text()
         if current != text:
-            return _fail(f"{args.check} is out of date; regenerate with `gpuobs rules xid > {args.check}`", 1)
+            return _fail(f"{args.check} is out of date; regenerate with `gpuobs rules {args.which} > {args.check}` (or `make rules`)", 1)
         return 0
     sys.stdout.write(text)
     return 0

@@ -68,7 +68,7 @@ KINDS: dict[str, FaultKind] = {
         ),
         FaultKind(
             "power-brake", True,
-            {"clock_factor": Param(float, False, 0.35, 0.1, 0.9, "clock fraction while the brake is asserted")},
+            {"clock_factor": Param(float, False, 0.6, 0.1, 0.9, "clock fraction while the brake is asserted")},
             "assert the external power brake (HW_POWER_BRAKE): clocks collapse, power violation accrues",
         ),
         FaultKind(
