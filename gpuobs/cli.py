@@ -367,8 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated text")
     r.set_defaults(func=cmd_rules)
 
+    from gpuobs.canary.canary_cli import register as register_canary
     from gpuobs.canary.compat_cli import register as register_compat
     register_compat(sub)
+    register_canary(sub)
     return p
 
 

@@ -1,0 +1,214 @@
+"""Estimators for canary-versus-baseline comparisons from Prometheus data (pure numpy).
+
+Request-level information comes from histogram buckets: the increase of each ``_bucket`` counter over
+the analysis window is the number of requests whose latency fell in that bucket, so a window holds
+every request binned at the histogram's resolution, not a handful of per-interval quantile points.
+
+Latency effect (:func:`log_shift`): the difference of the mean log latency of canary and baseline,
+each request represented by its bucket's geometric midpoint. ``exp(effect) - 1`` is the relative
+change of the geometric-mean latency; under a multiplicative regression (every request ``x (1+d)``,
+the usual model of a slower release) it is also the relative change of every quantile, p99 included.
+Working on the log scale makes the estimate insensitive to the heavy right tail that dominates an
+arithmetic mean of latencies. Under "no difference" canary and baseline bucket counts have the same
+distribution, so the estimate is centred on 0 whatever the bucket layout: the false-rollback
+guarantee does not depend on bucket resolution. Under a real regression bucketing biases the
+estimate slightly; with vLLM's buckets and the simulator's latency model, a true +10% reads +9.7%
+(TTFT) and +9.9% (ITL), a true +20% reads +19.3% and +20.8% (2 million requests per group).
+
+Every function is vectorised over leading axes (the benchmark evaluates 1,000 runs at once); the
+last axis of a counts array is the bucket axis (finite buckets in ``le`` order, then ``+Inf``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+# Pseudo-observations of the baseline's variance mixed into the canary's (see log_shift).
+CANARY_VARIANCE_PRIOR = 10.0
+
+NODATA, INCONCLUSIVE, PASS, HIGH, LOW = 0, 1, 2, 3, 4
+CLASS_NAMES = ("NoData", "Inconclusive", "Pass", "High", "Low")
+
+
+def parse_buckets(pairs: Iterable[tuple[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Prometheus ``(le, cumulative count)`` pairs -> (finite bounds ``(B,)``, per-bucket counts ``(B+1,)``).
+
+    Duplicate ``le`` values (the same bound written ``1`` and ``1.0`` by two exporters) are summed.
+    Counts that decrease with ``le`` (possible after ``increase()`` extrapolation) are clipped at 0.
+    Raises ValueError when there is no ``+Inf`` bucket, an ``le`` is not a number, or a count is NaN.
+    """
+    acc: dict[float, float] = {}
+    for le, value in pairs:
+        try:
+            bound = float(le)
+        except ValueError:
+            raise ValueError(f"bucket bound le={le!r} is not a number") from None
+        if math.isnan(value):
+            raise ValueError(f"bucket le={le} is NaN")
+        acc[bound] = acc.get(bound, 0.0) + float(value)
+    if math.inf not in acc:
+        raise ValueError("histogram has no le=\"+Inf\" bucket")
+    bounds = np.array(sorted(b for b in acc if b != math.inf), dtype=float)
+    cumulative = np.array([acc[b] for b in bounds] + [acc[math.inf]], dtype=float)
+    return bounds, bin_counts(cumulative)
+
+
+def bin_counts(cumulative: np.ndarray) -> np.ndarray:
+    """Cumulative ``le`` counts ``(..., B+1)`` -> per-bucket counts, negatives clipped to 0."""
+    cumulative = np.asarray(cumulative, dtype=float)
+    return np.clip(np.diff(cumulative, axis=-1, prepend=0.0), 0.0, None)
+
+
+def bin_log_centres(bounds: np.ndarray) -> np.ndarray:
+    """Log of each bucket's representative value, shape ``(B+1,)``.
+
+    ``(b[i-1], b[i]]`` -> geometric midpoint; the first bucket ``(0, b[0]]`` -> ``b[0]/2``; the
+    overflow bucket ``(b[-1], +Inf)`` -> ``2 b[-1]``. Raises ValueError unless bounds are positive
+    and strictly increasing (latency histograms are).
+    """
+    b = np.asarray(bounds, dtype=float)
+    if b.ndim != 1 or b.size == 0 or b[0] <= 0 or np.any(np.diff(b) <= 0):
+        raise ValueError("log-scale bucket estimates need positive, strictly increasing bounds")
+    lb = np.log(b)
+    return np.concatenate(([lb[0] - math.log(2.0)], (lb[:-1] + lb[1:]) / 2.0, [lb[-1] + math.log(2.0)]))
+
+
+@dataclass(frozen=True)
+class Shift:
+    """A two-group effect estimate (arrays broadcast over runs when vectorised).
+
+    ``effect``: canary minus baseline on the analysis scale (log ratio for latency, absolute or log
+    ratio for gauges). ``se``: its standard error. ``info``: the statistical information proxy used to
+    place the look on the group-sequential time scale (proportional to ``1/se**2`` for a fixed
+    spread). ``n_canary`` / ``n_baseline``: sample counts (requests, or paired steps).
+    """
+
+    effect: np.ndarray
+    se: np.ndarray
+    info: np.ndarray
+    n_canary: np.ndarray
+    n_baseline: np.ndarray
+
+    @property
+    def z(self) -> np.ndarray:
+        """Standardised effect ``effect / se`` (0 when both are 0, +-inf when only se is 0)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = np.asarray(self.effect / self.se, dtype=float)
+        return np.where(self.se > 0, z, np.where(self.effect == 0, 0.0, np.sign(self.effect) * np.inf))
+
+
+def log_shift(canary: np.ndarray, baseline: np.ndarray, bounds: np.ndarray,
+              n_eff_canary: np.ndarray | None = None, n_eff_baseline: np.ndarray | None = None) -> Shift:
+    """Log-scale location shift between two bucketed latency samples.
+
+    ``canary``, ``baseline``: per-bucket counts ``(..., B+1)`` (see :func:`parse_buckets`); ``bounds``:
+    finite bounds in seconds ``(B,)``. Returns a :class:`Shift` with ``effect`` = mean log latency of
+    the canary minus the baseline's (``exp(effect)-1`` = relative change) and a Welch standard error.
+
+    The canary's variance is shrunk towards the baseline's with ``CANARY_VARIANCE_PRIOR`` pseudo
+    observations, so a small canary sample that happens to sit in one bucket (sample variance 0)
+    does not produce an infinite z. ``n_eff_*`` (optional, <= counts) replace the sample counts in the
+    variance when observations are clustered: ITL has one observation per token, correlated within a
+    request, so the analyzer passes the request count (a conservative design effect).
+    Groups with fewer than 2 observations give NaN.
+    """
+    x = bin_log_centres(bounds)
+    c = np.asarray(canary, dtype=float)
+    b = np.asarray(baseline, dtype=float)
+    nc, nb = c.sum(-1), b.sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mc, mb = (c * x).sum(-1) / nc, (b * x).sum(-1) / nb
+        vc = (c * (x - mc[..., None]) ** 2).sum(-1) / (nc - 1)
+        vb = (b * (x - mb[..., None]) ** 2).sum(-1) / (nb - 1)
+        vc = (nc * vc + CANARY_VARIANCE_PRIOR * vb) / (nc + CANARY_VARIANCE_PRIOR)
+        ec = nc if n_eff_canary is None else np.minimum(nc, n_eff_canary)
+        eb = nb if n_eff_baseline is None else np.minimum(nb, n_eff_baseline)
+        se = np.sqrt(vc / ec + vb / eb)
+        info = 1.0 / (1.0 / ec + 1.0 / eb)
+    ok = (nc >= 2) & (nb >= 2) & (ec > 0) & (eb > 0)
+    nan = np.nan
+    return Shift(np.where(ok, mc - mb, nan), np.where(ok, se, nan), np.where(ok, info, nan), nc, nb)
+
+
+def histogram_quantile(q: float, bounds: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Prometheus' ``histogram_quantile`` on per-bucket counts ``(..., B+1)``; NaN when empty.
+
+    Linear interpolation inside the bucket that holds rank ``q * total``; the first bucket starts at
+    0; a rank in the ``+Inf`` bucket returns the highest finite bound (source: prometheus/promql
+    quantile.go, bucketQuantile).
+    """
+    b = np.asarray(bounds, dtype=float)
+    c = np.asarray(counts, dtype=float)
+    cum = np.cumsum(c, axis=-1)
+    total = cum[..., -1]
+    rank = q * total
+    idx = np.argmax(cum >= rank[..., None], axis=-1)
+    upper_all = np.concatenate((b, [b[-1]]))
+    lower_all = np.concatenate(([0.0], b))
+    upper, lower = upper_all[idx], lower_all[idx]
+    in_bucket = np.take_along_axis(c, idx[..., None], -1)[..., 0]
+    before = np.take_along_axis(cum, idx[..., None], -1)[..., 0] - in_bucket
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = np.where(in_bucket > 0, (rank - before) / in_bucket, 1.0)
+    value = np.where(idx == b.size, b[-1], lower + (upper - lower) * frac)
+    return np.where(total > 0, value, np.nan)
+
+
+def paired_shift(canary: np.ndarray, baseline: np.ndarray, relative: bool) -> Shift:
+    """Effect between two aligned time series (one value per step, e.g. from ``query_range``).
+
+    ``relative=True`` compares ``log(canary/baseline)`` (steps with a non-positive value are dropped),
+    else ``canary - baseline``. Pairing by timestamp removes load swings common to both groups. Steps
+    are autocorrelated, so the standard error of the mean difference is inflated by the AR(1) factor
+    ``(1+r)/(1-r)`` with ``r`` the lag-1 autocorrelation clipped to [0, 0.9] (a batch-means style
+    correction; time-series metrics are advisory by default for this reason). NaN steps are dropped.
+    """
+    c = np.asarray(canary, dtype=float)
+    b = np.asarray(baseline, dtype=float)
+    keep = np.isfinite(c) & np.isfinite(b)
+    if relative:
+        keep &= (c > 0) & (b > 0)
+    c, b = c[keep], b[keep]
+    d = np.log(c / b) if relative else c - b
+    n = float(d.size)
+    if n < 3:
+        nan = np.float64(np.nan)
+        return Shift(nan, nan, nan, np.float64(n), np.float64(n))
+    var = float(d.var(ddof=1))
+    dc = d - d.mean()
+    denom = float((dc * dc).sum())
+    r = float((dc[1:] * dc[:-1]).sum() / denom) if denom > 0 else 0.0
+    r = min(max(r, 0.0), 0.9)
+    se = math.sqrt(var / n * (1 + r) / (1 - r))
+    return Shift(np.float64(d.mean()), np.float64(se), np.float64(n), np.float64(n), np.float64(n))
+
+
+def classify(has_data: np.ndarray, high: np.ndarray, low: np.ndarray, passed: np.ndarray) -> np.ndarray:
+    """Kayenta-style classification codes (:data:`CLASS_NAMES`), vectorised.
+
+    ``high`` / ``low``: the canary is shown above / below the baseline at the metric's error level;
+    ``passed``: the interval's harmful end lies within the allowed effect. Precedence: NoData, High,
+    Low, Pass, Inconclusive.
+    """
+    has_data = np.asarray(has_data, dtype=bool)
+    out = np.full(np.broadcast(has_data, high, low, passed).shape, INCONCLUSIVE, dtype=np.int8)
+    out = np.where(passed, PASS, out)
+    out = np.where(low, LOW, out)
+    out = np.where(high, HIGH, out)
+    return np.where(has_data, out, NODATA).astype(np.int8)
+
+
+def harmful(code: np.ndarray, direction: str) -> np.ndarray:
+    """True where a classification is harmful for a metric whose harm ``direction`` is
+    ``increase`` (High is harmful), ``decrease`` (Low) or ``either`` (both)."""
+    if direction == "increase":
+        return np.asarray(code) == HIGH
+    if direction == "decrease":
+        return np.asarray(code) == LOW
+    if direction == "either":
+        return np.isin(code, (HIGH, LOW))
+    raise ValueError(f"direction must be increase, decrease or either, got {direction!r}")

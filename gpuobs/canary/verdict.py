@@ -1,0 +1,190 @@
+"""Canary verdicts: the per-metric result, the combination rule, text and JSON forms.
+
+Combination (:func:`decide`, vectorised so the benchmark applies the same rule):
+
+* ROLLBACK when any critical metric is harmful (High for ``direction: increase``, Low for
+  ``decrease``, either for ``either``) at its share of the family-wise alpha;
+* PROMOTE when every critical metric has data and is Pass, or significantly better;
+* HOLD otherwise: NoData (too few samples, empty result, NaN) or Inconclusive on a critical metric,
+  so missing data can delay a promotion but never cause one, and never cause a rollback either.
+
+Non-critical metrics are advisory: reported (and listed as warnings when harmful) but never decide.
+Verdict codes equal the CLI exit codes of design §8: PROMOTE 0, ROLLBACK 1, HOLD 3.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuobs.canary.stats import CLASS_NAMES, HIGH, LOW, NODATA, PASS
+
+PROMOTE, ROLLBACK, HOLD = 0, 1, 3
+VERDICT_NAMES = {PROMOTE: "PROMOTE", ROLLBACK: "ROLLBACK", HOLD: "HOLD"}
+
+
+def decide(codes: np.ndarray, harm: np.ndarray, critical: np.ndarray) -> np.ndarray:
+    """Verdict codes from classification ``codes`` and ``harm`` flags ``(..., M)`` and ``critical`` ``(M,)``."""
+    codes = np.asarray(codes)
+    harm = np.asarray(harm, dtype=bool)
+    crit = np.asarray(critical, dtype=bool)
+    rollback = (harm & crit).any(-1)
+    ok = np.isin(codes, (PASS, HIGH, LOW)) & ~harm
+    promote = (ok | ~crit).all(-1)
+    return np.where(rollback, ROLLBACK, np.where(promote, PROMOTE, HOLD))
+
+
+@dataclass
+class MetricResult:
+    """One metric's row. ``effect``/``interval`` are relative (``scale == "relative"``: +0.1 = +10%)
+    or absolute differences; ``interval`` is the repeated/anytime confidence interval at the metric's
+    alpha per side. ``baseline``/``canary`` hold descriptive values (quantiles in ``unit``, ratios).
+    ``evidence``: the statistic and its boundary (``z`` vs ``boundary``, or ``log_e`` vs ``threshold``).
+    """
+
+    name: str
+    title: str
+    kind: str
+    unit: str
+    scale: str
+    direction: str
+    critical: bool
+    alpha: float
+    classification: str = "NoData"
+    harmful: bool = False
+    effect: float | None = None
+    interval: tuple[float, float] | None = None
+    baseline: dict[str, float] = field(default_factory=dict)
+    canary: dict[str, float] = field(default_factory=dict)
+    evidence: dict[str, float] = field(default_factory=dict)
+    n_canary: float = 0.0
+    n_baseline: float = 0.0
+    reason: str = ""
+    look: dict[str, float] | None = None
+
+    @property
+    def code(self) -> int:
+        """Numeric classification (:data:`gpuobs.canary.stats.CLASS_NAMES` index)."""
+        return CLASS_NAMES.index(self.classification)
+
+
+@dataclass
+class Verdict:
+    """The analysis of one look: verdict, reasons, per-metric results and the look's position."""
+
+    verdict: str
+    reasons: list[str]
+    warnings: list[str]
+    metrics: list[MetricResult]
+    canary: str
+    baseline: str
+    start: float
+    end: float
+    time_fraction: float
+    final: bool
+    alpha: float
+
+    @property
+    def exit_code(self) -> int:
+        """0 PROMOTE, 1 ROLLBACK, 3 HOLD (design §8)."""
+        return {v: k for k, v in VERDICT_NAMES.items()}[self.verdict]
+
+    @property
+    def score(self) -> float:
+        """Kayenta-style 0-100: share of metrics with data that are not harmful (informational only)."""
+        judged = [m for m in self.metrics if m.classification != "NoData"]
+        return 100.0 * sum(not m.harmful for m in judged) / len(judged) if judged else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (non-finite floats become None, intervals become two-element lists)."""
+        doc = asdict(self)
+        doc["score"] = round(self.score, 1)
+        doc["exit_code"] = self.exit_code
+        return _clean(doc)
+
+    def table(self) -> str:
+        """Text report: a header, one row per metric, then reasons and warnings."""
+        head = (f"Canary verdict: {self.verdict}  (window {self.end - self.start:.0f} s = {self.time_fraction:.0%} "
+                f"of the horizon{', final' if self.final else ''}; family-wise alpha {self.alpha:g})\n"
+                f"canary: {self.canary}   baseline: {self.baseline}")
+        cols = ("metric", "class", "baseline", "canary", "effect", "interval", "evidence", "crit")
+        rows = [cols] + [_row(m) for m in self.metrics]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+        lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines += [f"reason: {r}" for r in self.reasons] + [f"warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def fmt_effect(value: float | None, scale: str) -> str:
+    """``+12.3%`` for relative effects, ``+0.0123`` for absolute ones, ``-`` when unknown."""
+    if value is None or not math.isfinite(value):
+        return "-" if value is None or math.isnan(value) else ("+inf" if value > 0 else "-inf")
+    return f"{value * 100:+.1f}%" if scale == "relative" else f"{value:+.4f}"
+
+
+def _values(m: MetricResult, side: dict[str, float]) -> str:
+    if not side:
+        return "-"
+    if m.kind == "histogram":
+        return f"{side.get('p50', math.nan):.3g}/{side.get('p99', math.nan):.3g} {m.unit}".strip()
+    if m.kind == "errors":
+        return f"{side.get('ratio', math.nan) * 100:.3f}%"
+    return f"{side.get('mean', math.nan):.4g} {m.unit}".strip()
+
+
+def _row(m: MetricResult) -> tuple[str, ...]:
+    scale = "relative" if m.kind == "errors" else m.scale
+    interval = "-" if m.interval is None else f"[{fmt_effect(m.interval[0], scale)}, {fmt_effect(m.interval[1], scale)}]"
+    ev = m.evidence
+    if "z" in ev:
+        evidence = f"z={ev['z']:+.2f} (bound {ev['boundary']:.2f})"
+    elif "log_e" in ev:
+        evidence = f"e={math.exp(min(ev['log_e'], 700)):.3g} (bound {math.exp(ev['threshold']):.3g})"
+    else:
+        evidence = m.reason or "-"
+    cls = m.classification + ("!" if m.harmful else "")
+    return (m.name, cls, _values(m, m.baseline), _values(m, m.canary), fmt_effect(m.effect, scale), interval,
+            evidence, "yes" if m.critical else "no")
+
+
+def describe(m: MetricResult) -> str:
+    """One-line summary of a metric result for reasons and logs."""
+    scale = "relative" if m.kind == "errors" else m.scale
+    if m.classification == "NoData":
+        return f"{m.name}: NoData ({m.reason})"
+    iv = "" if m.interval is None else f" [{fmt_effect(m.interval[0], scale)}, {fmt_effect(m.interval[1], scale)}]"
+    return f"{m.name}: {m.classification} ({fmt_effect(m.effect, scale)}{iv})"
+
+
+def combine(metrics: list[MetricResult]) -> tuple[str, list[str], list[str]]:
+    """Apply :func:`decide` to metric results; returns (verdict name, reasons, warnings)."""
+    codes = np.array([m.code for m in metrics])
+    harm = np.array([m.harmful for m in metrics])
+    crit = np.array([m.critical for m in metrics])
+    verdict = VERDICT_NAMES[int(decide(codes, harm, crit))]
+    critical = [m for m in metrics if m.critical]
+    if verdict == "ROLLBACK":
+        reasons = [describe(m) + " is harmful" for m in critical if m.harmful]
+    elif verdict == "PROMOTE":
+        reasons = ["every critical metric is within its allowed effect: "
+                   + ", ".join(m.name for m in critical)]
+    else:
+        reasons = [describe(m) for m in critical if m.code not in (PASS, HIGH, LOW) or m.harmful]
+    warnings = [describe(m) + " (advisory metric)" for m in metrics if not m.critical and m.harmful]
+    warnings += [describe(m) + " (advisory metric)" for m in metrics if not m.critical and m.code == NODATA]
+    return verdict, reasons, warnings
