@@ -220,6 +220,12 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if not state or not state["components"]:
         return _fail(f"no running stack in {args.run_dir}; start one with `make up`")
     progress = None if args.json else (lambda m: print(f"  .. {m}", flush=True))
+    if args.drill == "soak":
+        from gpuobs.stack.soak import run_soak
+
+        res = run_soak(state, args.minutes, progress=progress)
+        print(json.dumps(res.to_json(), indent=2) if args.json else res.summary())
+        return 0 if res.ok else 1
     try:
         if args.drill == "all":
             results = drill.run_all(state, progress)
@@ -354,7 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from gpuobs.stack.drills import DRILLS
     d = sub.add_parser("drill", help="failure drills on the running stack: inject, page, clear, resolve")
-    d.add_argument("drill", choices=[*DRILLS, "all"], help="drill name, or all (lanes in parallel, then slo-burn)")
+    d.add_argument("drill", choices=[*DRILLS, "all", "soak"],
+                   help="drill name, all (lanes in parallel, then slo-burn), or soak (watch a healthy fleet)")
+    d.add_argument("--minutes", type=_pos_float, default=30.0, help="soak: minutes to watch (default 30)")
     d.add_argument("--code", type=_int_range(1, 65535), default=48, help="xid drill: Xid code (default 48, DBE)")
     d.add_argument("--run-dir", default=run_dir)
     d.add_argument("--json", action="store_true")
