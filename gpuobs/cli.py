@@ -236,6 +236,11 @@ def cmd_drill(args: argparse.Namespace) -> int:
             results = [drill.run_drill(state, args.drill, progress=progress, spec=spec)]
     except (drill.DrillError, ValueError) as exc:
         return _fail(str(exc))
+    from gpuobs.stack.render import atomic_write
+
+    for r in results:  # kept for `gpuobs report drill <name>`
+        atomic_write(Path(state["run_dir"]) / "drills" / f"{r.drill}-{int(r.injected_at)}.json",
+                     json.dumps(r.to_json(), indent=2))
     if args.json:
         print(json.dumps([r.to_json() for r in results] if args.drill == "all" else results[0].to_json(), indent=2))
     else:
@@ -377,8 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from gpuobs.canary.canary_cli import register as register_canary
     from gpuobs.canary.compat_cli import register as register_compat
+    from gpuobs.canary.rollout_cli import register as register_rollout
     register_compat(sub)
     register_canary(sub)
+    register_rollout(sub)
+    from gpuobs.reports.report_cli import register as register_report
+    register_report(sub)
     return p
 
 

@@ -50,6 +50,10 @@ DCGM_FIELDS: list[tuple[str, str, bool, str, Callable[[G], float]]] = [
      lambda g: g.remapped_rows_correctable),
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", True, "Whether remapping of rows has failed",
      lambda g: g.row_remap_failure),
+    # DCGM field DCGM_FI_DEV_ROW_REMAP_PENDING (NVML nvmlDeviceGetRemappedRows isPending): a remap
+    # recorded for an error is applied at the next GPU reset; 1 until then.
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", True, "Whether remapping of rows is pending (a GPU reset applies it)",
+     lambda g: g.row_remap_pending),
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", False, "Ratio of time the graphics engine is active.",
      lambda g: g.sm_active * 1.05 if not g.hung else 0.98),
     ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", False, "Ratio of cycles the tensor (HMMA) pipe is active.",

@@ -85,7 +85,7 @@ class Engine:
         self.preemptions += int(rng.poisson(dt * self.running * overflow * 0.5))
         if n == 0:
             return
-        queue = rng.exponential(0.01 + 1.0 * overflow, n)
+        queue = rng.exponential(0.01 + 0.5 * overflow, n)
         ttft = queue + sample_ttft(rng, n, profile.ttft_multiplier * (1 + 0.5 * overflow), clock_ratio)
         total_tokens = int(gen.sum())
         itl = sample_itl(rng, total_tokens, profile.itl_multiplier * (1 + 0.2 * min(demand, 1.0) + overflow),

@@ -139,6 +139,7 @@ class GpuState:
     remapped_rows_correctable: int = 0
     remapped_rows_uncorrectable: int = 0
     row_remap_failure: int = 0
+    row_remap_pending: int = 0
     nvlink_crc_flit_errors: float = 0.0
     nvlink_replay_errors: float = 0.0
     nvlink_recovery_errors: float = 0.0

@@ -194,6 +194,7 @@ class Node:
             g.ecc_dbe_vol += n
             g.ecc_dbe_agg += n
             g.remapped_rows_uncorrectable += 1
+            g.row_remap_pending = 1
             self._xid(req.gpu, 48)
             self._xid(req.gpu, 63)
         elif req.kind == "row-remap-failure":
@@ -223,7 +224,10 @@ class Node:
             g.hung = self.hung
             # Xid 79 removes the GPU until the fault is cleared (node rebooted / GPU recovered).
             g.present = not any(int(p["code"]) == 79 for p in params("xid", i))
-            # Row-remap failure is sticky until a reset: cleared with the fault.
+            # Row-remap failure and a pending remap last until the GPU is reset: clearing the fault
+            # stands for that reset.
             if not params("row-remap-failure", i):
                 g.row_remap_failure = 0
+            if not params("ecc-dbe", i):
+                g.row_remap_pending = 0
             self.slowdowns[i] = max([float(p["slowdown"]) for p in params("straggler", i)], default=1.0)

@@ -45,6 +45,7 @@ FIELDS: list[tuple[str, str, bool, str]] = [
     ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", True, "Number of remapped rows for uncorrectable errors"),
     ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", True, "Number of remapped rows for correctable errors"),
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", True, "Whether remapping of rows has failed"),
+    ("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", True, "Whether remapping of rows is pending (a GPU reset applies it)"),
     ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", True,
      "Total number of NVLink flow-control CRC errors."),
     ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", True, "Total number of NVLink retries."),
@@ -204,10 +205,10 @@ def _ecc(kind: str, counter: str, name: str) -> Reader:
 
 
 def remapped_rows(m: Any, h: Any) -> dict[str, float]:
-    """Remapped rows, count, and failure flag 0/1 (nvmlDeviceGetRemappedRows -> corr, unc, pending, failure)."""
-    corr, unc, _pending, failure = fn(m, "nvmlDeviceGetRemappedRows")(h)
+    """Remapped rows, count, and pending/failure flags 0/1 (nvmlDeviceGetRemappedRows -> corr, unc, pending, failure)."""
+    corr, unc, pending, failure = fn(m, "nvmlDeviceGetRemappedRows")(h)
     return {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": unc, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": corr,
-            "DCGM_FI_DEV_ROW_REMAP_FAILURE": 1 if failure else 0}
+            "DCGM_FI_DEV_ROW_REMAP_FAILURE": 1 if failure else 0, "DCGM_FI_DEV_ROW_REMAP_PENDING": 1 if pending else 0}
 
 
 def nvlink_errors(m: Any, h: Any) -> dict[str, float]:
