@@ -147,7 +147,7 @@ def slo_rules(cfg: dict, period: str | None = None, for_override: str | None = N
                                     f"against a budget of {budget * 100:g}% ({slo['description']}) "
                                     f"Windows and factors derive from the {period_text} SLO period."),
                     "runbook_url": runbook_url("slo", "ServingErrorBudgetBurn"),
-                    "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-serving/serving-slos",
+                    "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-serving/serving-slos?viewPanel=7",
                 },
             }
             if for_override:

@@ -244,6 +244,7 @@ def test_linked_panels_show_what_their_alerts_are_about():
                     ("gpuobs-fleet", 6): ["DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gpu:dcgm_throttled_time:ratio_rate2m"],
                     ("gpuobs-fleet", 7): ["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
                                           "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"],
+                    ("gpuobs-serving", 7): ["slo:burn_rate:ratio_rate"],  # ServingErrorBudgetBurn
                     ("gpuobs-serving", 8): ["vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"],
                     ("gpuobs-memory", 2): ["gpu:pytorch_cuda_fragmentation:bytes",
                                            "gpu:pytorch_cuda_fragmentation:deriv10m"],
