@@ -42,7 +42,8 @@ status: venv
 
 # One drill against the stack `make up` started (realistic rule timings: some drills take minutes).
 drill-%: venv
-	$(GPUOBS) drill $* --run-dir $(RUN_DIR)
+	@rc=0; $(GPUOBS) drill $* --run-dir $(RUN_DIR) || rc=$$?; \
+	  echo "report: $$($(GPUOBS) report drill $* --run-dir $(RUN_DIR) | tail -n 1)"; exit $$rc
 
 # Every drill on a fresh stack of its own with the drill profile (shortened `for:`/windows, 1d SLO
 # period; see gpuobs/stack/render.py), lanes in parallel, then one table. Stops its stack afterwards.
