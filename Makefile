@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 DRILL_RUN_DIR ?= .run-drills
 DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --base-port 19400 --engine-base-port 18000
 
-.PHONY: help venv binaries up down status test lint rules drills bench bench-canary clean
+.PHONY: help venv binaries up down status test lint rules drills bench bench-canary bench-latency clean
 
 help:
 	@echo "make up | down | status | test | lint | drill-<name> | drills | bench | bench-canary | rules | clean"
@@ -59,6 +59,9 @@ bench: venv binaries
 
 bench-canary: venv
 	$(PY) bench/bench_canary.py
+
+bench-latency: venv binaries
+	$(PY) bench/bench_xid_latency.py
 
 lint: venv binaries
 	promtool check config prometheus/prometheus.yml

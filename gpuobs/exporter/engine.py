@@ -21,7 +21,7 @@ import numpy as np
 from gpuobs.exporter.exposition import Family, label_string
 from gpuobs.exporter.histogram import (ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, Histogram,
                                        histogram_family)
-from gpuobs.exporter.latency import sample_itl, sample_ttft
+from gpuobs.exporter.latency import ITL_MEDIAN_S, TTFT_MEDIAN_S, sample_itl, sample_ttft
 from gpuobs.exporter.releases import Profile
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
@@ -60,7 +60,15 @@ class Engine:
         self.running = 0.0
         self.waiting = 0.0
         self.kv_usage = 0.0
-        self._mean_e2e = 4.0
+
+    def _service_s(self, clock_ratio: float, profile: Profile) -> float:
+        """Nominal in-engine time of a request, seconds: prefill + mean generation x ITL (lognormal
+        means), stretched by a lower clock and the release profile but not by KV pressure."""
+        cfg = self.cfg
+        gen_mean = cfg.gen_median_tokens * float(np.exp(0.7 ** 2 / 2))
+        prefill = TTFT_MEDIAN_S * float(np.exp(0.6 ** 2 / 2)) * profile.ttft_multiplier
+        decode = gen_mean * ITL_MEDIAN_S * float(np.exp(0.3 ** 2 / 2)) * profile.itl_multiplier
+        return (prefill + decode) / max(clock_ratio, 0.1)
 
     def advance(self, dt: float, rate_scale: float, clock_ratio: float, kv_factor: float, profile: Profile) -> None:
         """Serve ``dt`` seconds of traffic at ``cfg.rate_rps * rate_scale``.
@@ -73,8 +81,10 @@ class Engine:
         n = int(rng.poisson(rate * dt))
         prompt = np.clip(rng.lognormal(np.log(cfg.prompt_median_tokens), 0.8, n), 16, 32768).astype(np.int64)
         gen = np.clip(rng.lognormal(np.log(cfg.gen_median_tokens), 0.7, n), 1, cfg.max_tokens).astype(np.int64)
-        # KV demand: sequences in flight x tokens held per sequence (prompt + half the generation).
-        concurrency = rate * self._mean_e2e
+        # KV demand: sequences in flight (Little's law with the nominal in-engine time, so that
+        # slowdowns caused by the pressure itself do not feed back into demand) x tokens held per
+        # sequence (prompt + about half the generation).
+        concurrency = rate * self._service_s(clock_ratio, profile)
         tokens_per_seq = (cfg.prompt_median_tokens * 1.4 + cfg.gen_median_tokens * 0.6) * kv_factor
         demand = concurrency * tokens_per_seq / cfg.kv_capacity_tokens
         overflow = max(0.0, demand - 0.95)
@@ -104,9 +114,6 @@ class Engine:
         self.tpot.observe_many(decode[multi] / (gen[multi] - 1))
         self.e2e.observe_many(e2e)
         self.queue.observe_many(queue)
-        # Sequences hold KV cache from admission to completion, not while queued: Little's law on
-        # the in-engine time, so queueing does not feed back into KV demand.
-        self._mean_e2e = 0.9 * self._mean_e2e + 0.1 * float((e2e - queue).mean())
         err_p = min(1.0, cfg.base_error_ratio + profile.error_rate_delta)
         u = rng.random(n)
         errors = u < err_p

@@ -1,0 +1,102 @@
+"""Fault-to-page latency of the Xid alert, measured end to end on a real native stack.
+
+Starts its own stack (free loopback ports, temporary run directory), injects Xid 48 ten times on
+distinct GPUs and measures injection -> alert firing in Prometheus -> notification stored by the
+pager. Alertmanager groups by (alertname, Hostname), so the first five runs use five different
+nodes; the second five wait until those groups have resolved, so every run pays group_wait (a
+fresh group), never group_interval. Prints median and max next to the bound the stack profile
+implies: scrape_interval + evaluation_interval + group_wait (+ Alertmanager's dispatch).
+
+Run: ``python bench/bench_xid_latency.py`` (about 4 minutes). Numbers only; no assertions.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpuobs.exporter.admin_client import AdminClient  # noqa: E402
+from gpuobs.stack import supervisor  # noqa: E402
+from gpuobs.stack.render import REPO_ROOT, Ports  # noqa: E402
+from tests.conftest import free_port_range  # noqa: E402
+
+RUNS = 10
+
+
+def _poll(fn, deadline_s: float, every: float = 0.25):
+    end = time.time() + deadline_s
+    while time.time() < end:
+        got = fn()
+        if got:
+            return got
+        time.sleep(every)
+    return None
+
+
+def main() -> int:
+    prom_cfg = yaml.safe_load((REPO_ROOT / "prometheus" / "prometheus.yml").read_text())["global"]
+    am_cfg = yaml.safe_load((REPO_ROOT / "alertmanager" / "alertmanager.yml").read_text())["route"]
+    base = free_port_range(16)
+    ports = Ports(prometheus=base, alertmanager=base + 1, pager=base + 2, node_base=base + 3, engine_base=base + 10)
+    with tempfile.TemporaryDirectory() as tmp:
+        state = supervisor.up(supervisor.StackConfig(run_dir=Path(tmp), nodes=5, gpus=2, training_nodes=0,
+                                                     ports=ports), out=sys.stderr)
+        try:
+            token = Path(state["token_file"]).read_text().strip()
+            admins = [AdminClient(u.removesuffix("/metrics"), token) for u in state["urls"]["nodes"]]
+            prom, pager = state["urls"]["prometheus"], state["urls"]["pager"]
+            rows = []
+            for i in range(RUNS):
+                node, gpu = i % 5, i // 5
+                host = state["hostnames"][node]
+                if i == 5:  # let the first groups resolve so the next runs start fresh groups
+                    _poll(lambda: len([p for p in requests.get(f"{pager}/api/pages", timeout=5).json()["pages"]
+                                       if p["status"] == "resolved"]) >= 5, 240, 1.0)
+                t0 = time.time()
+                fid = admins[node].inject({"kind": "xid", "gpu": gpu, "code": 48})["id"]
+
+                def firing():
+                    alerts = requests.get(f"{prom}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+                    return any(a["state"] == "firing" and a["labels"].get("alertname") == "GpuXidCritical"
+                               and a["labels"].get("Hostname") == host and a["labels"].get("gpu") == str(gpu)
+                               for a in alerts)
+
+                def paged():
+                    for p in requests.get(f"{pager}/api/pages", timeout=5).json()["pages"]:
+                        if p["received_at"] >= t0 and p["status"] == "firing" and any(
+                                a["labels"].get("Hostname") == host and a["labels"].get("gpu") == str(gpu)
+                                for a in p["alerts"]):
+                            return p["received_at"]
+                    return None
+
+                fired = _poll(firing, 60) and time.time() - t0
+                page_at = _poll(paged, 60)
+                rows.append((i + 1, host, gpu, fired, page_at - t0 if page_at else None))
+                admins[node].clear(fid)
+            to_page = [r[4] for r in rows if r[4] is not None]
+            to_fire = [r[3] for r in rows if r[3]]
+        finally:
+            supervisor.down(Path(tmp), out=sys.stderr)
+    scrape = prom_cfg["scrape_interval"]
+    evaluation = prom_cfg["evaluation_interval"]
+    bound = sum(int(x.rstrip("s")) for x in (scrape, evaluation, am_cfg["group_wait"]))
+    print(f"Xid 48 fault-to-page, {RUNS} runs (scrape {scrape}, evaluation {evaluation}, group_wait {am_cfg['group_wait']})")
+    print(f"{'run':>3} {'host':<12} {'gpu':>3} {'to firing s':>11} {'to page s':>9}")
+    for n, host, gpu, f, p in rows:
+        print(f"{n:>3} {host:<12} {gpu:>3} {f if f else float('nan'):>11.1f} {p if p else float('nan'):>9.1f}")
+    print(f"to firing: median {statistics.median(to_fire):.1f}s, max {max(to_fire):.1f}s")
+    print(f"to page:   median {statistics.median(to_page):.1f}s, max {max(to_page):.1f}s; "
+          f"bound scrape+eval+group_wait = {bound}s; goal 20s; paged {len(to_page)}/{RUNS}")
+    return 0 if len(to_page) == RUNS else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
