@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,31 +44,13 @@ from prometheus_client.registry import Collector  # noqa: E402
 from gpuobs.exporter import collector as collmod  # noqa: E402
 from gpuobs.exporter.fleet import Fleet, FleetConfig  # noqa: E402
 from gpuobs.exporter.node import Node, NodeConfig  # noqa: E402
+from gpuobs.stack.ports import free_port_range  # noqa: E402
 
 NODE_EXPORTER = "prometheus-node-exporter"
 ACCEPT = "text/plain;version=0.0.4"  # text format for all three; no gzip (ours does not compress)
 
 
 # ---- plumbing -------------------------------------------------------------------------------
-def free_port_range(count: int, start: int = 12000, stop: int = 32700) -> int:
-    """First p >= start such that p..p+count-1 are free on 127.0.0.1 (below Linux's ephemeral range,
-    so our own client connections cannot take them)."""
-    for p in range(start + (os.getpid() * 97) % 4000, stop - count, count):
-        socks = []
-        try:
-            for q in range(p, p + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", q))
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
-
-
 def build_fleet(nodes: int, engine: bool) -> Fleet:
     """A fleet of ``nodes`` x 8 GPUs on free ports; retries when another process takes a port first."""
     for attempt in range(6):

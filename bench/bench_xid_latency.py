@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpuobs.exporter.admin_client import AdminClient  # noqa: E402
 from gpuobs.stack import supervisor  # noqa: E402
 from gpuobs.stack.render import REPO_ROOT, Ports  # noqa: E402
-from tests.conftest import free_port_range  # noqa: E402
+from gpuobs.stack.ports import free_port_range  # noqa: E402
 
 RUNS = 10
 

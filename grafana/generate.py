@@ -200,8 +200,8 @@ def fleet() -> dict:
                           "A GPU that fell off the bus (Xid 79) vanishes from the page, exactly like "
                           "dcgm-exporter; anything above 0 pages (GpuMissing)."),
         panel(10, "DCGM exporters up", "none",
-              targets((f'sum(up{{job="dcgm", node=~"$Hostname"}})', "up"),
-                      (f'count(up{{job="dcgm", node=~"$Hostname"}})', "targets")),
+              targets(('sum(up{job="dcgm", node=~"$Hostname"})', "up"),
+                      ('count(up{job="dcgm", node=~"$Hostname"})', "targets")),
               kind="stat", w=3, h=8,
               description="Scrape targets of job dcgm answering / configured (GpuExporterDown)."),
         panel(11, "Driver versions per GPU model", "none",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
@@ -10,27 +9,7 @@ import pytest
 from gpuobs.exporter.collector import DcgmCollector
 from gpuobs.exporter.node import Node, NodeConfig
 from gpuobs.exporter.server import NodeServer
-
-
-def free_port_range(count: int, start: int = 20000, stop: int = 60000) -> int:
-    """First port p such that p..p+count-1 are all free on 127.0.0.1 (probing from a random offset)."""
-    import random
-
-    base = random.randrange(start, stop - count)
-    for p in range(base, stop - count, count):
-        socks = []
-        try:
-            for q in range(p, p + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", q))
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
+from gpuobs.stack.ports import free_port_range  # noqa: F401  (re-exported for tests)
 
 
 TOKEN = "test-token-123"

@@ -1,4 +1,4 @@
-"""``gpuobs compat``: the compatibility gate's command line (``check``, ``plan-driver-upgrade``).
+"""``gpuobs compat``: the compatibility gate's command line (``check``, ``fleet``, ``plan-driver-upgrade``).
 
 The main CLI calls :func:`register` with its sub-parsers object, then ``args.func(args)`` and
 exits with the returned code: 0 compatible (warnings included) or plan OK, 1 incompatible or
@@ -24,6 +24,7 @@ from gpuobs.canary.compat import (
     check,
 )
 from gpuobs.canary.compat_data import parse_driver
+from gpuobs.canary.compat_fleet import add_parser as add_fleet_parser
 from gpuobs.canary.upgrade_plan import UpgradePlan, load_inventory, plan_driver_upgrade
 
 EXIT_OK, EXIT_INCOMPATIBLE, EXIT_BAD_INPUT = 0, 1, 2
@@ -39,7 +40,7 @@ exit codes: 0 every release stays compatible, 1 something would be incompatible,
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``compat`` (with ``check`` and ``plan-driver-upgrade``) to ``subparsers``.
+    """Add ``compat`` (with ``check``, ``fleet`` and ``plan-driver-upgrade``) to ``subparsers``.
 
     Each leaf sets ``func``: ``func(args: argparse.Namespace) -> int`` (exit code 0/1/2).
     """
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compat", help="driver / CUDA build / GPU / engine compatibility gate",
         description="Judge driver x GPU x CUDA build x engine combinations against the reference tables "
                     "(CUDA release notes, NVIDIA architecture matrix, engine release matrices).")
-    sub = compat.add_subparsers(dest="compat_command", metavar="{check,plan-driver-upgrade}", required=True)
+    sub = compat.add_subparsers(dest="compat_command", metavar="{check,fleet,plan-driver-upgrade}", required=True)
 
     c = sub.add_parser("check", help="judge one release on one GPU and driver", epilog=CHECK_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -64,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the release ships the cuda-compat package (forward compatibility)")
     c.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     c.set_defaults(func=run_check)
+    add_fleet_parser(sub)
 
     inventory = os.environ.get("GPUOBS_INVENTORY")
     p = sub.add_parser("plan-driver-upgrade", help="plan a batched driver upgrade and check every release",

@@ -61,6 +61,7 @@ class NvmlHTTPServer(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    disable_nagle_algorithm = True  # small responses: no ~40 ms delayed-ACK stall on keep-alive
     server: NvmlHTTPServer
     protocol_version = "HTTP/1.1"
     server_version = "gpuobs-nvml-exporter"
@@ -112,8 +113,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 def make_server(host: str, port: int, collector: Any) -> NvmlHTTPServer:
     """Bind the server (port 0 picks a free one: see ``server_address``). Raises OSError."""
-
-    disable_nagle_algorithm = True  # small responses: no ~40 ms delayed-ACK stall on keep-alive
     return NvmlHTTPServer((host, port), collector)
 
 

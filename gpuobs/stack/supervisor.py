@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import requests
 
 from gpuobs.exporter.identity import hostname
+from gpuobs.stack.ports import port_free
 from gpuobs.stack.render import REPO_ROOT, Ports, atomic_write, render_alertmanager, render_prometheus
 
 APT_HINT = ("install them with: apt-get install -y --no-install-recommends prometheus prometheus-alertmanager "
@@ -61,17 +61,6 @@ def find_binaries() -> dict[str, str]:
     if missing:
         raise StackError(f"missing binaries: {', '.join(missing)}; {APT_HINT}", 2)
     return found  # type: ignore[return-value]
-
-
-def port_free(port: int) -> bool:
-    """True if nothing listens on 127.0.0.1:port."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _cmdline(pid: int) -> list[str]:
