@@ -19,6 +19,7 @@ Recording-rule names follow ``level:metric:operations`` (Prometheus naming pract
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,23 @@ def _sli(slo: dict, w: str) -> str:
             f' / sum by (model_name) (rate(vllm:request_success_total[{w}]))')
 
 
+def _requests(slo: dict, w: str) -> str:
+    """Requests per second the SLI counted over ``w`` (its denominator)."""
+    metric = "vllm:time_to_first_token_seconds_count" if slo["name"] == "ttft" else "vllm:request_success_total"
+    return f"sum by (model_name) (rate({metric}[{w}]))"
+
+
+#: A burn-rate condition also needs enough requests in its long window that, at the threshold, at
+#: least this many bad requests are expected: a young stack or a quiet model must not page on one
+#: unlucky request (1 error in 700 requests is "14.4x" a 0.1 % budget, but it is not evidence).
+MIN_BAD_EVENTS = 10
+
+
+def min_requests(factor: float, budget: float) -> int:
+    """Requests the long window must hold: MIN_BAD_EVENTS / (factor * budget), rounded up."""
+    return math.ceil(MIN_BAD_EVENTS / (factor * budget) - 1e-9)
+
+
 def slo_rules(cfg: dict, period: str | None = None, for_override: str | None = None) -> dict:
     """The rule groups for ``cfg`` (from :func:`load_config`); ``period`` overrides cfg's period."""
     period_text = period or cfg["period"]
@@ -125,6 +143,9 @@ def slo_rules(cfg: dict, period: str | None = None, for_override: str | None = N
         for s in needed:
             w = format_duration(s)
             recording.append({"record": f"slo:sli_error:ratio_rate{w}", "expr": _sli(slo, w), "labels": labels})
+        for sec in sorted({w.long_s for w in wins}):
+            w = format_duration(sec)
+            recording.append({"record": f"slo:sli_requests:rate{w}", "expr": _requests(slo, w), "labels": labels})
         recording.append({"record": "slo:objective:ratio", "expr": f"vector({slo['objective']})", "labels": labels})
         for sec in needed:
             w = format_duration(sec)
@@ -132,7 +153,9 @@ def slo_rules(cfg: dict, period: str | None = None, for_override: str | None = N
                               "expr": f'slo:sli_error:ratio_rate{w}{{slo="{name}"}} / {budget}', "labels": labels})
         for severity in ("critical", "warning"):
             conds = [f'(slo:sli_error:ratio_rate{format_duration(w.long_s)}{{slo="{name}"}} > ({w.factor} * {budget})'
-                     f' and slo:sli_error:ratio_rate{format_duration(w.short_s)}{{slo="{name}"}} > ({w.factor} * {budget}))'
+                     f' and slo:sli_error:ratio_rate{format_duration(w.short_s)}{{slo="{name}"}} > ({w.factor} * {budget})'
+                     f' and slo:sli_requests:rate{format_duration(w.long_s)}{{slo="{name}"}} * {w.long_s}'
+                     f' >= {min_requests(w.factor, budget)})'
                      for w in wins if w.severity == severity]
             spec = ", ".join(f"{format_duration(w.long_s)}/{format_duration(w.short_s)} at {w.factor}x"
                              for w in wins if w.severity == severity)
@@ -145,7 +168,8 @@ def slo_rules(cfg: dict, period: str | None = None, for_override: str | None = N
                                f"({'page' if severity == 'critical' else 'ticket'}: {spec}).",
                     "description": (f"Model {{{{ $labels.model_name }}}}: {name} SLI error ratio is {{{{ $value | humanizePercentage }}}} "
                                     f"against a budget of {budget * 100:g}% ({slo['description']}) "
-                                    f"Windows and factors derive from the {period_text} SLO period."),
+                                    f"Windows and factors derive from the {period_text} SLO period; each window "
+                                    f"needs enough requests for {MIN_BAD_EVENTS} bad ones at the threshold."),
                     "runbook_url": runbook_url("slo", "ServingErrorBudgetBurn"),
                     "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-serving/serving-slos?viewPanel=7",
                 },
