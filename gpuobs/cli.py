@@ -188,7 +188,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
             print(f"{r['component']:<13} pid {r['pid']:<8} {state:<19} {r['url']}")
         return 0 if all(r["healthy"] for r in rows) else 1
     ports = Ports(prometheus=args.prometheus_port, alertmanager=args.alertmanager_port, pager=args.pager_port,
-                  node_base=args.base_port, engine_base=args.engine_base_port)
+                  node_base=args.base_port, engine_base=args.engine_base_port, grafana=args.grafana_port)
     if args.training_nodes >= args.nodes:
         return _fail(f"--training-nodes {args.training_nodes} must leave at least one serving node (--nodes {args.nodes})")
     cfg = sv.StackConfig(run_dir=run, nodes=args.nodes, gpus=args.gpus, seed=args.seed, ports=ports,
@@ -202,7 +202,12 @@ def cmd_stack(args: argparse.Namespace) -> int:
     print("gpuobs stack is up (native mode):")
     print(f"  Prometheus    {u['prometheus']}")
     print(f"  Alertmanager  {u['alertmanager']}  (no web UI in Debian's build: use amtool or the API)")
-    print(f"  Pager         {u['pager']}")
+    print(f"  Pager         {u['pager']}  (/api/pages, /runbooks/)")
+    if u.get("grafana"):
+        print(f"  Grafana       {u['grafana']}  (anonymous viewer; admin password in run dir grafana/admin-password)")
+    else:
+        print("  Grafana       not started: no `grafana`/`grafana-server` binary on PATH "
+              "(dashboards: grafana/dashboards/*.json; compose mode runs Grafana)")
     print(f"  GPU nodes     {u['nodes'][0]} .. {u['nodes'][-1]}  ({state['nodes']} nodes x {state['gpus']} GPUs, "
           f"{state['training_nodes']} training)")
     print(f"  vLLM engines  {u['engines'][0]} .. {u['engines'][-1]}")
@@ -350,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--alertmanager-port", type=PORT, default=_env("ALERTMANAGER_PORT", "9093"))
     s.add_argument("--pager-port", type=PORT, default=_env("PAGER_PORT", "9097"))
     s.add_argument("--base-port", type=PORT, default=_env("BASE_PORT", "9400"), help="first node port")
+    s.add_argument("--grafana-port", type=PORT, default=_env("GRAFANA_PORT", "3000"),
+                   help="Grafana, started only if a grafana binary is on PATH")
     s.add_argument("--engine-base-port", type=PORT, default=_env("ENGINE_BASE_PORT", "8000"),
                    help="first serving-engine port")
     s.add_argument("--training-nodes", type=_int_range(0, 255), default=_env("TRAINING_NODES", "1"),
@@ -394,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``gpuobs`` console script."""
     args = build_parser().parse_args(argv)
-    if getattr(args, "param_names", None):
+    if hasattr(args, "param_names"):  # `fault inject <kind>`: collect that kind's parameters
         args.params = {n: getattr(args, n) for n in args.param_names}
     log.setup(args.log_level)
     try:

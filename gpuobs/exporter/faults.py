@@ -96,7 +96,7 @@ KINDS: dict[str, FaultKind] = {
         ),
         FaultKind(
             "kv-pressure", False,
-            {"factor": Param(float, False, 2.2, 1.0, 100.0, "multiplier of KV-cache demand per request")},
+            {"factor": Param(float, False, 2.5, 1.0, 100.0, "multiplier of KV-cache demand per request")},
             "long-context surge on the node's engine: KV usage near 1, preemptions, queueing",
         ),
         FaultKind("collective-hang", False, {},

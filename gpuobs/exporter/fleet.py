@@ -93,6 +93,8 @@ def load_k8s_map(path: Path) -> K8sMap:
             raise ValueError(f"{path}: {host}: must map GPU indexes to {{pod, namespace, container}}")
         out[str(host)] = {}
         for idx, labels in gpus.items():
+            if isinstance(idx, str) and idx.isdigit():  # JSON object keys are strings
+                idx = int(idx)
             if not isinstance(idx, int) or not isinstance(labels, dict):
                 raise ValueError(f"{path}: {host}: GPU key {idx!r} must be an integer index with a mapping value")
             bad = set(labels) - {"pod", "namespace", "container"}

@@ -57,7 +57,9 @@ class NodeServer(ThreadingHTTPServer):
         """Render the node's page, including exporter self-metrics (design §4.5)."""
         start = time.perf_counter()
         fams = self.collector.collect()
-        host = [(self.hostname_label, self.node.hostname)]
+        # The engine page has no host label of its own (vLLM's has none; its scrape target adds
+        # Hostname), so its self-metrics carry none either, or Prometheus would rename it.
+        host = [(self.hostname_label, self.node.hostname)] if self.admin else []
         with self.stats_lock:
             self.scrapes += 1
             fams.append(Family("gpuobs_exporter_scrapes_total", "counter",

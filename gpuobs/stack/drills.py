@@ -68,7 +68,7 @@ DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
               allowed=frozenset({"GpuFrameworkOom"}), fire_deadline_s=240,
               about="allocator gap grows with allocated flat: ticket before the OOM"),
     DrillSpec("kv-pressure", "serving", 2, (Expect("ServingKVCachePressure", "ticket"),),
-              ({"kind": "kv-pressure", "factor": 2.2},),
+              ({"kind": "kv-pressure", "factor": 2.5},),
               about="long-context surge: KV cache full, preemptions, ticket"),
     DrillSpec("collective-hang", "training", 0, (Expect("TrainingCollectiveHang", "page"),),
               ({"kind": "collective-hang"},), fire_deadline_s=210,
@@ -76,7 +76,7 @@ DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
     DrillSpec("straggler", "training", 0, (Expect("TrainingStraggler", "ticket", labels={"gpu": "5"}),),
               ({"kind": "straggler", "gpu": 5, "slowdown": 1.6},), fire_deadline_s=210, resolve_deadline_s=420,
               about="one slow rank: its step time stands out from the job median; ticket"),
-    DrillSpec("driver-skew", "serving", 3, (Expect("GpuDriverSkew", "ticket", scoped=False),),
+    DrillSpec("driver-skew", "serving", 2, (Expect("GpuDriverSkew", "ticket", scoped=False),),
               ({"kind": "driver", "version": "580.95.05"},),
               about="one node on another driver branch: skew in the pool; ticket"),
     DrillSpec("slo-burn", "fleet", 0,
@@ -89,9 +89,8 @@ DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
 LANES: tuple[tuple[str, ...], ...] = (
     ("xid", "thermal", "gpu-missing"),
     ("power-brake", "ecc-dbe", "node-down"),
-    ("fragmentation", "kv-pressure"),
+    ("fragmentation", "kv-pressure", "driver-skew"),
     ("collective-hang", "straggler"),
-    ("driver-skew",),
 )
 FINAL: tuple[str, ...] = ("slo-burn",)
 

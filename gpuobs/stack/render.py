@@ -41,6 +41,7 @@ class Ports:
     pager: int = 9097
     node_base: int = 9400
     engine_base: int = 8000
+    grafana: int = 3000
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:

@@ -23,6 +23,8 @@ import requests
 
 from gpuobs.exporter.identity import hostname
 from gpuobs.stack.ports import port_free
+from gpuobs.stack.grafana import find_grafana
+from gpuobs.stack.grafana import render as render_grafana
 from gpuobs.stack.render import REPO_ROOT, Ports, atomic_write, render_alertmanager, render_prometheus
 
 APT_HINT = ("install them with: apt-get install -y --no-install-recommends prometheus prometheus-alertmanager "
@@ -156,11 +158,21 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
         "alertmanager": lambda: _ok(f"http://127.0.0.1:{p.alertmanager}/-/ready"),
         "prometheus": lambda: _ok(f"http://127.0.0.1:{p.prometheus}/-/ready"),
     }
+    envs: dict[str, dict] = {}
+    grafana_cmd = find_grafana()
+    if grafana_cmd:
+        if not port_free(p.grafana):
+            raise StackError(f"port {p.grafana} (Grafana) already in use on 127.0.0.1; choose another with --grafana-port", 2)
+        g_argv, envs["grafana"] = render_grafana(run, p.grafana, f"http://127.0.0.1:{p.prometheus}",
+                                                 f"http://127.0.0.1:{p.alertmanager}")
+        specs["grafana"] = grafana_cmd + g_argv
+        checks["grafana"] = lambda: _ok(f"http://127.0.0.1:{p.grafana}/api/health")
     state = {"run_dir": str(run), "started_at": time.time(), "ports": asdict(p), "nodes": cfg.nodes, "gpus": cfg.gpus,
              "seed": cfg.seed, "training_nodes": cfg.training_nodes, "profile": cfg.profile, "hostnames": [h for h, _ in nodes],
              "token_file": str(run / "admin-token"),
              "urls": {"prometheus": f"http://127.0.0.1:{p.prometheus}",
                       "alertmanager": f"http://127.0.0.1:{p.alertmanager}", "pager": pager_url,
+                      "grafana": f"http://127.0.0.1:{p.grafana}" if grafana_cmd else None,
                       "nodes": [f"http://127.0.0.1:{port}/metrics" for port in node_ports],
                       "engines": [f"http://127.0.0.1:{port}/metrics" for port in engine_ports]},
              "components": {}}
@@ -171,7 +183,7 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
             log = run / "logs" / f"{name}.log"
             with open(log, "ab") as fh:
                 proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, env=env, cwd=run)
+                                        start_new_session=True, env=envs.get(name, env), cwd=run)
             state["components"][name] = {"pid": proc.pid, "argv": argv, "log": str(log)}
             atomic_write(run / "stack.json", json.dumps(state, indent=2))
             print(f"started {name:<12} pid {proc.pid}", file=out, flush=True)
@@ -228,9 +240,10 @@ def status(run_dir: Path) -> list[dict]:
         return []
     u = state["urls"]
     probes = {"exporter": [n.replace("/metrics", "/health") for n in u["nodes"]], "pager": [f"{u['pager']}/health"],
-              "alertmanager": [f"{u['alertmanager']}/-/healthy"], "prometheus": [f"{u['prometheus']}/-/healthy"]}
+              "alertmanager": [f"{u['alertmanager']}/-/healthy"], "prometheus": [f"{u['prometheus']}/-/healthy"],
+              "grafana": [f"{u.get('grafana')}/api/health"]}
     shown = {"exporter": u["nodes"][0].removesuffix("/metrics"), "pager": u["pager"],
-             "alertmanager": u["alertmanager"], "prometheus": u["prometheus"]}
+             "alertmanager": u["alertmanager"], "prometheus": u["prometheus"], "grafana": u.get("grafana")}
     rows = []
     for name, comp in state["components"].items():
         running = alive(comp["pid"], comp["argv"])
