@@ -26,19 +26,27 @@ venv: $(VENV)/.installed
 binaries:
 	@scripts/ensure-binaries.sh
 
+COMPOSE := docker compose -f compose/docker-compose.yml
+
+# Compose when a Docker engine and the compose plugin answer, else the native stack; the choice is
+# recorded in $(RUN_DIR)/mode so down/status act on the same one.
 up: venv binaries
-	@if docker info >/dev/null 2>&1; then \
-	  echo "Docker engine found, but the compose stack is not implemented yet: starting the native stack."; \
+	@mkdir -p $(RUN_DIR)
+	@if docker info >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; then \
+	  echo "Docker engine found: starting the compose stack (compose/docker-compose.yml)."; \
+	  echo compose > $(RUN_DIR)/mode; $(COMPOSE) up -d --build; \
 	else \
 	  echo "No Docker engine answers: starting the native stack (prometheus + alertmanager from PATH)."; \
+	  echo native > $(RUN_DIR)/mode; $(GPUOBS) stack up --run-dir $(RUN_DIR); \
 	fi
-	$(GPUOBS) stack up --run-dir $(RUN_DIR)
 
 down: venv
-	$(GPUOBS) stack down --run-dir $(RUN_DIR)
+	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE) down; \
+	else $(GPUOBS) stack down --run-dir $(RUN_DIR); fi
 
 status: venv
-	$(GPUOBS) stack status --run-dir $(RUN_DIR)
+	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE) ps; \
+	else $(GPUOBS) stack status --run-dir $(RUN_DIR); fi
 
 # One drill against the stack `make up` started (realistic rule timings: some drills take minutes).
 drill-%: venv
@@ -50,7 +58,7 @@ drill-%: venv
 drills: venv binaries
 	@$(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR) >/dev/null 2>&1 || true
 	rm -rf $(DRILL_RUN_DIR)
-	$(GPUOBS) stack up --run-dir $(DRILL_RUN_DIR) --profile drill --nodes 5 --training-nodes 1 $(DRILL_PORTS)
+	$(GPUOBS) stack up --run-dir $(DRILL_RUN_DIR) --profile drill --nodes 4 --training-nodes 1 $(DRILL_PORTS)
 	@rc=0; $(GPUOBS) drill all --run-dir $(DRILL_RUN_DIR) || rc=$$?; \
 	  $(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR); exit $$rc
 
