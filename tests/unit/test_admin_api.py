@@ -104,3 +104,18 @@ def test_down_fault_stops_scrapes_but_not_admin(node_server):
         requests.get(f"{url}/metrics", timeout=5)
     assert requests.delete(f"{url}/admin/faults/{fid}", headers=AUTH, timeout=5).status_code == 200
     assert requests.get(f"{url}/metrics", timeout=5).status_code == 200
+
+
+def test_deploy_endpoint_sets_version_and_rejects_unknown(node_server):
+    url, node = node_server
+    r = requests.get(f"{url}/admin/deploy", headers=AUTH, timeout=5)
+    assert r.json()["version"] == "1.4.0"
+    r = requests.post(f"{url}/admin/deploy", json={"version": "1.6.0"}, headers=AUTH, timeout=5)
+    assert r.status_code == 200 and r.json()["previous"] == "1.4.0" and node.version == "1.6.0"
+    r = requests.post(f"{url}/admin/deploy", json={"version": "9.9.9"}, headers=AUTH, timeout=5)
+    assert r.status_code == 400 and r.json()["field"] == "version" and "1.5.0" in r.json()["error"]
+    r = requests.post(f"{url}/admin/deploy", json={"version": "1.5.0", "force": True}, headers=AUTH, timeout=5)
+    assert r.status_code == 400
+    r = requests.post(f"{url}/admin/deploy", json={"version": "1.5.0"}, timeout=5)
+    assert r.status_code == 401
+    assert node.version == "1.6.0"
