@@ -42,7 +42,24 @@ def _pos_float(text: str) -> float:
     return value
 
 
+def _finite(kind: type):
+    """argparse type for fault parameters: int, str, or a finite float (no nan/inf)."""
+    if kind is not float:
+        return kind
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        return value
+    return parse
+
+
 PORT = _int_range(1, 65535)
+LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -71,6 +88,12 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
     try:
+        from gpuobs.exporter.releases import load as load_releases
+
+        load_releases(Path(args.releases) if args.releases else None)
+    except CatalogueError as exc:
+        return _fail(f"--releases: {exc}")
+    try:
         token = load_or_create_token(args.token, Path(args.token_file))
     except (OSError, ValueError) as exc:
         return _fail(f"admin token: {exc}")
@@ -92,10 +115,16 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 def cmd_pager(args: argparse.Namespace) -> int:
     from gpuobs.stack.pager import serve
 
+    import sqlite3
+
+    if args.runbooks_dir and not Path(args.runbooks_dir).is_dir():
+        return _fail(f"--runbooks-dir {args.runbooks_dir} is not a directory")
     try:
         serve(args.host, args.port, Path(args.db), Path(args.runbooks_dir) if args.runbooks_dir else None)
+    except sqlite3.Error as exc:
+        return _fail(f"--db {args.db}: not a usable SQLite database ({exc})")
     except OSError as exc:
-        return _fail(f"pager cannot start on {args.host}:{args.port}: {exc}")
+        return _fail(f"pager cannot start on {args.host}:{args.port} with --db {args.db}: {exc}")
     return 0
 
 
@@ -106,6 +135,8 @@ def _node_urls(args: argparse.Namespace) -> tuple[list[str], str]:
 
     token = args.token or _env("ADMIN_TOKEN")
     if args.url:
+        if not args.url.startswith(("http://", "https://")):
+            raise ValueError(f"--url must be an http(s) URL like http://127.0.0.1:9400; got {args.url!r}")
         if not token:
             token_file = Path(args.run_dir) / "admin-token"
             if not token_file.exists():
@@ -171,9 +202,20 @@ def cmd_fault(args: argparse.Namespace) -> int:
 # ---- stack / drill / rules -------------------------------------------------------------------------
 def cmd_stack(args: argparse.Namespace) -> int:
     from gpuobs.stack import supervisor as sv
+
+    try:
+        return _stack(args)
+    except sv.StackError as exc:
+        return _fail(str(exc), exc.exit_code)
+
+
+def _stack(args: argparse.Namespace) -> int:
+    from gpuobs.stack import supervisor as sv
     from gpuobs.stack.render import Ports
 
     run = Path(args.run_dir)
+    if args.action in ("down", "status"):
+        sv.check_run_dir(run)
     if args.action == "down":
         n = sv.down(run)
         print(f"stack down ({n} process{'es' if n != 1 else ''} stopped)")
@@ -266,7 +308,10 @@ def cmd_rules(args: argparse.Namespace) -> int:
     except (SloConfigError, OSError) as exc:
         return _fail(str(exc))
     if args.check:
-        current = Path(args.check).read_text()
+        try:
+            current = Path(args.check).read_text()
+        except OSError as exc:
+            return _fail(f"--check {args.check}: {exc.strerror}")
         if current != text:
             return _fail(f"{args.check} is out of date; regenerate with `gpuobs rules {args.which} > {args.check}` (or `make rules`)", 1)
         return 0
@@ -278,7 +323,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuobs", description="Observability and release safety for GPU platforms.")
     p.add_argument("--version", action="version", version=f"gpuobs {__version__}")
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), choices=LOG_LEVELS)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run_dir = _env("RUN_DIR", ".run")
 
@@ -334,8 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     for kind in KINDS.values():
         kp = ksub.add_parser(kind.name, help=kind.help)
         for name, spec in kind.params.items():
-            kp.add_argument(f"--{name.replace('_', '-')}", dest=name, type=spec.type, required=spec.required,
-                            help=spec.help)
+            kp.add_argument(f"--{name.replace('_', '-')}", dest=name, type=_finite(spec.type),
+                            required=spec.required, help=spec.help)
         kp.set_defaults(param_names=list(kind.params))
     fi.set_defaults(func=cmd_fault)
     fc = fsub.add_parser("clear", parents=[common], help="clear faults by id (or --all) on one node")
@@ -403,9 +448,16 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if hasattr(args, "param_names"):  # `fault inject <kind>`: collect that kind's parameters
         args.params = {n: getattr(args, n) for n in args.param_names}
+    if str(args.log_level).lower() not in LOG_LEVELS:
+        sys.exit(_fail(f"log level {args.log_level!r} (--log-level or GPUOBS_LOG_LEVEL) must be one of "
+                       f"{', '.join(LOG_LEVELS)}"))
     log.setup(args.log_level)
+    from gpuobs.stack.supervisor import StackError
+
     try:
         code = args.func(args)
+    except StackError as exc:  # a damaged or missing stack.json, a bad run dir: the user's to fix
+        code = _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         code = 130
     sys.exit(code)

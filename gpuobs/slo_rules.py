@@ -46,6 +46,19 @@ def parse_duration(text: str) -> int:
     return sum(int(n) * dict(_UNITS)[u] for n, u in re.findall(r"(\d+)([dhms])", text))
 
 
+#: SLO periods the generator accepts: from 12h (the shortest window, period/720 = 1m, still spans
+#: several scrapes) to 366d.
+MIN_PERIOD_S, MAX_PERIOD_S = 12 * 3600, 366 * 86400
+
+
+def parse_period(text: str) -> int:
+    """An SLO period in seconds, within [12h, 366d]. Raises SloConfigError naming the bounds."""
+    secs = parse_duration(text)
+    if not MIN_PERIOD_S <= secs <= MAX_PERIOD_S:
+        raise SloConfigError(f"period: must be between 12h and 366d; got {text!r}")
+    return secs
+
+
 def format_duration(seconds: int) -> str:
     """Seconds -> the shortest exact Prometheus duration (3600 -> ``1h``, 25920 -> ``432m``)."""
     for unit, size in _UNITS:
@@ -76,10 +89,13 @@ def windows(period_s: int) -> list[Window]:
 
 def load_config(path: Path) -> dict:
     """Read and validate slo.yaml; raises SloConfigError naming the bad field."""
-    doc = yaml.safe_load(Path(path).read_text())
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SloConfigError(f"{path}: cannot read it as YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("slos"), list) or not doc["slos"]:
         raise SloConfigError("slos: expected a non-empty list")
-    parse_duration(doc.get("period"))
+    parse_period(doc.get("period"))
     names = set()
     for slo in doc["slos"]:
         name = slo.get("name")
@@ -133,7 +149,7 @@ def min_requests(factor: float, budget: float) -> int:
 def slo_rules(cfg: dict, period: str | None = None, for_override: str | None = None) -> dict:
     """The rule groups for ``cfg`` (from :func:`load_config`); ``period`` overrides cfg's period."""
     period_text = period or cfg["period"]
-    period_s = parse_duration(period_text)
+    period_s = parse_period(period_text)
     wins = windows(period_s)
     needed = sorted({w.long_s for w in wins} | {w.short_s for w in wins} | {300})
     recording, alerts = [], []

@@ -24,6 +24,7 @@ from pathlib import Path
 from gpuobs.canary.analyzer import AnalysisState, Analyzer
 from gpuobs.canary.canary_config import CanaryConfig, ConfigError, load_config, parse_duration, parse_time
 from gpuobs.canary.promapi import PrometheusError, PrometheusQueryError, PromClient
+from gpuobs.stack.render import atomic_write
 
 EXIT_BAD_INPUT, EXIT_RUNTIME = 2, 1
 
@@ -182,7 +183,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         return _fail(str(exc), EXIT_BAD_INPUT, args.json)
     if state is not None:
         try:
-            Path(args.state).write_text(json.dumps(state.to_dict()))
+            atomic_write(Path(args.state), json.dumps(state.to_dict()))  # never half-written
         except OSError as exc:
             return _fail(f"cannot write --state {args.state}: {exc.strerror}", EXIT_RUNTIME, args.json)
     print(json.dumps(verdict.to_dict()) if args.json else verdict.table())

@@ -8,6 +8,7 @@ line and exit 2.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -61,9 +62,13 @@ def parse_duration(text: str | float | int, field_name: str = "duration") -> flo
 def parse_time(text: str, field_name: str) -> float:
     """Unix seconds or RFC 3339 (``2025-06-01T12:00:00Z``) -> unix seconds. Raises ConfigError."""
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        pass
+        value = None
+    if value is not None:
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(field_name, text, "a finite, non-negative unix time or RFC 3339 time")
+        return value
     try:
         t = dt.datetime.fromisoformat(text)
     except ValueError:

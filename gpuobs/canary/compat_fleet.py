@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from gpuobs.canary.compat import COMPATIBLE, COMPATIBLE_WITH_WARNINGS, FAIL, INCOMPATIBLE, WARN, Verdict, check
 from gpuobs.canary.compat_data import CompatInputError
-from gpuobs.canary.promapi import PrometheusError, PrometheusQueryError, PromClient
+from gpuobs.canary.promapi import PromClient, PrometheusError, PrometheusQueryError
 from gpuobs.exporter.releases import CatalogueError, Release, load
 
 UNKNOWN = "UNKNOWN"
@@ -193,6 +193,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="extra label matchers for the inventory series, e.g. 'job=\"dcgm\"'")
     f.add_argument("--hostname-label", default="Hostname", choices=["Hostname", "hostname"],
                    help="dcgm-exporter's host label (default Hostname)")
+    f.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-request timeout, s (default 10)")
+    f.add_argument("--retries", type=int, default=3, metavar="N",
+                   help="retries on connection errors and 5xx, exponential backoff (default 3)")
     f.add_argument("--ptx-jit", action="store_true", help="the release JIT-compiles PTX")
     f.add_argument("--cuda-compat", action="store_true", help="the release ships the cuda-compat package")
     f.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -203,7 +206,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     """Handler of ``compat fleet``: prints the per-node table; returns 0, 1 or 2."""
     try:
         release = load(args.releases).get(args.release)
-        client = PromClient(args.prometheus)
+        client = PromClient(args.prometheus, timeout=args.timeout, retries=max(0, args.retries))
     except (CatalogueError, KeyError, OSError, ValueError) as err:
         msg = err.args[0] if isinstance(err, KeyError) else err  # KeyError's str() adds quotes
         print(f"gpuobs compat fleet: error: --release/--releases/--prometheus: {msg}", file=sys.stderr)

@@ -1,50 +1,13 @@
 """Progressive rollout controller: compatibility gate, error-budget gates, canary stages by node share
 with statistical analysis, automatic rollback, SQLite persistence after every transition.
 
-States (named as the references name them: Flagger's canary phases are Initializing, Initialized,
-Progressing, Promoting, Finalising, Succeeded, Failed; Argo Rollouts' are Progressing, Paused,
-Healthy, Degraded, Aborted)::
-
-    Pending -> CompatChecked -> Canary(stage k) ... -> Promoting -> Succeeded
-       |            |               |                    |
-       v            v               v                    v
-    Rejected    Rejected       RollingBack -> RolledBack | Aborted
-
-* Pending (Flagger Initializing): created; the compatibility gate runs (:mod:`compat_fleet`: each
-  serving node's modelName and driver from Prometheus against the release's engine and CUDA build).
-  INCOMPATIBLE, or a node the gate cannot judge -> **Rejected** before anything is deployed.
-* CompatChecked (Flagger Initialized): the error-budget gate runs. Any ``slo:error_budget_remaining:
-  ratio`` series <= 0, or an SLO-burn page already firing -> **Rejected** (the release freeze of the
-  SRE workbook's error-budget policy), unless the operator overrides with a reason (recorded; the
-  pages firing at that moment are then not held against the release).
-* Canary(k) (Flagger/Argo Progressing, one canary step): deploy stage k's nodes through the admin API,
-  relabel the file_sd targets (``track="canary"`` on nodes running the new version,
-  ``track="baseline"`` on the other serving nodes), wait ``settle`` for Prometheus to pick the labels
-  up, then analyse every ``interval`` from that moment (one growing window, the analyzer's
-  group-sequential boundaries with horizon = stage timeout). PROMOTE -> error-budget gate -> next
-  stage; ROLLBACK -> roll back, **RolledBack**; HOLD at the deadline -> inconclusive: roll back,
-  **Aborted** (Argo counts such a run Inconclusive and pauses; a paused half-fleet is a state nobody
-  owns, so we return to the known release and say the result was not a failure). A critical
-  SLO-burn page firing at any look -> roll back, **RolledBack**. ``error_limit`` consecutive
-  Prometheus errors (Argo's consecutiveErrorLimit; an error is never a verdict) -> roll back,
-  **Aborted**. An error-budget freeze before a later stage -> roll back, **Aborted**.
-* Promoting (Flagger Promoting + Finalising): a stage at 100% has no baseline left to compare
-  with, so it is not analysed: the rest of the fleet is deployed, then a bake of ``bake`` seconds
-  watches the SLO-burn page; labels are restored to what they were -> **Succeeded**.
-* RollingBack: transitional and persisted, so a controller killed mid-rollback finishes it on
-  resume. Every touched node is set back to the version it ran before (asking it first, so no
-  node is deployed twice), labels are restored, then the recorded target state is entered. A node
-  that cannot be reverted keeps the rollout in RollingBack (exit 1; ``resume`` retries).
-
-Exit codes (design §8): 0 Succeeded; 1 RolledBack, Rejected, or a rollback left incomplete;
-3 Aborted (inconclusive, operator abort, Prometheus errors, freeze mid-rollout: no verdict on the
-release); 2 usage errors (raised as :class:`UsageError` and mapped by the CLI).
-
-Stages are cumulative node counts (``1`` = one node, ``25%`` = ceil(25% of the serving nodes));
-the first stage always has at least one baseline node. Resuming never redeploys a node already on
-the new version: deploys are write-ahead logged (:mod:`rollout_state`).
+:meth:`Controller.run` reads the persisted state and applies one handler per state until a terminal
+state; every handler commits its transition before acting on the next, and deploys are write-ahead
+logged (:mod:`rollout_state`), so a resumed controller never redeploys a node. States (with their
+Flagger/Argo names), gates, rollback policy and exit codes: :mod:`rollout_model` and docs/rollout.md.
+Sources: Flagger's canary analysis (phases, webhooks), Argo Rollouts' analysis runs (Successful /
+Failed / Inconclusive / Error, consecutiveErrorLimit), the SRE workbook's error-budget policy.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -54,6 +17,7 @@ from typing import Any, Callable
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from gpuobs import log
 from gpuobs.canary import tracing
 from gpuobs.canary.analyzer import AnalysisState
 from gpuobs.canary.compat_fleet import judge_fleet
@@ -63,6 +27,8 @@ from gpuobs.canary.rollout_model import (ABORTED, CANARY, COMPAT_CHECKED, EXIT_C
                                          FleetError, RolloutSpec, Signals, UsageError, fmt_labels)
 from gpuobs.canary.rollout_state import NodeRecord, RolloutRecord, RolloutStore, StageRecord
 from gpuobs.canary.verdict import describe
+
+LOG = log.get("rollout")
 
 
 class Controller:
@@ -143,7 +109,8 @@ class Controller:
     # ---- states -------------------------------------------------------------------------------
     def _compat(self, rec: RolloutRecord) -> None:
         spec = RolloutSpec.from_dict(rec.spec)
-        with self.tracer.start_as_current_span("rollout.gate", attributes={"gate.name": "compat", "gate.stage": 0}) as sp:
+        gate = {"gate.name": "compat", "gate.stage": 0}
+        with self.tracer.start_as_current_span("rollout.gate", attributes=gate) as sp:
             try:
                 rows = self._retry(rec, self.signals.inventory)
             except PrometheusError as err:
@@ -185,15 +152,17 @@ class Controller:
                 self.store.log_gate(rec.id, "error-budget", idx, "error", {"error": str(err)})
                 return "error", f"cannot evaluate the error budget: {err}"
             problems = [f"{fmt_labels(r.labels)} {r.remaining:+.1%} of the error budget left"
-                        for r in rows if not r.remaining > 0]
+                        for r in rows if r.exhausted]
             problems += [f"SLO-burn page already firing: {p}" for p in pages]
             outcome = "open" if not problems else "overridden" if spec.override_reason else "frozen"
-            detail = {"budget": [{"labels": r.labels, "remaining": r.remaining} for r in rows], "pages": pages,
+            detail = {"budget": [{"labels": r.labels, "remaining": r.remaining, "requests": r.requests,
+                                  "judged": r.judged} for r in rows], "pages": pages,
                       "problems": problems, "override_reason": spec.override_reason}
             sp.set_attributes({"gate.outcome": outcome, "gate.detail": "; ".join(problems) or "budget left"})
         self.store.log_gate(rec.id, "error-budget", idx, outcome, detail)
-        left = ", ".join(f"{r.labels.get('slo', fmt_labels(r.labels))} {r.remaining:.1%}" for r in rows) or \
-            "no slo:error_budget_remaining:ratio series (gate open: nothing to judge)"
+        left = ", ".join(f"{r.labels.get('slo', fmt_labels(r.labels))} {r.remaining:.1%}" + (
+            "" if r.judged else f" (not judged: {r.requests:.0f} < {r.min_requests:.0f} requests in the SLO window)")
+            for r in rows) or "no slo:error_budget_remaining:ratio series yet: nothing to judge"
         self._say(rec, f"error-budget gate before stage {idx + 1}: {outcome} ({left})"
                        + (f"; override: {spec.override_reason}" if outcome == "overridden" else ""))
         if outcome == "overridden" and pages:
@@ -246,7 +215,8 @@ class Controller:
                                                    f"({spec.stage_timeout_s:.0f}s): " + "; ".join(v.reasons),
                                      st, "inconclusive")
 
-    def _step(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord, look: Callable[[float], Any]) -> tuple[bool, Any]:
+    def _step(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord,
+              look: Callable[[float], Any]) -> tuple[bool, Any]:
         """One look of stage ``st``: wait until it is due, honour an operator abort, check the SLO-burn
         page, then ``look(end)`` (end = now, capped at the deadline).
 
@@ -443,5 +413,7 @@ class Controller:
                                     "stage.hosts": st.hosts, "stage.share": len(st.hosts) / len(spec.hosts)})
 
     def _say(self, rec: RolloutRecord, msg: str) -> None:
+        """A progress line to ``out`` (human) and the same event as a JSON log line (design §8)."""
         stamp = time.strftime("%H:%M:%SZ", time.gmtime(self.clock()))
         self.out(f"{stamp} rollout {rec.id}: {msg}")
+        LOG.info(msg, extra={"fields": {"rollout": rec.id, "version": rec.version}})

@@ -23,7 +23,7 @@ from gpuobs.canary import tracing
 from gpuobs.canary.canary_config import ConfigError, parse_duration
 from gpuobs.canary.promapi import PromClient
 from gpuobs.canary.rollout import Controller
-from gpuobs.canary.rollout_fleet import PromSignals, StackFleet, analyzer_factory
+from gpuobs.canary.rollout_fleet import BASELINE_SELECTOR, CANARY_SELECTOR, PromSignals, StackFleet, analyzer_factory
 from gpuobs.canary.rollout_model import EXIT_CODES, TERMINAL, FleetError, RolloutSpec, UsageError, parse_stages
 from gpuobs.canary.rollout_state import RolloutStore, RunLock
 from gpuobs.exporter.releases import CatalogueError, load
@@ -63,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--settle", default="10s", help="wait after relabelling before the analysis window opens (10s)")
     s.add_argument("--bake", default=None, help="SLO-page watch after deploying 100%% (default: one interval)")
     s.add_argument("--error-limit", type=int, default=3, help="consecutive Prometheus errors before abort (3)")
-    s.add_argument("--releases", default=_env("RELEASES"), metavar="FILE", help="release catalogue (env GPUOBS_RELEASES)")
+    s.add_argument("--releases", default=_env("RELEASES"), metavar="FILE",
+                   help="release catalogue (env GPUOBS_RELEASES)")
     s.add_argument("--override-freeze", action="store_true", help="start/continue despite an exhausted error budget")
     s.add_argument("--reason", help="why the freeze is overridden (required with --override-freeze; recorded)")
     s.set_defaults(func=run_start)
@@ -112,7 +113,7 @@ def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: Roll
         ctl, fleet = _controller(args, stack, store, tr)
         rec = fn(ctl, rid if spec is None else ctl.create(spec).id)
         tr.shutdown()
-        print(report(store, rec.id, fleet, as_json=args.json), flush=True)
+        print(report(store, rec.id, fleet, args.json, args.prometheus or stack["urls"]["prometheus"]), flush=True)
         return EXIT_CODES[rec.state]
     except (UsageError, ConfigError, FleetError, KeyError) as err:
         return _usage(err.args[0] if isinstance(err, KeyError) else err)
@@ -192,7 +193,9 @@ def run_status(args: argparse.Namespace) -> int:
     """Handler of ``rollout status``: prints the report (0), or 2 when there is no rollout."""
     try:
         with _open_store(args) as store:
-            print(report(store, _pick(args, store).id, None, as_json=args.json))
+            stack = load_state(Path(args.run_dir)) or {}
+            prometheus = args.prometheus or stack.get("urls", {}).get("prometheus")
+            print(report(store, _pick(args, store).id, None, args.json, prometheus))
     except (UsageError, KeyError) as err:
         return _usage(err)
     return 0
@@ -216,9 +219,32 @@ def _ts(t: float | None) -> str:
     return "-" if t is None else time.strftime("%H:%M:%SZ", time.gmtime(t))
 
 
-def report(store: RolloutStore, rid: str, fleet: StackFleet | None = None, as_json: bool = False) -> str:
+def _json_doc(store: RolloutStore, rid: str, versions: dict[str, str], prometheus: str | None) -> dict[str, Any]:
+    """Everything stored about the rollout, shaped so that ``gpuobs report rollout --file`` reads it
+    too (gpuobs/reports/rollout_report.py: rollout_id, baseline_version, started_at/ended_at, stages
+    with index/share/nodes, final_verdict, selectors, prometheus)."""
+    rec = store.get(rid)
+    spec = RolloutSpec.from_dict(rec.spec)
+    stages, transitions = store.stages(rid), store.transitions(rid)
+    previous = [n.previous for n in store.nodes(rid) if n.previous != rec.version]
+    judged = [s for s in stages if s.verdict_doc]
+    doc = {k: v for k, v in asdict(rec).items() if k != "spec"}
+    return {**doc, "exit_code": EXIT_CODES.get(rec.state), "spec": spec.to_dict(),
+            "stages": [{**asdict(s), "index": s.idx, "share": f"{len(s.hosts) / len(spec.hosts):.0%}",
+                        "nodes": s.hosts} for s in stages],
+            "transitions": transitions, "deploys": store.deploys(rid), "gates": store.gates(rid),
+            "fleet_versions": versions, "rollout_id": rec.id,
+            "baseline_version": max(set(previous), key=previous.count) if previous else None,
+            "started_at": rec.created_at, "ended_at": transitions[-1]["ts"] if rec.state in TERMINAL else None,
+            "final_verdict": judged[-1].verdict_doc if judged else None, "prometheus": prometheus,
+            "canary_selector": CANARY_SELECTOR, "baseline_selector": BASELINE_SELECTOR}
+
+
+def report(store: RolloutStore, rid: str, fleet: StackFleet | None = None, as_json: bool = False,
+           prometheus: str | None = None) -> str:
     """The rollout's report: state, reason, stage table, deploy log, live fleet versions (when a
-    fleet is given) and the deciding canary verdict table; or, with ``as_json``, all of it as JSON."""
+    fleet is given) and the deciding canary verdict table; or, with ``as_json``, all of it as JSON
+    (:func:`_json_doc`; ``prometheus`` is recorded there for the HTML report)."""
     rec = store.get(rid)
     spec = RolloutSpec.from_dict(rec.spec)
     stages = store.stages(rid)
@@ -230,16 +256,14 @@ def report(store: RolloutStore, rid: str, fleet: StackFleet | None = None, as_js
             except FleetError as err:
                 versions[h] = f"unknown ({err})"
     if as_json:
-        doc = {k: v for k, v in asdict(rec).items() if k != "spec"}
-        return json.dumps({**doc, "exit_code": EXIT_CODES.get(rec.state), "spec": spec.to_dict(),
-                           "stages": [asdict(s) for s in stages], "transitions": store.transitions(rid),
-                           "deploys": store.deploys(rid), "gates": store.gates(rid), "fleet_versions": versions})
+        return json.dumps(_json_doc(store, rid, versions, prometheus))
     n = len(spec.hosts)
     lines = [f"Rollout {rec.id}: {rec.state}" + (f" (exit {EXIT_CODES[rec.state]})" if rec.state in EXIT_CODES else ""),
              f"reason: {rec.reason or '-'}"]
     rows = [("stage", "kind", "nodes", "hosts", "status", "looks", "verdict", "started", "window", "ended")]
     rows += [(f"{s.idx + 1}/{len(spec.stages)}", s.kind, f"{len(s.hosts)}/{n}", ",".join(s.hosts), s.status,
-              str(s.looks), s.verdict or "-", _ts(s.started_at), _ts(s.analysis_start), _ts(s.ended_at)) for s in stages]
+              str(s.looks), s.verdict or "-", _ts(s.started_at), _ts(s.analysis_start), _ts(s.ended_at))
+             for s in stages]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     calls = [f"{d['hostname']} {d['previous']} -> {d['version']} ({d['purpose']})" for d in store.deploys(rid)]

@@ -6,7 +6,8 @@
   :func:`gpuobs.stack.render.write_targets` writes (Prometheus re-reads them within its 5 s
   ``refresh_interval``).
 * :class:`PromSignals`: the inventory for the compatibility gate (dcgm-exporter labels), the error
-  budget (``slo:error_budget_remaining:ratio``, recorded by prometheus/rules/slo.yml) and the
+  budget (``slo:error_budget_remaining:ratio``, recorded by prometheus/rules/slo.yml, judged only
+  once its window holds :data:`MIN_BUDGET_REQUESTS` requests) and the
   SLO-burn page (``ALERTS{alertname="ServingErrorBudgetBurn",severity="critical",alertstate="firing"}``).
 * :func:`analyzer_factory`: the canary analyzer with ``track="canary"`` vs ``track="baseline"``.
 """
@@ -29,6 +30,11 @@ from gpuobs.stack.render import write_targets
 JOBS = ("dcgm", "vllm")
 BUDGET_QUERY = "slo:error_budget_remaining:ratio"
 PAGE_SELECTOR = 'alertname="ServingErrorBudgetBurn",severity="critical",alertstate="firing"'
+#: Requests behind each budget series. The window is the default SLO period (30d); for a stack younger
+#: than the period (the case this guard exists for) it counts the same requests the budget ratio does.
+REQUESTS_QUERY = "sum by (model_name) (increase(vllm:request_success_total[30d]))"
+#: 10 errors' worth of a 99.9% SLO: below this a single error swings the remaining budget by >= 10%.
+MIN_BUDGET_REQUESTS = 10_000.0
 CANARY_SELECTOR, BASELINE_SELECTOR = 'track="canary"', 'track="baseline"'
 _HOST_LABELS = ("node", "Hostname", "track")  # written by write_targets itself, or by us
 
@@ -104,18 +110,23 @@ class PromSignals:
     """Inventory, error budget and SLO-burn pages read from Prometheus through ``client``."""
 
     def __init__(self, client: PromClient, inventory_selector: str = 'job="dcgm"', budget_query: str = BUDGET_QUERY,
-                 page_selector: str = PAGE_SELECTOR):
+                 page_selector: str = PAGE_SELECTOR, requests_query: str = REQUESTS_QUERY,
+                 min_requests: float = MIN_BUDGET_REQUESTS):
         self.client, self.inventory_selector = client, inventory_selector
         self.budget_query, self.page_selector = budget_query, page_selector
+        self.requests_query, self.min_requests = requests_query, min_requests
 
     def inventory(self) -> list[InventoryRow]:
         """(Hostname, modelName, driver) rows of the dcgm job."""
         return inventory(self.client, self.inventory_selector)
 
     def budget(self) -> list[BudgetRow]:
-        """Every error-budget series (NaN ones, i.e. no traffic in the SLO window, are skipped)."""
+        """Every error-budget series (NaN ones, i.e. no traffic in the SLO window, are skipped), with the
+        request count behind it (joined on ``model_name``) so the gate can skip a window too young to judge."""
         res = self.client.query(self.budget_query)
-        return [BudgetRow({k: v for k, v in s.labels.items() if k != "__name__"}, s.value)
+        counts = {s.labels.get("model_name", ""): s.value for s in self.client.query(self.requests_query).samples}
+        return [BudgetRow({k: v for k, v in s.labels.items() if k != "__name__"}, s.value,
+                          counts.get(s.labels.get("model_name", ""), 0.0), self.min_requests)
                 for s in res.samples if not math.isnan(s.value)]
 
     def pages(self) -> set[str]:

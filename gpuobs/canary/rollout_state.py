@@ -16,7 +16,8 @@ Tables (times are unix seconds; JSON columns hold the documents named):
 * ``transitions``: rollout_id, seq, ts, from_state, to_state, stage, reason.
 * ``stages``: one row per stage: kind (canary|promote), hosts (JSON), status
   (deploying|analysing|baking|passed|failed|inconclusive|aborted), started_at, analysis_start,
-  deadline, ended_at, last_look (time of the last look, errors included), looks, errors (consecutive Prometheus errors), verdict, verdict_doc (JSON
+  deadline, ended_at, last_look (time of the last look, errors included), looks, errors
+  (consecutive Prometheus errors), verdict, verdict_doc (JSON
   Verdict.to_dict()), verdict_table (text), analysis_state (JSON AnalysisState.to_dict()).
 * ``nodes``: rollout_id, hostname, previous version, status (deploying|deployed|reverted), stage.
 * ``deploys``: every admin deploy call made: seq, rollout_id, ts, hostname, version, previous, purpose.
@@ -251,7 +252,8 @@ class RolloutStore:
         """Record one look of the canary analysis."""
         with self.db:
             self.db.execute("INSERT INTO analyses VALUES (?,?,?,?,?,?,?,?)",
-                            (rollout_id, stage, look, self.clock(), elapsed_s, verdict, int(final), json.dumps(summary)))
+                            (rollout_id, stage, look, self.clock(), elapsed_s, verdict, int(final),
+                             json.dumps(summary)))
 
     def analyses(self, rollout_id: str) -> list[dict[str, Any]]:
         """Every look, oldest first (``summary`` decoded)."""

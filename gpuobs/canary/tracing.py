@@ -107,8 +107,9 @@ def clean_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
     for k, v in attrs.items():
         if v is None or (isinstance(v, float) and not math.isfinite(v)):
             continue
-        if isinstance(v, (list, tuple)):
-            out[k] = [str(x) for x in v]
+        if isinstance(v, (list, tuple)):  # OTel arrays must be homogeneous primitives
+            kinds = {type(x) for x in v}
+            out[k] = list(v) if len(kinds) == 1 and kinds <= {bool, int, float, str} else [str(x) for x in v]
         elif isinstance(v, (bool, int, float, str)):
             out[k] = v
         else:

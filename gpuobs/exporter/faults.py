@@ -159,7 +159,7 @@ def validate(body: Any, gpu_count: int) -> FaultRequest:
     if not isinstance(body, dict):
         raise FaultError("body", "request body must be a JSON object")
     kind_name = body.get("kind")
-    if kind_name not in KINDS:
+    if not isinstance(kind_name, str) or kind_name not in KINDS:
         raise FaultError("kind", f"field 'kind' must be one of {', '.join(sorted(KINDS))}; got {kind_name!r}")
     kind = KINDS[kind_name]
     allowed = {"kind", "gpu", *kind.params}

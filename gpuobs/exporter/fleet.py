@@ -84,7 +84,10 @@ def load_k8s_map(path: Path) -> K8sMap:
 
     Raises ValueError naming the bad entry; only ``pod``, ``namespace``, ``container`` are allowed.
     """
-    doc = yaml.safe_load(Path(path).read_text())
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"--k8s-map {path}: cannot read it as YAML/JSON ({str(exc).splitlines()[0]})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: top level must map hostnames to GPU entries")
     out: K8sMap = {}

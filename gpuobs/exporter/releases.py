@@ -58,11 +58,15 @@ class Catalogue:
 
 def load(path: Path | None = None) -> Catalogue:
     """Parse a catalogue file (default: packaged). Raises CatalogueError naming the bad field."""
-    if path is None:
-        text = resources.files("gpuobs.exporter").joinpath("data/releases.yaml").read_text(encoding="utf-8")
-    else:
-        text = Path(path).read_text(encoding="utf-8")
-    doc = yaml.safe_load(text)
+    where = "packaged catalogue" if path is None else str(path)
+    try:
+        if path is None:
+            text = resources.files("gpuobs.exporter").joinpath("data/releases.yaml").read_text(encoding="utf-8")
+        else:
+            text = Path(path).read_text(encoding="utf-8")
+        doc = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise CatalogueError(f"release catalogue {where}: cannot read it as YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("releases"), dict) or not doc["releases"]:
         raise CatalogueError("release catalogue needs a non-empty 'releases' mapping")
     releases = {}

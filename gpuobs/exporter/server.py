@@ -32,6 +32,7 @@ from gpuobs.exporter.exposition import CONTENT_TYPE, Family, label_string, rende
 from gpuobs.exporter.node import Node
 
 MAX_BODY_BYTES = 64 * 1024
+INVALID = object()  # _read_json's "already answered with an error" marker
 _log = log.get("exporter")
 
 
@@ -125,12 +126,14 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":  # a HEAD answer carries no body, or keep-alive breaks
+                self.wfile.write(body)
             return False
         return True
 
-    def _read_json(self) -> object | None:
-        """Read and decode the JSON body; answers the error itself and returns None on failure."""
+    def _read_json(self) -> object:
+        """Read and decode the JSON body; answers the error itself and returns INVALID on failure
+        (a JSON ``null`` body is a value like any other and is rejected by the route's validation)."""
         raw_len = self.headers.get("Content-Length")
         try:
             length = int(raw_len) if raw_len is not None else -1
@@ -139,17 +142,17 @@ class Handler(BaseHTTPRequestHandler):
         if length < 0:
             self._error(411, "Content-Length header required")
             self.close_connection = True
-            return None
+            return INVALID
         if length > MAX_BODY_BYTES:
             self._error(413, f"body is {length} bytes; the limit is {MAX_BODY_BYTES}")
             self.close_connection = True
-            return None
+            return INVALID
         raw = self.rfile.read(length)
         try:
             return json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            self._error(400, f"body is not valid JSON: {exc}", "body")
-            return None
+        except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, huge integers, absurd nesting
+            self._error(400, f"body is not valid JSON: {str(exc)[:200]}", "body")
+            return INVALID
 
     # ---- routes -------------------------------------------------------------------------------
     def do_GET(self) -> None:
@@ -210,7 +213,7 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         body = self._read_json()
-        if body is None:
+        if body is INVALID:
             return
         node = self.server.node
         if path == "/admin/deploy":

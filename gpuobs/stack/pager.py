@@ -137,7 +137,7 @@ class PagerHandler(BaseHTTPRequestHandler):
                 return
             self._send(200, path.read_bytes(), "text/markdown; charset=utf-8")
         elif url.path == "/":
-            self._send(200, render_html(store.list(200)).encode(), "text/html; charset=utf-8")
+            self._send(200, render_html(store.list(200)).encode("utf-8", "backslashreplace"), "text/html; charset=utf-8")
         else:
             self._json(404, {"error": f"no route {url.path}"})
 
@@ -161,10 +161,12 @@ class PagerHandler(BaseHTTPRequestHandler):
             return
         raw = self.rfile.read(length)
         try:
-            payload = validate(json.loads(raw.decode("utf-8")))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            self._json(400, {"error": f"body is not valid JSON: {exc}", "field": "body"})
+            doc = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, huge integers, absurd nesting
+            self._json(400, {"error": f"body is not valid JSON: {str(exc)[:200]}", "field": "body"})
             return
+        try:
+            payload = validate(doc)
         except PayloadError as exc:
             _log.warning("rejected payload", extra={"fields": {"field": exc.field, "error": str(exc)}})
             self._json(400, {"error": str(exc), "field": exc.field})

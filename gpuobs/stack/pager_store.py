@@ -27,15 +27,30 @@ class PayloadError(ValueError):
         self.field = field
 
 
+def _encodable(text: str) -> bool:
+    """False for strings UTF-8 cannot encode (lone surrogates from JSON \\ud800 escapes)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _str_map(value: Any, field: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise PayloadError(field, "must be an object mapping strings to strings")
+    for k, v in value.items():
+        if not (_encodable(k) and _encodable(v)):
+            raise PayloadError(f"{field}.{k.encode('utf-8', 'backslashreplace').decode()}",
+                               "must be valid Unicode text (lone surrogate escapes are not)")
     return value
 
 
 def _str(value: Any, field: str, allowed: tuple[str, ...] | None = None) -> str:
     if not isinstance(value, str):
         raise PayloadError(field, "must be a string")
+    if not _encodable(value):
+        raise PayloadError(field, "must be valid Unicode text (lone surrogate escapes are not)")
     if allowed and value not in allowed:
         raise PayloadError(field, f"must be one of {', '.join(allowed)}; got {value!r}")
     return value

@@ -73,17 +73,52 @@ def _cmdline(pid: int) -> list[str]:
 
 
 def alive(pid: int, argv: list[str]) -> bool:
-    """True if ``pid`` runs and is still the process started with ``argv`` (guards against pid reuse)."""
-    cmd = _cmdline(pid)
-    return bool(cmd) and cmd[: len(argv)] == argv
+    """True if ``pid`` runs and its command line is exactly ``argv`` (guards against pid reuse; an
+    empty or partial argv never matches, so a damaged stack.json cannot make us signal a stranger)."""
+    if not isinstance(pid, int) or pid <= 1 or not argv:
+        return False
+    return _cmdline(pid) == list(argv)
 
 
 def load_state(run_dir: Path) -> dict | None:
-    """The run directory's stack.json, or None if there is none."""
+    """The run directory's stack.json, or None if there is none.
+
+    Raises StackError (exit 2) if the file is unreadable or not the shape ``up`` writes, naming the
+    problem, so a damaged file never turns into a traceback or a signal to the wrong process.
+    """
     path = run_dir / "stack.json"
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    hint = f"{path} is damaged ({{}}); if no stack is running from {run_dir}, delete it and start again"
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise StackError(hint.format(exc), 2) from None
+    comps = state.get("components") if isinstance(state, dict) else None
+    if not isinstance(comps, dict) or not isinstance(state.get("urls"), dict):
+        raise StackError(hint.format("missing 'components' or 'urls'"), 2)
+    for name, c in comps.items():
+        if (not isinstance(c, dict) or not isinstance(c.get("pid"), int) or not isinstance(c.get("argv"), list)
+                or not c["argv"] or not all(isinstance(a, str) for a in c["argv"])):
+            raise StackError(hint.format(f"component {name!r} has no valid pid/argv"), 2)
+    return state
+
+
+def check_run_dir(run_dir: Path) -> Path:
+    """Resolve and vet a run directory: not empty, not the repository (or above it), not a file.
+
+    The stack renders configs and rules into it, so pointing it at the repository would overwrite
+    the tracked sources. Raises StackError (exit 2).
+    """
+    if not str(run_dir).strip():
+        raise StackError("--run-dir must not be empty", 2)
+    run = run_dir.resolve()
+    if run == REPO_ROOT or run in REPO_ROOT.parents:
+        raise StackError(f"--run-dir {run} is the gpuobs repository (or contains it); use a directory "
+                         "of its own such as .run", 2)
+    if run.exists() and not run.is_dir():
+        raise StackError(f"--run-dir {run} exists and is not a directory", 2)
+    return run
 
 
 def _wait(what: str, check, deadline: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
@@ -117,7 +152,7 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
     Raises StackError: exit 2 for missing binaries, busy ports or a stack already running in the run
     directory; exit 1 when a component fails to start (the components already started are stopped).
     """
-    run = cfg.run_dir.resolve()
+    run = check_run_dir(cfg.run_dir)
     old = load_state(run)
     if old and any(alive(c["pid"], c["argv"]) for c in old["components"].values()):
         raise StackError(f"a stack is already running from {run}; run `gpuobs stack down --run-dir {cfg.run_dir}` first", 2)
@@ -126,7 +161,14 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
     node_ports = [p.node_base + i for i in range(cfg.nodes)]
     serving = cfg.nodes - cfg.training_nodes
     engine_ports = [p.engine_base + i for i in range(serving)]
-    busy = [str(x) for x in [p.prometheus, p.alertmanager, p.pager, *node_ports, *engine_ports] if not port_free(x)]
+    wanted = [p.prometheus, p.alertmanager, p.pager, *node_ports, *engine_ports]
+    if max(wanted) > 65535:
+        raise StackError(f"node ports run past 65535 (nodes from {p.node_base}, engines from {p.engine_base})", 2)
+    dupes = sorted({x for x in wanted if wanted.count(x) > 1})
+    if dupes:
+        raise StackError(f"the same port is assigned twice: {', '.join(map(str, dupes))}; give every component "
+                         "its own (--prometheus-port, --alertmanager-port, --pager-port, --base-port, --engine-base-port)", 2)
+    busy = [str(x) for x in wanted if not port_free(x)]
     if busy:
         raise StackError(f"ports already in use on 127.0.0.1: {', '.join(busy)}; choose others with the --*-port flags", 2)
     for sub in ("logs", "prometheus/data", "alertmanager/data"):
@@ -197,7 +239,8 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
 
 
 def down(run_dir: Path, out=sys.stdout, grace_s: float = 10.0) -> int:
-    """Stop the processes recorded in ``run_dir``'s stack.json (reverse start order); returns how many."""
+    """Stop the processes recorded in ``run_dir``'s stack.json (reverse start order); returns how many.
+    Raises StackError (exit 2) if stack.json is damaged."""
     state = load_state(run_dir.resolve())
     if not state:
         print(f"no stack recorded in {run_dir}", file=out)
@@ -208,7 +251,10 @@ def down(run_dir: Path, out=sys.stdout, grace_s: float = 10.0) -> int:
         if not alive(pid, argv):
             continue
         try:
-            os.killpg(pid, signal.SIGTERM)
+            # We started every component in a session of its own (pgid == pid); signal the group
+            # only when that still holds, else just the process.
+            kill = os.killpg if os.getpgid(pid) == pid else os.kill
+            kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             continue
         deadline = time.monotonic() + grace_s
@@ -216,7 +262,7 @@ def down(run_dir: Path, out=sys.stdout, grace_s: float = 10.0) -> int:
             _reap(pid)
             time.sleep(0.1)
         if alive(pid, argv):
-            os.killpg(pid, signal.SIGKILL)
+            kill(pid, signal.SIGKILL)
         _reap(pid)
         stopped += 1
         print(f"stopped {name:<12} pid {pid}", file=out)

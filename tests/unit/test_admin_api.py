@@ -119,3 +119,24 @@ def test_deploy_endpoint_sets_version_and_rejects_unknown(node_server):
     r = requests.post(f"{url}/admin/deploy", json={"version": "1.5.0"}, timeout=5)
     assert r.status_code == 401
     assert node.version == "1.6.0"
+
+
+@pytest.mark.parametrize("raw, field", [
+    (b"null", "body"), (b'{"kind": ["xid"], "gpu": 0}', "kind"), (b'{"kind": {}}', "kind"),
+    (b'{"kind": "xid", "gpu": 0, "code": ' + b"9" * 5000 + b"}", "body"),
+    (b"[" * 30000 + b"]" * 30000, "body"),
+])
+def test_hostile_bodies_get_400_not_500_or_silence(node_server, raw, field):
+    url, node = node_server
+    r = requests.post(f"{url}/admin/faults", data=raw, headers=AUTH, timeout=5)
+    assert r.status_code == 400 and r.json()["field"] == field
+    r = requests.post(f"{url}/admin/deploy", data=b"null", headers=AUTH, timeout=5)
+    assert r.status_code == 400
+    assert node.faults == {}
+
+
+def test_head_401_has_no_body_and_keep_alive_survives(node_server):
+    url, _ = node_server
+    with requests.Session() as s:
+        assert s.head(f"{url}/admin/faults", timeout=5).status_code == 401
+        assert s.get(f"{url}/health", timeout=5).json()["status"] == "ok"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import sqlite3
 import threading
 
@@ -107,3 +108,16 @@ def test_runbooks_are_served_and_paths_cannot_escape(pager):
     assert requests.get(f"{url}/runbooks/xid.md", timeout=5).text == "# Xid\n"
     assert requests.get(f"{url}/runbooks/../pager.sqlite", timeout=5).status_code == 404
     assert requests.get(f"{url}/runbooks/%2e%2e%2fpager.sqlite", timeout=5).status_code == 404
+
+
+def test_lone_surrogates_and_hostile_json_are_rejected_and_the_page_stays_up(pager):
+    url, store, _ = pager
+    bad = copy.deepcopy(PAYLOAD)
+    bad["alerts"][0]["annotations"]["summary"] = "\ud800"
+    raw = json.dumps(bad).encode()  # json.dumps escapes the surrogate as \\ud800
+    r = requests.post(f"{url}/hook/page", data=raw, timeout=5)
+    assert r.status_code == 400 and r.json()["field"].startswith("alerts[0].annotations")
+    for body in (b"[" * 30000 + b"]" * 30000, b'{"version": ' + b"9" * 5000 + b"}"):
+        assert requests.post(f"{url}/hook/page", data=body, timeout=5).status_code == 400
+    assert store.count() == 0
+    assert requests.get(f"{url}/", timeout=5).status_code == 200
