@@ -13,7 +13,8 @@ DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19
 .PHONY: help venv binaries up down status test lint rules drills bench bench-canary bench-latency clean
 
 help:
-	@echo "make up | down | status | test | lint | drill-<name> | drills | bench | bench-canary | rules | clean"
+	@echo "make up | down | status | test | lint | drill-<name> | drills | rollout-good | rollout-bad |"
+	@echo "     rollout-incompatible | bench | bench-canary | bench-latency | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuobs needs Python >= 3.11")'
@@ -89,3 +90,28 @@ test: venv binaries
 
 clean:
 	rm -rf $(VENV) $(RUN_DIR) $(DRILL_RUN_DIR) .pytest_cache
+
+# Rollout demos against the stack `make up` started (RUN_DIR): rollout-good (1.5.0 -> Succeeded),
+# rollout-bad (1.6.0, +20% TTFT -> RolledBack, fleet back on 1.4.0), rollout-incompatible (2.0.0, CUDA 13
+# on driver 550 -> Rejected by the compatibility gate, nothing deployed). Each prints a progress line per
+# stage and look, then the stage table and the deciding verdict table, and checks the end state.
+# Looks every 15 s; a canary stage of 1 node of 3 needs ~3 min of traffic to PROMOTE (docs/rollout.md).
+ROLLOUT_FLAGS ?= --stages 1,50%,100% --interval 15s --stage-timeout 6m --settle 10s
+define rollout_demo
+	@rc=0; $(GPUOBS) --log-level warning rollout start --run-dir $(RUN_DIR) --version $(1) $(ROLLOUT_FLAGS) || rc=$$?; \
+	$(GPUOBS) rollout status --run-dir $(RUN_DIR) --json > $(RUN_DIR)/rollout-last.json; \
+	state=$$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["state"])' $(RUN_DIR)/rollout-last.json); \
+	echo "report: $$($(GPUOBS) report rollout --file $(RUN_DIR)/rollout-last.json --run-dir $(RUN_DIR) | tail -n 1)"; \
+	if [ "$$state" = "$(2)" ]; then echo "demo OK: $(1) ended $$state (exit $$rc), as expected"; \
+	else echo "demo FAILED: $(1) ended $${state:-nowhere} (exit $$rc), expected $(2)"; exit 1; fi
+endef
+
+.PHONY: rollout-good rollout-bad rollout-incompatible
+rollout-good: venv
+	$(call rollout_demo,1.5.0,Succeeded)
+
+rollout-bad: venv
+	$(call rollout_demo,1.6.0,RolledBack)
+
+rollout-incompatible: venv
+	$(call rollout_demo,2.0.0,Rejected)

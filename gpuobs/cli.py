@@ -234,7 +234,7 @@ def _stack(args: argparse.Namespace) -> int:
     if args.training_nodes >= args.nodes:
         return _fail(f"--training-nodes {args.training_nodes} must leave at least one serving node (--nodes {args.nodes})")
     cfg = sv.StackConfig(run_dir=run, nodes=args.nodes, gpus=args.gpus, seed=args.seed, ports=ports,
-                         training_nodes=args.training_nodes, profile=args.profile,
+                         training_nodes=args.training_nodes, profile=args.profile, rate_rps=args.rate,
                          xid_window_ms=args.xid_window_ms, runbook_base=args.runbook_base, timeout_s=args.timeout)
     try:
         state = sv.up(cfg)
@@ -400,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--alertmanager-port", type=PORT, default=_env("ALERTMANAGER_PORT", "9093"))
     s.add_argument("--pager-port", type=PORT, default=_env("PAGER_PORT", "9097"))
     s.add_argument("--base-port", type=PORT, default=_env("BASE_PORT", "9400"), help="first node port")
+    s.add_argument("--rate", type=_pos_float, default=_env("RATE", "4"),
+                   help="mean request rate per serving node, req/s (default 4)")
     s.add_argument("--grafana-port", type=PORT, default=_env("GRAFANA_PORT", "3000"),
                    help="Grafana, started only if a grafana binary is on PATH")
     s.add_argument("--engine-base-port", type=PORT, default=_env("ENGINE_BASE_PORT", "8000"),

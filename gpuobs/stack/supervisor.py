@@ -48,6 +48,7 @@ class StackConfig:
     gpus: int = 8
     training_nodes: int = 1
     seed: int = 1
+    rate_rps: float = 4.0
     ports: Ports = field(default_factory=Ports)
     xid_window_ms: int = 15_000
     profile: str = "default"
@@ -184,7 +185,7 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
         "exporter": py + ["exporter", "--nodes", str(cfg.nodes), "--gpus", str(cfg.gpus), "--base-port", str(p.node_base),
                           "--seed", str(cfg.seed), "--token-file", str(run / "admin-token"),
                           "--xid-window-ms", str(cfg.xid_window_ms), "--engine-base-port", str(p.engine_base),
-                          "--training-nodes", str(cfg.training_nodes)],
+                          "--training-nodes", str(cfg.training_nodes), "--rate", str(cfg.rate_rps)],
         "pager": py + ["pager", "--port", str(p.pager), "--db", str(run / "pager.sqlite"),
                        "--runbooks-dir", str(REPO_ROOT / "runbooks")],
         "alertmanager": [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / 'alertmanager/data'}",
