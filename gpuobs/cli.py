@@ -401,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pager-port", type=PORT, default=_env("PAGER_PORT", "9097"))
     s.add_argument("--base-port", type=PORT, default=_env("BASE_PORT", "9400"), help="first node port")
     s.add_argument("--rate", type=_pos_float, default=_env("RATE", "4"),
-                   help="mean request rate per serving node, req/s (default 4)")
+                   help="mean request rate per serving node, req/s (default 4; the simulated engine's KV cache "
+                        "saturates above ~7 req/s, which then queues and slows TTFT like a real overloaded engine)")
     s.add_argument("--grafana-port", type=PORT, default=_env("GRAFANA_PORT", "3000"),
                    help="Grafana, started only if a grafana binary is on PATH")
     s.add_argument("--engine-base-port", type=PORT, default=_env("ENGINE_BASE_PORT", "8000"),
