@@ -150,6 +150,13 @@ def _node_urls(args: argparse.Namespace) -> tuple[list[str], str]:
     return urls, token or Path(state["token_file"]).read_text().strip()
 
 
+def _describe(fault: dict) -> str:
+    """One fault as text: ``xid on gpu 3: code=48, repeat_s=0``."""
+    where = f"on gpu {fault['gpu']}" if fault.get("gpu") is not None else "node-wide"
+    params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in fault["params"].items())
+    return f"{fault['kind']} {where}" + (f": {params}" if params else "")
+
+
 def cmd_fault(args: argparse.Namespace) -> int:
     from gpuobs.exporter.admin_client import AdminClient, AdminError
 
@@ -160,9 +167,9 @@ def cmd_fault(args: argparse.Namespace) -> int:
     if args.url:
         selected = [0]
     elif args.node is None:
-        selected = list(range(len(urls))) if args.action == "list" else None
-        if selected is None:
+        if args.action == "inject" or (args.action == "clear" and not args.all):
             return _fail(f"--node is required (0..{len(urls) - 1})")
+        selected = list(range(len(urls)))  # list, clear --all: every node
     elif not 0 <= args.node < len(urls):
         return _fail(f"--node must be 0..{len(urls) - 1}, got {args.node}")
     else:
@@ -172,12 +179,13 @@ def cmd_fault(args: argparse.Namespace) -> int:
             rows = [{"node": n, "url": urls[n], "faults": AdminClient(urls[n], token).list()} for n in selected]
             if args.json:
                 print(json.dumps(rows, indent=2))
+            elif not any(r["faults"] for r in rows):
+                print("no active faults")
             else:
                 for r in rows:
                     for f in r["faults"]:
-                        print(f"node {r['node']}  {f['id']:<6} {f['kind']:<10} gpu={f['gpu']}  {f['params']}")
+                        print(f"node {r['node']}  {f['id']:<6} {_describe(f)}")
             return 0
-        client = AdminClient(urls[selected[0]], token)
         if args.action == "inject":
             body = {"kind": args.kind}
             if args.gpu is not None:
@@ -185,15 +193,17 @@ def cmd_fault(args: argparse.Namespace) -> int:
             for key, value in (args.params or {}).items():
                 if value is not None:
                     body[key] = value
-            fault = client.inject(body)
-            print(json.dumps(fault) if args.json else f"injected {fault['id']}: {fault['kind']} gpu={fault['gpu']} {fault['params']}")
+            fault = AdminClient(urls[selected[0]], token).inject(body)
+            print(json.dumps(fault) if args.json else f"injected {fault['id']}: {_describe(fault)}")
         else:
-            ids = [f["id"] for f in client.list()] if args.all else args.ids
-            if not ids:
-                return _fail("give fault ids to clear, or --all")
-            for fid in ids:
-                client.clear(fid)
-                print(f"cleared {fid}")
+            for n in selected:
+                client = AdminClient(urls[n], token)
+                ids = [f["id"] for f in client.list()] if args.all else args.ids
+                if not ids and not args.all:
+                    return _fail("give fault ids to clear, or --all")
+                for fid in ids:
+                    client.clear(fid)
+                    print(f"cleared {fid}" + (f" on node {n}" if len(selected) > 1 else ""))
         return 0
     except AdminError as exc:
         return _fail(f"{exc}" + (f" (field: {exc.field})" if exc.field else ""), 2 if exc.status in (400, 401, 404, 413) else 1)

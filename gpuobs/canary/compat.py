@@ -67,7 +67,7 @@ DRIVER_BRANCHES: dict[int, tuple[str, str]] = {
     610: ("NFB", "new-feature branch"),
     620: ("LTSB", "EOL Sep 2029"),
 }
-BRANCH_SOURCE = "shared/data/README.md driver branches (NVIDIA driver lifecycle: R535 LTSB ... R620 LTSB)"
+BRANCH_SOURCE = "gpuobs/canary/data/README.md driver branches (NVIDIA driver lifecycle: R535 LTSB ... R620 LTSB)"
 FORWARD_COMPAT_BRANCH_TYPES = ("LTSB", "PB")
 
 

@@ -218,7 +218,8 @@ def run_drill(state: dict, name: str, claims: Claims | None = None, progress=Non
             f = s.admin[idx[0]].inject(body)
             injected.append((idx[0], f["id"]))
             res.faults.append({**body, "id": f["id"]})
-        say(f"{name}: injected {res.faults} on {res.hostname}")
+        say(f"{name}: injected " + "; ".join(", ".join(f"{k}={v}" for k, v in f.items()) for f in res.faults)
+            + f" on {res.hostname}")
 
         def fired_and_paged(alerts, pages):
             now = time.time() - t0

@@ -90,7 +90,8 @@ class PagerHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        if not getattr(self, "_head", False):
+            self.wfile.write(body)
 
     def _json(self, code: int, doc: object) -> None:
         self._send(code, (json.dumps(doc) + "\n").encode())
@@ -101,6 +102,13 @@ class PagerHandler(BaseHTTPRequestHandler):
         except Exception:
             _log.exception("GET failed", extra={"fields": {"path": self.path}})
             self._json(500, {"error": "internal error"})
+
+    def do_HEAD(self) -> None:  # link checkers and prefetchers: same answer as GET, no body
+        self._head = True  # per request: the handler object lives for the whole keep-alive connection
+        try:
+            self.do_GET()
+        finally:
+            self._head = False
 
     def do_POST(self) -> None:
         try:

@@ -51,7 +51,7 @@ CASES = [
     ("13x-on-570", "570.124.06", H100, "13.0", {}, INCOMPATIBLE,
      ["toolkit-min-driver", "minor-version-compat", "forward-compat"], [], "[CUDA 13.0 GA]"),
     ("13x-on-570-cuda-compat", "570.124.06", H100, "13.0", {"cuda_compat": True}, COMPATIBLE_WITH_WARNINGS, [],
-     ["toolkit-min-driver", "minor-version-compat", "forward-compat"], "shared/data/README.md driver branches"),
+     ["toolkit-min-driver", "minor-version-compat", "forward-compat"], "gpuobs/canary/data/README.md driver branches"),
     ("13x-on-570-cuda-compat-ptx", "570.124.06", H100, "13.0", {"cuda_compat": True, "ptx_jit": True},
      COMPATIBLE_WITH_WARNINGS, [], ["forward-compat"], "[CUDA 13.0 GA]"),
     ("13x-on-570-cuda-compat-geforce", "570.124.06", "NVIDIA GeForce RTX 4090", "13.0", {"cuda_compat": True},

@@ -121,3 +121,11 @@ def test_lone_surrogates_and_hostile_json_are_rejected_and_the_page_stays_up(pag
         assert requests.post(f"{url}/hook/page", data=body, timeout=5).status_code == 400
     assert store.count() == 0
     assert requests.get(f"{url}/", timeout=5).status_code == 200
+
+
+def test_head_then_get_on_one_connection(pager):
+    url, _, _ = pager
+    with requests.Session() as s:
+        h = s.head(f"{url}/runbooks/xid.md", timeout=5)
+        assert h.status_code == 200 and h.text == ""
+        assert s.get(f"{url}/runbooks/xid.md", timeout=5).text == "# Xid\n"
