@@ -221,7 +221,7 @@ def _stage_overlays(doc: dict, origin: float, end: float) -> tuple[list[Span], l
             continue
         nxt = epoch(stages[i + 1].get("started_at")) if i + 1 < len(stages) else None
         s1 = epoch(st.get("ended_at")) or nxt or end
-        label = f"S{st.get('index', i)} {st.get('share', '')} {st.get('verdict', '')}".strip()
+        label = f"S{_stage_no(st, i)}/{len(stages)} {st.get('share', '')} {st.get('verdict', '')}".strip()
         spans.append(Span((s0 - origin) / 60.0, (s1 - origin) / 60.0, label))
         markers.append(Marker((s0 - origin) / 60.0, "stage boundary", "stage"))
     markers.append(Marker((end - origin) / 60.0, f"rollout ended ({doc.get('state', '?')})", "cleared"))
@@ -259,11 +259,12 @@ def _header(doc: dict, start: float, end: float, sels: dict[str, str]) -> list[h
         ("Prometheus", doc.get("prometheus") or "-"),
     ])
     stage_rows = []
-    for i, st in enumerate(_stages(doc)):
+    all_stages = _stages(doc)
+    for i, st in enumerate(all_stages):
         s0, s1 = epoch(st.get("started_at")), epoch(st.get("ended_at"))
         nodes = st.get("nodes", st.get("hosts")) or []
         verdict = str(st.get("verdict") or "-")
-        stage_rows.append((st.get("index", i), st.get("share", "-"),
+        stage_rows.append((f"{_stage_no(st, i)}/{len(all_stages)}", st.get("share", "-"),
                            ", ".join(map(str, nodes)) if isinstance(nodes, list) else str(nodes),
                            h.utc(s0), f"{(s1 - s0) / 60:.1f} min" if s0 is not None and s1 is not None else "-",
                            h.badge(verdict, _VERDICT_KIND.get(verdict, "info"))))
@@ -276,6 +277,12 @@ def _header(doc: dict, start: float, end: float, sels: dict[str, str]) -> list[h
             h.section("Final verdict", h.paragraph("Verdict: ", h.badge(verdict, _VERDICT_KIND.get(verdict, "info"))),
                       metrics, h.bullet_list([f"reason: {r}" for r in fv.get("reasons") or []]
                                              + [f"warning: {w}" for w in fv.get("warnings") or []], empty=""))]
+
+
+def _stage_no(st: dict, i: int) -> int:
+    """1-based stage number as the controller prints it (``stage 1/3``); ``index`` is 0-based."""
+    idx = st.get("index", i)
+    return (idx if isinstance(idx, int) else i) + 1
 
 
 def write_rollout_report(doc: dict, out_dir: Path, *, client: PromClient | None = None, strict: bool = False,
