@@ -505,14 +505,16 @@ def release() -> dict:
                           "that idles the SMs may be stalling."),
     ]
     stages = {"datasource": DS, "enable": True, "hide": False, "iconColor": "orange", "name": "Rollout stages",
-              "expr": "changes(gpuobs_rollout_stage[1m]) > 0", "step": "15s",
-              "titleFormat": "{{rollout}}: {{stage}}", "textFormat": "version {{version}}",
-              "tagKeys": "rollout,version,stage", "useValueForTime": False}
+              # Each stage deploys to more nodes, which changes how many nodes run each version
+              # (gpuobs_engine_build_info, one series per node): one annotation per deploy or rollback.
+              "expr": "changes((count by (version) (gpuobs_engine_build_info))[1m:15s]) > 0", "step": "15s",
+              "titleFormat": "deploy: {{version}}", "textFormat": "nodes running {{version}} changed",
+              "tagKeys": "version", "useValueForTime": False}
     variables = [datasource_var(),
                  query_var("model_name", "label_values(vllm:num_requests_running, model_name)")]
     return dashboard("gpuobs-release", "Release",
-                     "Canary vs baseline for each metric the canary analysis judges, with the rollout's stage "
-                     "changes as annotations.", variables, panels, annotations=[stages], time_from="now-3h")
+                     "Canary vs baseline for each metric the canary analysis judges, with each stage's deploys "
+                     "(changes in how many nodes run each version) as annotations.", variables, panels, annotations=[stages], time_from="now-3h")
 
 
 DASHBOARDS = {"fleet.json": fleet, "serving.json": serving, "memory.json": memory, "training.json": training,

@@ -47,9 +47,9 @@ SETUP = {
 }
 #: Queries that cannot return data on this stack; they must still be valid PromQL (status success).
 ALLOW_NO_DATA = {
-    "changes(gpuobs_rollout_stage[1m]) > 0":
-        "Release annotation: gpuobs_rollout_stage is exposed by the rollout controller, which this stack does not "
-        "run (and even during a rollout it is empty between stage changes)",
+    "changes((count by (version) (gpuobs_engine_build_info))[1m:15s]) > 0":
+        "Release annotation: it marks deploys (the number of nodes per engine version changing); this stack "
+        "deploys nothing",
 }
 
 

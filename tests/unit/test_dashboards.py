@@ -26,8 +26,7 @@ DASHBOARDS = load_dashboards()
 DATASOURCES = yaml.safe_load((ROOT / "grafana/provisioning/datasources/datasources.yml").read_text())["datasources"]
 PROVISIONED = {d["uid"]: d["type"] for d in DATASOURCES}
 #: Metrics a panel may select that neither the exporter nor a recording rule produces, and who does.
-OTHER_PRODUCERS = {"up": "Prometheus, per scrape target",
-                   "gpuobs_rollout_stage": "the rollout controller (annotation query of the Release dashboard)"}
+OTHER_PRODUCERS = {"up": "Prometheus, per scrape target"}
 EXPECTED = {"fleet.json": "gpuobs-fleet", "serving.json": "gpuobs-serving", "memory.json": "gpuobs-memory",
             "training.json": "gpuobs-training", "release.json": "gpuobs-release"}
 URL = re.compile(r"^https?://[^/]+/d/(?P<uid>[^/?]+)(?:/(?P<slug>[^?]+))?(?:\?viewPanel=(?P<panel>\d+))?$")
@@ -286,8 +285,8 @@ def test_release_dashboard_compares_tracks_and_annotates_stages():
     for p, t in panel_targets(release):
         assert 'track=~"canary|baseline"' in t["expr"] and "track" in t["legendFormat"] + t["expr"], p["title"]
     (stages,) = [a for a in release["annotations"]["list"] if a.get("name") == "Rollout stages"]
-    assert stages["expr"] == "changes(gpuobs_rollout_stage[1m]) > 0"
-    assert set(stages["tagKeys"].split(",")) == {"rollout", "version", "stage"}
+    assert stages["expr"] == "changes((count by (version) (gpuobs_engine_build_info))[1m:15s]) > 0"
+    assert set(stages["tagKeys"].split(",")) == {"version"}
     text = " ".join(t["expr"] for _p, t in panel_targets(release))
     for metric in ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
                    "vllm:e2e_request_latency_seconds_bucket", 'finished_reason="error"',
