@@ -400,15 +400,16 @@ def build_parser() -> argparse.ArgumentParser:
     fl = fsub.add_parser("list", parents=[common], help="list active faults (all nodes unless --node)")
     fl.set_defaults(func=cmd_fault)
 
-    s = sub.add_parser("stack", help="run the native stack: up | down | status")
+    s = sub.add_parser("stack", help="run the native stack: up | down | status",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("action", choices=["up", "down", "status"])
-    s.add_argument("--run-dir", default=run_dir)
-    s.add_argument("--nodes", type=_int_range(1, 256), default=_env("NODES", "4"))
-    s.add_argument("--gpus", type=_int_range(1, 16), default=_env("GPUS", "8"))
-    s.add_argument("--seed", type=int, default=1)
-    s.add_argument("--prometheus-port", type=PORT, default=_env("PROMETHEUS_PORT", "9090"))
-    s.add_argument("--alertmanager-port", type=PORT, default=_env("ALERTMANAGER_PORT", "9093"))
-    s.add_argument("--pager-port", type=PORT, default=_env("PAGER_PORT", "9097"))
+    s.add_argument("--run-dir", default=run_dir, help="state, configs, logs (env GPUOBS_RUN_DIR)")
+    s.add_argument("--nodes", type=_int_range(1, 256), default=_env("NODES", "4"), help="simulated nodes (GPUOBS_NODES)")
+    s.add_argument("--gpus", type=_int_range(1, 16), default=_env("GPUS", "8"), help="GPUs per node (GPUOBS_GPUS)")
+    s.add_argument("--seed", type=int, default=1, help="RNG seed of the fleet")
+    s.add_argument("--prometheus-port", type=PORT, default=_env("PROMETHEUS_PORT", "9090"), help="GPUOBS_PROMETHEUS_PORT")
+    s.add_argument("--alertmanager-port", type=PORT, default=_env("ALERTMANAGER_PORT", "9093"), help="GPUOBS_ALERTMANAGER_PORT")
+    s.add_argument("--pager-port", type=PORT, default=_env("PAGER_PORT", "9097"), help="GPUOBS_PAGER_PORT")
     s.add_argument("--base-port", type=PORT, default=_env("BASE_PORT", "9400"), help="first node port")
     s.add_argument("--rate", type=_pos_float, default=_env("RATE", "4"),
                    help="mean request rate per serving node, req/s (default 4; the simulated engine's KV cache "

@@ -193,7 +193,10 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
                          f"--web.external-url=http://127.0.0.1:{p.alertmanager}", "--log.format=json"],
         "prometheus": [bins["prometheus"], f"--config.file={prom_cfg}", f"--storage.tsdb.path={run / 'prometheus/data'}",
                        f"--web.listen-address=127.0.0.1:{p.prometheus}", "--storage.tsdb.retention.time=7d",
-                       f"--web.external-url=http://127.0.0.1:{p.prometheus}", "--log.format=json"],
+                       f"--web.external-url=http://127.0.0.1:{p.prometheus}", "--log.format=json",
+                       # Resend firing alerts every 15 s (default 1 m): a first send that races
+                       # Alertmanager's start-up is repeated quickly (the Watchdog shows up at once).
+                       "--rules.alert.resend-delay=15s"],
     }
     checks = {
         "exporter": lambda: all(_ok(f"http://127.0.0.1:{port}/health") for port in node_ports + engine_ports),
