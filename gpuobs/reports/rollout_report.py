@@ -305,7 +305,11 @@ def write_rollout_report(doc: dict, out_dir: Path, *, client: PromClient | None 
     url = doc.get("prometheus")
     if client is None and url:
         client = client_for(str(url))
-    if client is None:
+    if not _stages(doc):
+        # Rejected by a gate before any deploy: there is no canary traffic to plot; the reason
+        # (with the gate's verdict) is in the header.
+        sections.append(h.section("Plots", "No stage ran (nothing was deployed): no canary traffic to plot."))
+    elif client is None:
         sections.append(h.section("Plots", "No Prometheus URL in the rollout document: plots omitted."))
     else:
         try:
