@@ -15,6 +15,27 @@ from gpuobs.stack.ports import free_port_range  # noqa: F401  (re-exported for t
 TOKEN = "test-token-123"
 
 
+def live_stack(tmp_path_factory, name: str, **cfg):
+    """Start a native stack on free loopback ports in its own run directory; a generator for module
+    fixtures: yields the state dict, then stops the stack and checks nothing it started still runs."""
+    import io
+
+    from gpuobs.stack import supervisor
+    from gpuobs.stack.render import Ports
+
+    base = free_port_range(16)
+    ports = Ports(prometheus=base, alertmanager=base + 1, pager=base + 2, node_base=base + 3, engine_base=base + 10)
+    run = tmp_path_factory.mktemp(name)
+    out = io.StringIO()
+    state = supervisor.up(supervisor.StackConfig(run_dir=run, ports=ports, **cfg), out=out)
+    try:
+        yield state
+    finally:
+        supervisor.down(run, out=out)
+        for comp in state["components"].values():
+            assert not supervisor.alive(comp["pid"], comp["argv"]), f"{comp['argv'][0]} still running after down"
+
+
 @pytest.fixture
 def node_server():
     """A NodeServer for a 4-GPU node on a free port; yields (base_url, node)."""

@@ -22,6 +22,7 @@ from gpuobs.canary.promapi import PromClient
 from gpuobs.reports import html as h
 from gpuobs.reports.plots import Marker, timeseries_png
 from gpuobs.reports.query import client_for, fetch_lines, matchers, step_for, tidy
+from gpuobs.stack.render import atomic_write
 
 BEFORE_S = 120.0
 AFTER_RESOLVED_S = 30.0
@@ -279,9 +280,6 @@ def write_drill_report(result: dict, prometheus_url: str, out_dir: Path, *, clie
                           *figures)]
     doc = h.page(f"Drill report: {name} - {verdict}", subtitle, sections, time.time() if now is None else now)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"drill-{_safe(name)}-{int(t0)}.html"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(doc, encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, doc)  # creates out_dir; readers never see half a report
     return path

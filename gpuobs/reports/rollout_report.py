@@ -40,6 +40,7 @@ from gpuobs.canary.promapi import PrometheusError, PrometheusQueryError, PromCli
 from gpuobs.reports import html as h
 from gpuobs.reports.plots import Marker, Span, distribution_png, timeseries_png
 from gpuobs.reports.query import client_for, fetch_lines, step_for, tidy
+from gpuobs.stack.render import atomic_write
 
 RATE_WINDOW = "1m"
 BEFORE_S = 60.0
@@ -328,9 +329,6 @@ def write_rollout_report(doc: dict, out_dir: Path, *, client: PromClient | None 
                        f"{versions['baseline'] or '?'}, {h.utc(start)} .. {h.utc(end)}"])
     text = h.page(f"Rollout report: {rid} - {state}", subtitle, sections, time.time() if now is None else now)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"rollout-{re.sub(r'[^A-Za-z0-9_.-]+', '_', rid)[:80] or 'rollout'}.html"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, text)  # creates out_dir; readers never see half a report
     return path

@@ -10,7 +10,6 @@ about a minute (bad) or two (good); 15 s looks, 3 min stage deadline. About 3-4 
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import subprocess
@@ -22,9 +21,7 @@ import pytest
 import requests
 
 from gpuobs.exporter.admin_client import AdminClient
-from gpuobs.stack import supervisor
-from gpuobs.stack.render import Ports
-from tests.conftest import free_port_range
+from tests.conftest import live_stack
 
 pytestmark = pytest.mark.live
 
@@ -33,14 +30,7 @@ FLAGS = ["--stages", "50%,100%", "--interval", "15s", "--stage-timeout", "3m", "
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    base = free_port_range(16)
-    ports = Ports(prometheus=base, alertmanager=base + 1, pager=base + 2, node_base=base + 3, engine_base=base + 10)
-    run = tmp_path_factory.mktemp("rollout-run")
-    cfg = supervisor.StackConfig(run_dir=run, nodes=4, gpus=2, training_nodes=0, ports=ports, timeout_s=120)
-    out = io.StringIO()
-    state = supervisor.up(cfg, out=out)
-    yield state
-    supervisor.down(run, out=out)
+    yield from live_stack(tmp_path_factory, "rollout-run", nodes=4, gpus=2, training_nodes=0, timeout_s=120)
 
 
 def rollout(stack: dict, version: str) -> tuple[int, str]:

@@ -23,7 +23,7 @@ import requests
 from gpuobs.stack import drill, supervisor
 from gpuobs.stack.drills import DrillSpec, Expect
 from gpuobs.stack.render import Ports
-from tests.conftest import free_port_range
+from tests.conftest import live_stack
 
 pytestmark = pytest.mark.live
 
@@ -36,17 +36,7 @@ SCRAPE_AND_ALERT = DrillSpec(
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    base = free_port_range(16)
-    ports = Ports(prometheus=base, alertmanager=base + 1, pager=base + 2, node_base=base + 3, engine_base=base + 10)
-    run = tmp_path_factory.mktemp("run")
-    cfg = supervisor.StackConfig(run_dir=run, nodes=4, gpus=8, training_nodes=1, ports=ports, profile="drill",
-                                 timeout_s=120)
-    out = io.StringIO()
-    state = supervisor.up(cfg, out=out)
-    yield state
-    supervisor.down(run, out=out)
-    for comp in state["components"].values():
-        assert not supervisor.alive(comp["pid"], comp["argv"]), f"{comp['argv'][0]} still running after down"
+    yield from live_stack(tmp_path_factory, "run", nodes=4, gpus=8, training_nodes=1, profile="drill", timeout_s=120)
 
 
 @pytest.fixture(scope="module")
