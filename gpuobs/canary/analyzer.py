@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from math import log1p
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,12 +31,13 @@ from scipy.stats import norm
 from scipy.stats import t as student_t
 
 from gpuobs import log
-from gpuobs.canary.canary_config import CanaryConfig, MetricSpec, parse_selector
+from gpuobs.canary.canary_config import CanaryConfig, MetricSpec, parse_selector, quantile_of
 from gpuobs.canary.promapi import PromClient, QueryResult
 from gpuobs.canary.sequential import (MIN_INFO_GROWTH, binomial_upper_bound, group_sequential_boundaries,
                                       planned_looks, rate_ratio_interval, rate_ratio_log_evalue)
-from gpuobs.canary.stats import (CLASS_NAMES, Shift, classify, harmful, histogram_quantile, log_shift,
-                                 paired_shift, parse_buckets)
+from gpuobs.canary.stats import (CANARY_VARIANCE_PRIOR, CLASS_NAMES, Clustered, Shift, bin_log_centres, classify,
+                                 clustered, common_bounds, exceedance_z, fold_nonpositive, harmful,
+                                 histogram_quantile, paired_shift, parse_buckets, rebin, unit_moments)
 from gpuobs.canary.verdict import MetricResult, Verdict, combine
 
 LOG = log.get("canary")
@@ -91,27 +93,57 @@ class Analyzer:
         end = time.time() if end is None else float(end)
         if end <= start:
             raise ValueError(f"empty analysis window: start={start} end={end}")
+        cfg = self.config
+        a = start + cfg.warmup_s  # data of the warm-up is excluded
         results = []
-        for spec in self.config.metrics:
+        for spec in cfg.metrics:
             res = MetricResult(spec.name, spec.title or spec.name, spec.kind, spec.unit, spec.scale, spec.direction,
-                               spec.critical, self.config.metric_alpha(spec))
+                               spec.critical, cfg.metric_alpha(spec))
             try:
+                if end - a < 1.0:
+                    raise NoData(f"warm-up: data before {a:.0f} ({cfg.warmup_s:g} s after the start) is excluded")
                 {"histogram": self._histogram, "errors": self._errors, "series": self._series}[spec.kind](
-                    spec, res, start, end, state)
+                    spec, res, a, end, state)
             except NoData as why:
                 res.classification, res.reason = "NoData", str(why)
             results.append(res)
         verdict, reasons, warnings = combine(results)
-        frac = (end - start) / self.config.horizon_s
+        reachable, outlook = self._outlook(results, a, end)
+        if not reachable and verdict == "HOLD":
+            reasons.extend(outlook)
+        elif not reachable:
+            warnings.extend(outlook)
+        frac = max(0.0, (end - a) / (cfg.horizon_s - cfg.warmup_s))
         if verdict == "HOLD" and frac >= 1.0:
             reasons.append("the analysis horizon is reached: later looks cannot change the latency verdicts; "
                            "treat this HOLD as inconclusive (e.g. Argo inconclusiveLimit, or end the stage)")
         out = Verdict(verdict, reasons, warnings, results, self.canary, self.baseline, start, end, frac,
-                      frac >= 1.0, self.config.alpha)
+                      frac >= 1.0, self.config.alpha, promote_reachable=reachable, warmup_s=cfg.warmup_s)
         LOG.info("canary analysis", extra={"fields": {
             "verdict": verdict, "window_s": round(end - start, 1), "time_fraction": round(frac, 3),
             "metrics": {m.name: m.classification for m in results}}})
         return out
+
+    def _outlook(self, results: list[MetricResult], a: float, end: float) -> tuple[bool, list[str]]:
+        """Can a PROMOTE still be reached within the horizon? From the canary's observed request rate
+        and each critical metric's ``needed_canary`` (canary requests at which a healthy canary's
+        interval fits inside the allowed effect at the metric's alpha; set by the metric's judge),
+        predicts the requests the horizon brings. Returns (reachable, reasons when it is not)."""
+        cfg = self.config
+        elapsed, horizon = end - a, cfg.horizon_s - cfg.warmup_s
+        out = []
+        for m in results:
+            if not m.critical or m.needed_canary is None or elapsed <= 0 or m.n_canary <= 0:
+                continue
+            expected = m.n_canary / elapsed * horizon
+            if not math.isfinite(m.needed_canary) or expected < m.needed_canary:
+                need = "cannot pass at any traffic (the node-to-node spread alone exceeds the allowed effect)" \
+                    if not math.isfinite(m.needed_canary) else f"needs about {m.needed_canary:.0f} canary requests"
+                out.append(f"PROMOTE is out of reach within the horizon: {m.name} {need}; at the observed "
+                           f"{m.n_canary / elapsed:.2f} canary req/s the {horizon:g} s horizon brings about "
+                           f"{expected:.0f}. Expect HOLD at the end unless the canary's traffic share or the "
+                           f"stage length grows (or the metric's allowed_effect/alpha is relaxed)")
+        return not out, out
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _instant(self, expr: str, end: float, what: str) -> QueryResult:
@@ -121,14 +153,15 @@ class Analyzer:
         return res
 
     def _boundary(self, spec: MetricSpec, alpha: float, start: float, end: float, n: float, info: float,
-                  state: AnalysisState | None) -> tuple[float, dict[str, float]]:
+                  state: AnalysisState | None, key: str = "") -> tuple[float, dict[str, float]]:
         cfg = self.config
-        t_now = (end - start) / cfg.horizon_s
+        horizon = cfg.horizon_s - cfg.warmup_s  # ``start`` is the end of the warm-up
+        t_now = (end - start) / horizon
         spending = cfg.spending.with_alpha(alpha)
         if state is None:
-            times, infos = planned_looks(end - start, cfg.interval_s, cfg.horizon_s, n, spec.min_samples, info)
+            times, infos = planned_looks(end - start, cfg.interval_s, horizon, n, spec.min_samples, info)
         else:
-            prior = state.looks.setdefault(spec.name, [])
+            prior = state.looks.setdefault(key or spec.name, [])
             if prior and t_now < prior[-1][0]:
                 raise ValueError(f"look at t={t_now:.3f} is earlier than the last recorded look t={prior[-1][0]:.3f}")
             times, infos = [p[0] for p in prior] + [t_now], [p[1] for p in prior] + [info]
@@ -165,60 +198,187 @@ class Analyzer:
         res.evidence.update(z=float(shift.z), boundary=c)
 
     # ---- metric kinds -----------------------------------------------------------------------------
+    def _samples_factor(self, metric: str, sel: str, window: str, end: float, side: str) -> float:
+        """Share of an ``increase()`` that rests on observed samples.
+
+        ``increase()`` extrapolates each series' sampled difference from its first and last sample
+        in the window towards the window's edges (Prometheus 2.42 promql/functions.go,
+        extrapolatedRate: by up to 1.1 average sample intervals per edge, or half an interval, and
+        not below the point where the counter would be zero). A window with N samples of a series
+        rests on (N-1) sample intervals while the result is stretched to about N of them, so the
+        counts are about N/(N-1) times the observed ones: 2x at a 30 s window with 15 s scrapes.
+        Treating them as exact counts overstates the information of early looks. The factor
+        (N-1)/N, N the fewest samples of any series of the group (``min(count_over_time())``), is
+        applied to the sample sizes used in variances and tests. Returns 1.0 when it cannot be read.
+        """
+        r = self._instant(f"min(count_over_time({metric}{{{sel}}}[{window}]))", end, f"{side} sample-count")
+        n = r.scalar()
+        if n is None or not math.isfinite(n) or n < 2:
+            return 0.5 if n is not None and n < 2 else 1.0
+        return (n - 1.0) / n
+
     def _histogram(self, spec: MetricSpec, res: MetricResult, start: float, end: float,
                    state: AnalysisState | None) -> None:
+        """Location, quantile and spread tests of a latency histogram (docs/canary.md).
+
+        Queries, per side: ``sum by (le, <node_label>) (increase(<metric>_bucket{...}[W]))``, the
+        sample count of ``<metric>_count`` (see :meth:`_samples_factor`) and, for ``clustered_by``,
+        the request count per node. Units are the values of ``config.node_label``; series without
+        it form one unit.
+        """
+        cfg = self.config
         window = f"{max(1, round(end - start))}s"
-        groups = {}
+        unit = cfg.node_label
+        sides: dict[str, dict[str, Any]] = {}
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
-            q = f"sum by (le) (increase({spec.metric}_bucket{{{spec.selector(sel)}}}[{window}]))"
+            s = spec.selector(sel)
+            q = f"sum by (le, {unit}) (increase({spec.metric}_bucket{{{s}}}[{window}]))"
             r = self._instant(q, end, side)
             if r.empty:
                 raise NoData(f"no {spec.metric} buckets for the {side}")
-            try:
-                bounds, counts = parse_buckets((s.labels.get("le", ""), s.value) for s in r.samples)
-            except ValueError as exc:
-                raise NoData(f"{side}: {exc}") from None
-            n_eff = None
+            pairs: dict[str, list[tuple[str, float]]] = {}
+            for smp in r.samples:
+                pairs.setdefault(smp.labels.get(unit, ""), []).append((smp.labels.get("le", ""), smp.value))
+            units = {}
+            for u, pp in sorted(pairs.items()):
+                try:
+                    units[u] = fold_nonpositive(*parse_buckets(pp))
+                except ValueError as exc:
+                    raise NoData(f"{side}{' ' + unit + '=' + u if u else ''}: {exc}") from None
+            factor = self._samples_factor(f"{spec.metric}_count", s, window, end, side)
+            requests = None
             if spec.clustered_by:
-                qc = f"sum(increase({spec.clustered_by}_count{{{spec.selector(sel)}}}[{window}]))"
-                n_eff = self._instant(qc, end, f"{side} request-count").scalar()
-                if n_eff is None:
+                qc = f"sum by ({unit}) (increase({spec.clustered_by}_count{{{s}}}[{window}]))"
+                rc = self._instant(qc, end, f"{side} request-count")
+                if rc.empty:
                     raise NoData(f"no {spec.clustered_by}_count for the {side} (needed to count requests)")
-            groups[side] = (bounds, counts, n_eff)
-        (bc, cc, ec), (bb, cb, eb) = groups["canary"], groups["baseline"]
-        if bc.shape != bb.shape or not np.allclose(bc, bb):
-            raise NoData("canary and baseline have different bucket boundaries")
-        res.n_canary, res.n_baseline = float(cc.sum()), float(cb.sum())
-        for side, counts in (("canary", cc), ("baseline", cb)):
-            total = float(counts.sum())
+                requests = {smp.labels.get(unit, ""): smp.value for smp in rc.samples}
+            sides[side] = {"units": units, "factor": factor, "requests": requests}
+        layouts = [b for sd in sides.values() for b, _ in sd["units"].values()]
+        common = common_bounds(layouts)
+        if common.size == 0:
+            raise NoData("canary and baseline bucket layouts share no finite bound")
+        if any(b.shape != common.shape for b in layouts):
+            res.notes.append(f"bucket layouts differ; compared on the {common.size} bounds they share")
+        data = {}
+        for side, sd in sides.items():
+            names = list(sd["units"])
+            counts = np.array([rebin(b, c, common) for b, c in sd["units"].values()])
+            n = counts.sum(-1)
+            eff = n * sd["factor"]
+            if sd["requests"] is not None:
+                req = np.array([sd["requests"].get(u, 0.0) for u in names]) * sd["factor"]
+                eff = np.minimum(eff, req)
+            data[side] = (names, counts, n, eff)
+        (_, cc, nc_u, ec_u), (_, cb, nb_u, eb_u) = data["canary"], data["baseline"]
+        res.n_canary, res.n_baseline = float(nc_u.sum()), float(nb_u.sum())
+        for side, total in (("canary", res.n_canary), ("baseline", res.n_baseline)):
             if total < spec.min_samples:
+                res.needed_canary = spec.min_samples
                 raise NoData(f"{side} has {total:.0f} requests in the window, needs {spec.min_samples:.0f}")
-        for side, counts in (("canary", cc), ("baseline", cb)):
-            desc = {f"p{int(q * 100)}": float(histogram_quantile(q, bc, counts)) for q in (0.5, 0.9, 0.99)}
-            getattr(res, side).update(desc)
-        shift = log_shift(cc, cb, bc, ec, eb)
-        if not np.isfinite(shift.effect):
-            raise NoData("too few observations to estimate a spread")
-        if ec is not None:
-            res.evidence["n_eff_canary"] = float(min(ec, res.n_canary))
-        self._judge(spec, res, shift, start, end, state)
+        pc, pb = cc.sum(0), cb.sum(0)
+        for side, counts in (("canary", pc), ("baseline", pb)):
+            getattr(res, side).update({f"p{int(q * 100)}": float(histogram_quantile(q, common, counts))
+                                       for q in (0.5, 0.9, 0.99)})
+        res.evidence["nodes_canary"], res.evidence["nodes_baseline"] = float(len(nc_u)), float(len(nb_u))
+        if spec.clustered_by:
+            res.evidence["n_eff_canary"] = float(ec_u.sum() / sides["canary"]["factor"])
+        if len(nb_u) < 2:
+            res.notes.append(f"one baseline {unit}: node-to-node variation cannot be estimated; assuming a "
+                             f"{cfg.node_spread:.0%} spread (node_spread), which widens every interval")
+        x = bin_log_centres(common)
+        alphas = spec.test_alpha(res.alpha)
+        ctx = _HistContext(common, x, cc, cb, nc_u, nb_u, ec_u, eb_u, log1p(cfg.node_spread))
+        needed = []
+        for name, _ in spec.tests:
+            try:
+                t = ctx.test(name)
+            except NoData as why:
+                res.tests.append({"test": name, "classification": "NoData", "reason": str(why)})
+                continue
+            row = self._decide_test(spec, name, t, alphas[name], start, end, state)
+            res.tests.append(row)
+            allowed = spec.allowed_effect if name == "location" else spec.quantile_allowed_effect
+            needed.append(t["need"](float(norm.isf(alphas[name])), allowed))
+        res.needed_canary = float(np.nanmax(needed)) if needed and not np.all(np.isnan(needed)) else None
+        self._combine_tests(spec, res)
+
+    def _decide_test(self, spec: MetricSpec, name: str, t: dict[str, Any], alpha: float, start: float, end: float,
+                     state: AnalysisState | None) -> dict[str, Any]:
+        """Sequential boundary, interval and classification of one histogram test."""
+        two_sided = spec.direction == "either"
+        side_alpha = alpha / 2 if two_sided else alpha
+        cl: Clustered = t["stat"]
+        c, look = self._boundary(spec, side_alpha, start, end, t["n"], cl.info, state, key=f"{spec.name}.{name}")
+        c_normal = c
+        if math.isfinite(c) and math.isfinite(cl.df):
+            c = float(student_t.isf(norm.sf(c), max(1.0, cl.df)))
+        z = t.get("z", cl.z)
+        up_harm, down_harm = spec.direction in ("increase", "either"), spec.direction in ("decrease", "either")
+        lo_e, hi_e = t["interval"](c) if math.isfinite(c) else (-math.inf, math.inf)
+        allowed = spec.allowed_effect if name == "location" else spec.quantile_allowed_effect
+        high = up_harm and z >= c and lo_e > spec.min_effect
+        low = z <= -c and hi_e < (-spec.min_effect if down_harm else 0.0)
+        passed = (not up_harm or hi_e < allowed) and (not down_harm or lo_e > -allowed)
+        code = int(classify(True, high, low, passed))
+        return {"test": name, "classification": CLASS_NAMES[code], "harmful": bool(harmful(code, spec.direction)),
+                "effect": t["effect"], "interval": (lo_e, hi_e), "z": float(z), "boundary": float(c),
+                "df": cl.df, "alpha": alpha, "node_tau": math.sqrt(cl.tau2), "node_tau_source": cl.tau2_source,
+                "boundary_normal": c_normal, "look": look, "what": t["what"], **t.get("extra", {})}
+
+    @staticmethod
+    def _combine_tests(spec: MetricSpec, res: MetricResult) -> None:
+        """A metric is harmful when any test is; Pass when every test passes; else Inconclusive."""
+        judged = [r for r in res.tests if r["classification"] != "NoData"]
+        loc = next((r for r in res.tests if r["test"] == "location" and r["classification"] != "NoData"), None)
+        head = loc or (judged[0] if judged else None)
+        if head is None:
+            raise NoData("; ".join(f"{r['test']}: {r.get('reason', '')}" for r in res.tests) or "no test")
+        res.effect, res.interval = head["effect"], head["interval"]
+        res.evidence.update(z=head["z"], boundary=head["boundary"])
+        res.look = head.get("look")
+        harm = [r for r in judged if r["harmful"]]
+        if harm:
+            res.harmful = True
+            res.classification = harm[0]["classification"]
+            res.reason = "harmful: " + ", ".join(r["test"] for r in harm)
+        elif judged and len(judged) == len(res.tests) and all(r["classification"] in ("Pass", "Low") for r in judged):
+            res.classification = "Pass" if any(r["classification"] == "Pass" for r in judged) else "Low"
+        else:
+            res.classification = "Inconclusive"
+            missing = [r["test"] for r in res.tests if r["classification"] == "NoData"]
+            if missing:
+                res.reason = "no data for " + ", ".join(missing)
 
     def _errors(self, spec: MetricSpec, res: MetricResult, start: float, end: float,
                 state: AnalysisState | None) -> None:
+        """Error ratio: exact conditional e-process (see sequential.rate_ratio_log_evalue).
+
+        A missing error series is missing evidence, not zero errors: vLLM creates every
+        ``finished_reason`` child at start-up, so an absent ``finished_reason="error"`` series means
+        a scrape, relabelling or exporter problem, and the metric is NoData (HOLD)."""
         window = f"{max(1, round(end - start))}s"
         counts = {}
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
-            total = self._instant(f"sum(increase({spec.metric}{{{spec.selector(sel)}}}[{window}]))", end, side).scalar()
+            s = spec.selector(sel)
+            total = self._instant(f"sum(increase({spec.metric}{{{s}}}[{window}]))", end, side).scalar()
             if total is None:
                 raise NoData(f"no {spec.metric} series for the {side}")
             q = f"sum(increase({spec.metric}{{{spec.selector(sel, spec.error_matchers)}}}[{window}]))"
-            errors = self._instant(q, end, f"{side} error").scalar() or 0.0
-            counts[side] = (min(errors, total), total)
-        (e_c, n_c), (e_b, n_b) = counts["canary"], counts["baseline"]
-        res.n_canary, res.n_baseline = n_c, n_b
-        for side, (_, n) in counts.items():
-            if n < spec.min_samples:
-                raise NoData(f"{side} has {n:.0f} requests in the window, needs {spec.min_samples:.0f}")
+            errors = self._instant(q, end, f"{side} error").scalar()
+            if errors is None:
+                res.n_canary = total if side == "canary" else res.n_canary
+                raise NoData(f"no {spec.error_matchers} series for the {side}: missing, not zero (every error "
+                             "series must be exported, at 0 when there are none)")
+            f = self._samples_factor(spec.metric, s, window, end, side)
+            counts[side] = (min(errors, total) * f, total * f, total)
+        (e_c, n_c, raw_c), (e_b, n_b, raw_b) = counts["canary"], counts["baseline"]
+        res.n_canary, res.n_baseline = raw_c, raw_b
+        p_b0 = e_b / n_b if n_b > 0 else math.nan
+        res.needed_canary = _errors_needed(p_b0, spec.allowed_effect, res.alpha) if n_b > 0 else None
+        for side, raw in (("canary", raw_c), ("baseline", raw_b)):
+            if raw < spec.min_samples:
+                raise NoData(f"{side} has {raw:.0f} requests in the window, needs {spec.min_samples:.0f}")
         p_c, p_b = e_c / n_c, e_b / n_b
         thr = math.log(1 / res.alpha)
         log_e = float(rate_ratio_log_evalue(e_c, n_c, e_b, n_b, 1.0, upper=True))
@@ -230,8 +390,8 @@ class Analyzer:
         lo, hi = rate_ratio_interval(e_c, n_c, e_b, n_b, res.alpha)
         res.effect = p_c / p_b - 1 if p_b > 0 else (math.inf if p_c > 0 else math.nan)
         res.interval = (lo - 1, hi - 1)
-        res.canary.update(ratio=p_c, errors=e_c, upper_bound=upper_c)
-        res.baseline.update(ratio=p_b, errors=e_b)
+        res.canary.update(ratio=p_c, errors=e_c / counts["canary"][1] * raw_c if n_c else 0.0, upper_bound=upper_c)
+        res.baseline.update(ratio=p_b, errors=e_b / counts["baseline"][1] * raw_b if n_b else 0.0)
         res.evidence = {"log_e": log_e, "threshold": thr}
 
     def _series(self, spec: MetricSpec, res: MetricResult, start: float, end: float,
@@ -254,3 +414,155 @@ class Analyzer:
         res.canary["mean"] = float(np.nanmean(c))
         res.baseline["mean"] = float(np.nanmean(b))
         self._judge(spec, res, shift, start, end, state)
+
+
+def _errors_needed(p_b: float, allowed: float, alpha: float) -> float:
+    """Canary requests at which a canary erring at the baseline's ratio ``p_b`` passes (its anytime
+    upper bound <= p_b + allowed); inf when p_b is unknown or beyond 1e8 requests."""
+    if not math.isfinite(p_b):
+        return math.nan
+    lo, hi = 1.0, 1e8
+    if binomial_upper_bound(p_b * hi, hi, alpha) > p_b + allowed:
+        return math.inf
+    for _ in range(40):
+        mid = math.sqrt(lo * hi)
+        if binomial_upper_bound(p_b * mid, mid, alpha) <= p_b + allowed:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+class _HistContext:
+    """The per-node bucket counts of one look and the tests on them (see docs/canary.md).
+
+    ``cc``/``cb``: counts ``(units, B+1)`` on the common ``bounds``; ``nc``/``nb``: requests per unit;
+    ``ec``/``eb``: effective sample sizes per unit (``increase()`` extrapolation and clustering
+    removed); ``tau_loc``: the prior node spread on the log scale, used with < 2 baseline units.
+    Each test returns a dict: ``stat`` (:class:`Clustered`), ``n`` (canary requests), ``effect``
+    (user scale), ``interval(c)`` (user-scale interval at boundary c), optional ``z``, ``what``,
+    ``needed(c1)`` inputs, ``extra`` (descriptive fields).
+    """
+
+    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc):
+        self.bounds, self.x, self.cc, self.cb, self.nc, self.nb, self.ec, self.eb = bounds, x, cc, cb, nc, nb, ec, eb
+        self.tau_loc = tau_loc
+        self.Nc, self.Nb, self.Ec, self.Eb = nc.sum(), nb.sum(), ec.sum(), eb.sum()
+        self.wc, self.wb = nc / self.Nc, nb / self.Nb
+        self.g = float((self.wc ** 2).sum() + (self.wb ** 2).sum())
+        self.r = self.Ec / self.Eb
+        self.pb = cb.sum(0)
+        # baseline survival at each bound (share of requests above it), for the quantile tests
+        self.surv = 1.0 - np.cumsum(self.pb)[:-1] / self.Nb
+        _, self.mc_u, self.ssc = unit_moments(cc, x)
+        _, self.mb_u, self.ssb = unit_moments(cb, x)
+        kc, kb = int((nc > 0).sum()), int((nb > 0).sum())
+        self.s2b = float(self.ssb.sum() / max(self.Nb - kb, 1.0))
+        self.s2c = float(self.ssc.sum() / max(self.Nc - kc, 1.0))
+        self.alpha_of: dict[str, float] = {}
+
+    def test(self, name: str) -> dict[str, Any]:
+        if name == "location":
+            return self._location()
+        if name == "spread":
+            return self._spread()
+        return self._quantile(name, quantile_of(name))
+
+    def _needed(self, c1_var: float, margin: float, tau2: float) -> float:
+        """Canary sample size at which ``c1 * se`` fits inside ``margin`` (c1 folded into c1_var)."""
+        den = margin * margin - tau2
+        return c1_var / den if den > 0 else math.inf
+
+    def _location(self) -> dict[str, Any]:
+        mean_c = float((self.cc.sum(0) * self.x).sum() / self.Nc)
+        mean_b = float((self.pb * self.x).sum() / self.Nb)
+        s2c = (self.Ec * self.s2c + CANARY_VARIANCE_PRIOR * self.s2b) / (self.Ec + CANARY_VARIANCE_PRIOR)
+        v_req = s2c / self.Ec + self.s2b / self.Eb
+        ok = self.nb >= 2
+        cl = clustered(mean_c - mean_b, v_req, self.wc, self.wb, self.mb_u[ok], self.s2b / self.eb[ok],
+                       self.tau_loc ** 2)
+        e = cl.effect
+
+        def interval(c: float) -> tuple[float, float]:
+            return math.expm1(e - c * cl.se), math.expm1(e + c * cl.se)
+
+        return {"stat": cl, "n": self.Nc, "effect": math.expm1(e), "interval": interval,
+                "what": "mean log latency (geometric mean)",
+                "need": lambda c1, allowed: self._needed(c1 * c1 * self.s2b * (1 + self.r), log1p(allowed),
+                                                         c1 * c1 * cl.tau2 * self.g)}
+
+    def _spread(self) -> dict[str, Any]:
+        if self.s2c <= 0 or self.s2b <= 0:
+            raise NoData("no spread within the buckets")
+        dev4 = (self.cb * (self.x - np.nan_to_num(self.mb_u)[:, None]) ** 4).sum()
+        kappa = max(float(dev4 / (self.Nb * self.s2b ** 2)), 1.5)
+        e = 0.5 * math.log(self.s2c / self.s2b)
+        v_req = (kappa - 1) / 4 * (1 / self.Ec + 1 / self.Eb)
+        ok = self.nb >= 3
+        s2u = self.ssb[ok] / (self.nb[ok] - 1)
+        with np.errstate(divide="ignore"):
+            vals = np.where(s2u > 0, 0.5 * np.log(np.where(s2u > 0, s2u, 1.0)), np.nan)
+        cl = clustered(e, v_req, self.wc, self.wb, vals, (kappa - 1) / (4 * self.eb[ok]), 0.0)
+
+        def interval(c: float) -> tuple[float, float]:
+            return math.expm1(e - c * cl.se), math.expm1(e + c * cl.se)
+
+        return {"stat": cl, "n": self.Nc, "effect": math.expm1(e), "interval": interval,
+                "what": "within-node standard deviation of log latency (ratio - 1)",
+                "need": lambda c1, allowed: self._needed(c1 * c1 * (kappa - 1) / 4 * (1 + self.r), log1p(allowed),
+                                                         c1 * c1 * cl.tau2 * self.g)}
+
+    def _log_surv(self) -> tuple[np.ndarray, np.ndarray]:
+        ok = self.surv > 0
+        return np.log(self.bounds[ok]), np.log(self.surv[ok])
+
+    def _bound_at(self, share: float) -> float:
+        """Baseline latency with ``share`` of requests above it (log-log interpolation of the survival
+        between bucket bounds; clamped to the layout's range)."""
+        lb, ls = self._log_surv()
+        return float(np.exp(np.interp(math.log(max(share, 1e-300)), ls[::-1], lb[::-1])))
+
+    def _share_above(self, value: float) -> float:
+        lb, ls = self._log_surv()
+        return float(np.exp(np.interp(math.log(value), lb, ls)))
+
+    def _quantile(self, name: str, q: float) -> dict[str, Any]:
+        from gpuobs.canary.stats import tail_threshold
+
+        j = tail_threshold(self.bounds, self.pb, q)
+        if j < 0:
+            raise NoData(f"no bucket bound inside the baseline's distribution near its {name}")
+        b = float(self.bounds[j])
+        xb_u = self.cb[:, j + 1:].sum(-1)
+        xc = float(self.cc[:, j + 1:].sum())
+        p0 = float(xb_u.sum() / self.Nb)
+        pc = xc / self.Nc
+        v_c0 = p0 * (1 - p0) / self.Ec
+        v_b = p0 * (1 - p0) / self.Eb
+        # prior: a node shifted by tau_loc on the log scale moves the share above b by the local
+        # slope of the baseline's survival curve (per unit log latency)
+        lo_j, hi_j = max(j - 1, 0), min(j + 1, self.bounds.size - 1)
+        dlog = math.log(self.bounds[hi_j] / self.bounds[lo_j]) if hi_j > lo_j else 1.0
+        slope = abs(float(self.surv[lo_j] - self.surv[hi_j])) / dlog
+        ok = self.nb >= 2
+        p_u = np.where(ok, xb_u / np.maximum(self.nb, 1), np.nan)[ok]
+        cl = clustered(pc - p0, v_c0 + v_b, self.wc, self.wb, p_u, np.full(p_u.shape, p0 * (1 - p0)) / self.eb[ok],
+                       (slope * self.tau_loc) ** 2)
+        z_exact = exceedance_z(xc * self.Ec / self.Nc, self.Ec, p0)
+        z = z_exact * math.sqrt(v_c0) / cl.se if cl.se > 0 else z_exact
+
+        def qeff(p: float) -> float:
+            return b / self._bound_at(min(max(p, 1e-12), 1.0)) - 1.0
+
+        def interval(c: float) -> tuple[float, float]:
+            pm = max(pc, p0)
+            se = math.sqrt(pm * (1 - pm) / self.Ec + v_b + cl.tau2 * self.g)
+            return qeff(pc - c * se), qeff(pc + c * se)
+
+        def need(c1: float, allowed: float) -> float:
+            margin = self._share_above(b / (1 + allowed)) - p0
+            return self._needed(c1 * c1 * p0 * (1 - p0) * (1 + self.r), margin, c1 * c1 * cl.tau2 * self.g)
+
+        return {"stat": cl, "n": self.Nc, "z": z, "effect": qeff(pc), "interval": interval, "need": need,
+                "what": f"share of requests above the baseline's {name} bucket bound {b:g}",
+                "extra": {"threshold": b, "share_canary": pc, "share_baseline": p0}}

@@ -7,6 +7,7 @@ line and exit 2.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import re
@@ -26,6 +27,13 @@ _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+
 _MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _SELECTOR = re.compile(rf"^{_MATCHER}(?:,{_MATCHER})*,?\s*$")
 _METRIC_NAME = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
+_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_QUANTILE_TEST = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
+# Tests of a latency (histogram) metric and their default shares of the metric's alpha
+# (docs/canary.md, "Quantile and spread tests"): location = shift of the mean log latency,
+# spread = ratio of the within-node log-latency standard deviations, pNN = share of canary requests
+# above the baseline's NN-th percentile bucket bound.
+DEFAULT_TESTS = (("location", 0.35), ("p50", 0.05), ("p90", 0.1), ("p99", 0.4), ("spread", 0.1))
 
 
 class ConfigError(ValueError):
@@ -109,6 +117,13 @@ class MetricSpec:
     query: str = ""
     scale: str = "relative"
     min_effect: float = 0.0
+    tests: tuple[tuple[str, float], ...] = DEFAULT_TESTS
+    quantile_allowed_effect: float = 0.25
+
+    def test_alpha(self, metric_alpha: float) -> dict[str, float]:
+        """Each histogram test's share of ``metric_alpha`` (weighted Bonferroni over the tests)."""
+        total = sum(s for _, s in self.tests)
+        return {name: metric_alpha * share / total for name, share in self.tests}
 
     def selector(self, user: str, extra: str = "") -> str:
         """The matcher list for this metric's own matchers, ``extra`` and the user's selector."""
@@ -125,27 +140,54 @@ class CanaryConfig:
     step_s: float
     spending: Spending
     metrics: tuple[MetricSpec, ...] = field(default_factory=tuple)
+    warmup_s: float = 0.0
+    node_label: str = "instance"
+    node_spread: float = 0.05
+    critical_share_total: float = 0.0  # sum of the critical alpha shares of the full config (select keeps it)
 
     def metric_alpha(self, spec: MetricSpec) -> float:
-        """Per-metric error level: ``alpha * share / (sum of critical shares)`` (weighted Bonferroni)."""
-        total = sum(m.alpha_share for m in self.metrics if m.critical)
+        """Per-metric error level: ``alpha * share / (sum of critical shares)`` (weighted Bonferroni).
+
+        The sum is over the critical metrics of the *full* configuration, also after :meth:`select`
+        (a selection never raises a metric's alpha). Advisory metrics get the same formula."""
+        total = self.critical_share_total or sum(m.alpha_share for m in self.metrics if m.critical)
+        if total <= 0:  # a selection of advisory metrics only: they are judged as critical (see select)
+            total = sum(m.alpha_share for m in self.metrics)
         return self.alpha * spec.alpha_share / total
 
-    def with_timing(self, horizon_s: float | None = None, interval_s: float | None = None) -> "CanaryConfig":
-        """A copy with another horizon (stage length) and/or look interval, in seconds (> 0)."""
+    def _copy(self, **kw: Any) -> "CanaryConfig":
+        doc = {f: getattr(self, f) for f in ("alpha", "horizon_s", "interval_s", "step_s", "spending", "metrics",
+                                              "warmup_s", "node_label", "node_spread", "critical_share_total")}
+        doc.update(kw)
+        return CanaryConfig(**doc)
+
+    def with_timing(self, horizon_s: float | None = None, interval_s: float | None = None,
+                    warmup_s: float | None = None) -> "CanaryConfig":
+        """A copy with another horizon (stage length), look interval and/or warm-up, in seconds
+        (horizon, interval > 0; 0 <= warm-up < horizon). Raises ConfigError naming the field."""
         for name, v in (("horizon", horizon_s), ("interval", interval_s)):
             if v is not None and not v > 0:
                 raise ConfigError(name, v, "a positive number of seconds")
-        return CanaryConfig(self.alpha, horizon_s or self.horizon_s, interval_s or self.interval_s, self.step_s,
-                            self.spending, self.metrics)
+        horizon = horizon_s or self.horizon_s
+        warmup = self.warmup_s if warmup_s is None else warmup_s
+        if not 0 <= warmup < horizon:
+            raise ConfigError("warmup", warmup, f"a duration >= 0 and shorter than the horizon ({horizon:g} s)")
+        return self._copy(horizon_s=horizon, interval_s=interval_s or self.interval_s, warmup_s=float(warmup))
 
     def select(self, names: list[str]) -> "CanaryConfig":
-        """A copy restricted to ``names`` (alpha shares still relative to the full critical set)."""
+        """A copy restricted to ``names`` (alpha shares still relative to the full critical set).
+
+        Selecting only advisory metrics (e.g. ``--metric e2e``) judges them as critical: the caller
+        asked for a verdict on them, and a verdict with no critical metric could only be vacuous."""
         unknown = sorted(set(names) - {m.name for m in self.metrics})
         if unknown:
             raise ConfigError("--metric", ",".join(unknown), "one of " + ", ".join(m.name for m in self.metrics))
-        return CanaryConfig(self.alpha, self.horizon_s, self.interval_s, self.step_s, self.spending,
-                            tuple(m for m in self.metrics if m.name in names))
+        chosen = tuple(m for m in self.metrics if m.name in names)
+        total = self.critical_share_total or sum(m.alpha_share for m in self.metrics if m.critical)
+        if not any(m.critical for m in chosen):
+            chosen = tuple(dataclasses.replace(m, critical=True) for m in chosen)
+            total = sum(m.alpha_share for m in chosen)
+        return self._copy(metrics=chosen, critical_share_total=total)
 
 
 def _num(doc: dict, key: str, where: str, lo: float, hi: float, default: Any = None) -> float:
@@ -193,12 +235,41 @@ def _metric(doc: Any, i: int) -> MetricSpec:
     if not isinstance(critical, bool):
         raise ConfigError(f"{where}.critical", critical, "true or false")
     hi_effect = 1.0 if scale == "absolute" or kind == "errors" else 10.0
+    extra: dict[str, Any] = {}
+    if kind == "histogram":
+        extra["tests"] = _tests(doc.get("tests"), f"{where}.tests")
+        extra["quantile_allowed_effect"] = _num(doc, "quantile_allowed_effect", where, 1e-6, 10.0, 0.25)
+    elif "tests" in doc:
+        raise ConfigError(f"{where}.tests", doc["tests"], "only for kind: histogram")
     return MetricSpec(
         name=name, kind=kind, direction=direction, scale="absolute" if kind == "errors" else scale,
         allowed_effect=_num(doc, "allowed_effect", where, 1e-6, hi_effect),
         min_effect=_num(doc, "min_effect", where, 0.0, hi_effect, 0.0),
         critical=critical, alpha_share=_num(doc, "alpha_share", where, 1e-6, 1e6, 1.0),
-        min_samples=_num(doc, "min_samples", where, 3, 1e12, 100), **text)
+        min_samples=_num(doc, "min_samples", where, 3, 1e12, 100), **extra, **text)
+
+
+def _tests(doc: Any, where: str) -> tuple[tuple[str, float], ...]:
+    """``{location: share, spread: share, p99: share, ...}`` -> ordered (name, share) pairs."""
+    if doc is None:
+        return DEFAULT_TESTS
+    accepted = "a mapping of location, spread and pNN (0 < NN < 100) to alpha shares > 0, e.g. {location: 0.4, p99: 0.4}"
+    if not isinstance(doc, dict) or not doc:
+        raise ConfigError(where, doc, accepted)
+    out = []
+    for name, share in doc.items():
+        m = _QUANTILE_TEST.match(str(name))
+        if not (name in ("location", "spread") or (m and 0 < float(m.group(1)) < 100)):
+            raise ConfigError(f"{where}.{name}", name, accepted)
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not share > 0:
+            raise ConfigError(f"{where}.{name}", share, "an alpha share > 0")
+        out.append((str(name), float(share)))
+    return tuple(out)
+
+
+def quantile_of(test: str) -> float:
+    """``"p99"`` -> 0.99, ``"p99.9"`` -> 0.999."""
+    return float(test[1:]) / 100.0
 
 
 def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
@@ -220,9 +291,17 @@ def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
         raise ConfigError(f"{source}.metrics", names, "unique metric names")
     if not any(m.critical for m in specs):
         raise ConfigError(f"{source}.metrics", "no critical metric", "at least one metric with critical: true")
-    return CanaryConfig(alpha, parse_duration(doc.get("horizon", "10m"), "horizon"),
-                        parse_duration(doc.get("interval", "30s"), "interval"),
-                        parse_duration(doc.get("step", "15s"), "step"), spending, specs)
+    node_label = doc.get("node_label", "instance")
+    if not isinstance(node_label, str) or not _LABEL_NAME.match(node_label) or node_label == "le":
+        raise ConfigError(f"{source}.node_label", node_label, "a Prometheus label name (not le), e.g. instance, pod, node")
+    horizon = parse_duration(doc.get("horizon", "10m"), "horizon")
+    warmup = doc.get("warmup", 0)
+    warmup_s = 0.0 if warmup in (0, "0", "0s") else parse_duration(warmup, "warmup")
+    if warmup_s >= horizon:
+        raise ConfigError(f"{source}.warmup", warmup, f"a duration shorter than the horizon ({horizon:g} s)")
+    return CanaryConfig(alpha, horizon, parse_duration(doc.get("interval", "30s"), "interval"),
+                        parse_duration(doc.get("step", "15s"), "step"), spending, specs, warmup_s=warmup_s,
+                        node_label=node_label, node_spread=_num(doc, "node_spread", source, 0.0, 1.0, 0.05))
 
 
 def load_config(path: str | Path | None = None) -> CanaryConfig:

@@ -212,3 +212,165 @@ def harmful(code: np.ndarray, direction: str) -> np.ndarray:
     if direction == "either":
         return np.isin(code, (HIGH, LOW))
     raise ValueError(f"direction must be increase, decrease or either, got {direction!r}")
+
+
+# ---- bucket layouts ------------------------------------------------------------------------------
+def fold_nonpositive(bounds: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop bounds <= 0 (OpenTelemetry's default layout starts at ``le="0"``), folding their counts
+    into the first positive bucket: a latency of exactly 0 is counted as "at most the first positive
+    bound". ``counts`` ``(..., B+1)``. Raises ValueError when no positive finite bound is left."""
+    b = np.asarray(bounds, dtype=float)
+    c = np.asarray(counts, dtype=float)
+    k = int(np.sum(b <= 0))
+    if k == 0:
+        return b, c
+    if k >= b.size:
+        raise ValueError("histogram has no positive finite bucket bound")
+    head = c[..., :k + 1].sum(-1, keepdims=True)
+    return b[k:], np.concatenate((head, c[..., k + 1:]), axis=-1)
+
+
+def common_bounds(layouts: Iterable[np.ndarray]) -> np.ndarray:
+    """Bounds present in every layout (relative tolerance 1e-9): the finest layout onto which all
+    of them can be re-binned exactly (a cumulative count at a shared bound is exact in each)."""
+    out: np.ndarray | None = None
+    for b in layouts:
+        b = np.asarray(b, dtype=float)
+        if out is None:
+            out = b
+            continue
+        keep = np.array([np.any(np.isclose(x, b, rtol=1e-9, atol=0.0)) for x in out], dtype=bool)
+        out = out[keep] if out.size else out
+    return np.asarray(out if out is not None else [], dtype=float)
+
+
+def rebin(bounds: np.ndarray, counts: np.ndarray, new_bounds: np.ndarray) -> np.ndarray:
+    """Per-bucket ``counts`` ``(..., B+1)`` on ``bounds`` -> per-bucket counts on ``new_bounds``,
+    a subset of ``bounds`` (see :func:`common_bounds`): adjacent buckets are merged."""
+    b = np.asarray(bounds, dtype=float)
+    idx = [int(np.argmin(np.abs(b - x))) for x in np.asarray(new_bounds, dtype=float)]
+    cum = np.cumsum(np.asarray(counts, dtype=float), axis=-1)
+    picked = np.concatenate((cum[..., idx], cum[..., -1:]), axis=-1)
+    return np.clip(np.diff(picked, axis=-1, prepend=0.0), 0.0, None)
+
+
+# ---- clustered comparisons: the serving node is the unit that varies ----------------------------
+def dl_tau2(values: np.ndarray, variances: np.ndarray) -> float:
+    """Between-unit variance by the DerSimonian-Laird method-of-moments estimator (DerSimonian &
+    Laird 1986, "Meta-analysis in clinical trials", Controlled Clinical Trials 7: tau^2 =
+    max(0, (Q - (k-1)) / (S1 - S2/S1)), Q Cochran's heterogeneity statistic, S1/S2 the sums of the
+    inverse-variance weights and of their squares). ``values``: one estimate per unit (node/pod);
+    ``variances``: their within-unit sampling variances. NaN with fewer than 2 usable units."""
+    x = np.asarray(values, dtype=float)
+    v = np.asarray(variances, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(v) & (v > 0)
+    x, v = x[ok], v[ok]
+    if x.size < 2:
+        return math.nan
+    w = 1.0 / v
+    mu = float((w * x).sum() / w.sum())
+    q = float((w * (x - mu) ** 2).sum())
+    denom = float(w.sum() - (w * w).sum() / w.sum())
+    return max(0.0, (q - (x.size - 1)) / denom) if denom > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Clustered:
+    """A two-group comparison whose units (nodes/pods) vary: ``effect`` (canary minus baseline),
+    ``se`` (requests plus between-unit variance), ``df`` (Satterthwaite degrees of freedom; inf when
+    the between-unit part is nil or taken from the prior), ``tau2`` (between-unit variance used),
+    ``tau2_source`` ("baseline units" or "prior"), ``info`` (1/se^2)."""
+
+    effect: float
+    se: float
+    df: float
+    tau2: float
+    tau2_source: str
+    info: float
+
+    @property
+    def z(self) -> float:
+        return self.effect / self.se if self.se > 0 else (0.0 if self.effect == 0 else math.copysign(math.inf, self.effect))
+
+
+def clustered(effect: float, v_requests: float, w_canary: np.ndarray, w_baseline: np.ndarray,
+              unit_values: np.ndarray, unit_vars: np.ndarray, tau2_prior: float) -> Clustered:
+    """Widen a request-level comparison for between-node variation.
+
+    Model: unit ``u`` of a group has a true value ``theta + delta*[canary] + nu_u``, nu_u ~ (0, tau^2)
+    independent across units (GPU binning, thermals, noisy neighbours; canary and baseline on
+    different nodes). The request-weighted group estimates then differ by ``delta`` plus noise of
+    variance ``v_requests + tau^2 (sum w_c^2 + sum w_b^2)``, ``w`` the request shares of the units in
+    their group (one canary pod: sum w_c^2 = 1, so the canary's own node effect is never averaged
+    away). tau^2 is estimated from the *baseline's* units (:func:`dl_tau2`), which share the
+    release; with fewer than two baseline units ``tau2_prior`` is used (the conservative default of
+    the config's ``node_spread``) and the caller says so. The estimate's uncertainty is carried by
+    Satterthwaite degrees of freedom ``(V)^2 / ((tau^2 g)^2 / (k-1))`` for a Student-t boundary.
+    """
+    g = float(np.sum(np.square(w_canary)) + np.sum(np.square(w_baseline)))
+    tau2 = dl_tau2(unit_values, unit_vars)
+    k = int(np.sum(np.isfinite(unit_values)))
+    if math.isnan(tau2):
+        tau2, source, df = float(tau2_prior), "prior", math.inf
+    else:
+        source = "baseline units"
+    var = v_requests + tau2 * g
+    if source != "prior":
+        df = var * var / ((tau2 * g) ** 2 / (k - 1)) if tau2 > 0 else math.inf
+    se = math.sqrt(var) if var > 0 else 0.0
+    return Clustered(float(effect), se, df, tau2, source, 1.0 / var if var > 0 else math.inf)
+
+
+def unit_moments(counts: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-unit (count, mean, sum of squared deviations) of bucket centres ``x`` from counts ``(U, B+1)``."""
+    c = np.asarray(counts, dtype=float)
+    n = c.sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m = (c * x).sum(-1) / n
+    ss = (c * (x - np.nan_to_num(m)[:, None]) ** 2).sum(-1)
+    return n, m, ss
+
+
+def tail_threshold(bounds: np.ndarray, counts: np.ndarray, q: float) -> int:
+    """Index ``j`` of the bound whose share of ``counts`` above it is closest to ``1 - q`` on the log
+    scale, among bounds with a share strictly between 0 and 1; -1 when none."""
+    c = np.asarray(counts, dtype=float)
+    total = c.sum()
+    if total <= 0:
+        return -1
+    above = 1.0 - np.cumsum(c)[:-1] / total  # share above bound j
+    ok = (above > 0) & (above < 1)
+    if not ok.any():
+        return -1
+    dist = np.where(ok, np.abs(np.log(np.where(ok, above, 1.0)) - math.log(1 - q)), np.inf)
+    return int(np.argmin(dist))
+
+
+def exceedance_z(x_c: float, n_c: float, p0: float) -> float:
+    """z of "the canary's share above the threshold exceeds p0" from the binomial tail: the mid-p
+    style continuity-corrected upper tail ``P(X >= x + 1/2)`` of Binomial(n, p0), extended to the
+    non-integer counts ``increase()`` returns through the regularized incomplete beta function
+    (``P(X >= k) = I_p0(k, n-k+1)``), mapped to the normal scale. Unlike ``(p - p0)/se`` it keeps
+    its level with 1-10 expected events (the p99 tail of a few hundred requests), where the normal
+    approximation rolls back healthy canaries several times too often."""
+    from scipy.special import betainc
+
+    if n_c <= 0 or not 0 < p0 < 1:
+        return math.nan
+    a = x_c + 0.5
+    if a >= n_c + 1:
+        return 8.0
+    upper = float(betainc(a, n_c - a + 1.0, p0)) if a > 0 else 1.0
+    lower_x = x_c - 0.5
+    if lower_x < 0:  # x = 0: mid-p lower tail, half the probability of no event
+        low = 0.5 * float((1 - p0) ** n_c)
+    elif lower_x == 0:
+        low = float((1 - p0) ** n_c)
+    else:
+        low = 1.0 - float(betainc(lower_x + 1.0, max(n_c - lower_x, 1e-9), p0))  # P(X <= x - 1/2)
+    # two-sided continuity: above the mean use the upper tail, below it the lower tail
+    from scipy.stats import norm as _norm
+
+    if x_c >= n_c * p0:
+        return float(_norm.isf(max(upper, 1e-300))) if upper < 0.5 else 0.0
+    return -float(_norm.isf(max(low, 1e-300))) if low < 0.5 else 0.0

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuobs.canary.stats import CLASS_NAMES, HIGH, LOW, NODATA, PASS
+from gpuobs.canary.stats import CLASS_NAMES, HIGH, LOW, NODATA, PASS  # noqa: F401
 
 PROMOTE, ROLLBACK, HOLD = 0, 1, 3
 VERDICT_NAMES = {PROMOTE: "PROMOTE", ROLLBACK: "ROLLBACK", HOLD: "HOLD"}
@@ -33,8 +33,19 @@ def decide(codes: np.ndarray, harm: np.ndarray, critical: np.ndarray) -> np.ndar
     crit = np.asarray(critical, dtype=bool)
     rollback = (harm & crit).any(-1)
     ok = np.isin(codes, (PASS, HIGH, LOW)) & ~harm
-    promote = (ok | ~crit).all(-1)
+    # no evidence, no verdict: PROMOTE needs at least one critical metric and data on every one
+    promote = (ok | ~crit).all(-1) & crit.any() & ~((codes == NODATA) & crit).any(-1)
     return np.where(rollback, ROLLBACK, np.where(promote, PROMOTE, HOLD))
+
+
+def rollout_false_rollback_bound(alpha: float, stages: int) -> float:
+    """Chance that a healthy release is rolled back somewhere in a rollout of ``stages`` stages, each
+    analysed at family-wise ``alpha``: at most ``1 - (1 - alpha)**stages`` when the stages' data are
+    independent, and never more than ``stages * alpha`` (Bonferroni) whatever their dependence.
+    Raises ValueError unless 0 <= alpha <= 1 and stages >= 1."""
+    if not 0 <= alpha <= 1 or stages < 1:
+        raise ValueError(f"alpha must be in [0, 1] and stages >= 1, got {alpha}, {stages}")
+    return min(1.0, stages * alpha)
 
 
 @dataclass
@@ -64,6 +75,9 @@ class MetricResult:
     n_baseline: float = 0.0
     reason: str = ""
     look: dict[str, float] | None = None
+    tests: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    needed_canary: float | None = None
 
     @property
     def code(self) -> int:
@@ -86,6 +100,8 @@ class Verdict:
     time_fraction: float
     final: bool
     alpha: float
+    promote_reachable: bool = True
+    warmup_s: float = 0.0
 
     @property
     def exit_code(self) -> int:
@@ -111,10 +127,17 @@ class Verdict:
                 f"of the horizon{', final' if self.final else ''}; family-wise alpha {self.alpha:g})\n"
                 f"canary: {self.canary}   baseline: {self.baseline}")
         cols = ("metric", "class", "baseline", "canary", "effect", "interval", "evidence", "crit")
-        rows = [cols] + [_row(m) for m in self.metrics]
+        rows = [cols]
+        for m in self.metrics:
+            rows.append(_row(m))
+            rows += [_test_row(m, t) for t in m.tests]
         widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
         lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines += [f"reason: {r}" for r in self.reasons] + [f"warning: {w}" for w in self.warnings]
+        lines += [f"note: {m.name}: {n}" for m in self.metrics for n in m.notes]
+        lines.append(f"note: alpha {self.alpha:g} is per stage; a rollout of k stages rolls back a healthy release "
+                     f"with probability at most k x {self.alpha:g} (e.g. {rollout_false_rollback_bound(self.alpha, 4):.0%}"
+                     f" for 4 stages)")
         return "\n".join(lines)
 
 
@@ -162,12 +185,29 @@ def _row(m: MetricResult) -> tuple[str, ...]:
             evidence, "yes" if m.critical else "no")
 
 
+def _test_row(m: MetricResult, t: dict[str, Any]) -> tuple[str, ...]:
+    cls = t["classification"] + ("!" if t.get("harmful") else "")
+    if cls == "NoData":
+        return (f"  .{t['test']}", cls, "", "", "-", "-", t.get("reason", "-"), "")
+    iv = f"[{fmt_effect(t['interval'][0], 'relative')}, {fmt_effect(t['interval'][1], 'relative')}]"
+    node = f", node sd {t['node_tau']:.3f} ({t['node_tau_source']})" if t.get("node_tau") else ""
+    ev = f"z={t['z']:+.2f} (bound {t['boundary']:.2f}{node})"
+    where = f"> {t['threshold']:g} {m.unit}: {t['share_baseline']:.2%}" if "threshold" in t else ""
+    canary = f"{t['share_canary']:.2%}" if "threshold" in t else ""
+    return (f"  .{t['test']}", cls, where, canary, fmt_effect(t["effect"], "relative"), iv, ev, "")
+
+
 def describe(m: MetricResult) -> str:
     """One-line summary of a metric result for reasons and logs."""
     scale = "relative" if m.kind == "errors" else m.scale
     if m.classification == "NoData":
         return f"{m.name}: NoData ({m.reason})"
     iv = "" if m.interval is None else f" [{fmt_effect(m.interval[0], scale)}, {fmt_effect(m.interval[1], scale)}]"
+    harm = [t for t in m.tests if t.get("harmful")]
+    if harm:
+        return f"{m.name}: {m.classification} (" + "; ".join(
+            f"{t['test']} {fmt_effect(t['effect'], 'relative')} [{fmt_effect(t['interval'][0], 'relative')}, "
+            f"{fmt_effect(t['interval'][1], 'relative')}]" for t in harm) + ")"
     return f"{m.name}: {m.classification} ({fmt_effect(m.effect, scale)}{iv})"
 
 
@@ -178,6 +218,8 @@ def combine(metrics: list[MetricResult]) -> tuple[str, list[str], list[str]]:
     crit = np.array([m.critical for m in metrics])
     verdict = VERDICT_NAMES[int(decide(codes, harm, crit))]
     critical = [m for m in metrics if m.critical]
+    if verdict == "PROMOTE" and any(m.classification == "NoData" for m in critical):  # decide() forbids it
+        raise AssertionError("PROMOTE with a critical metric lacking data")
     if verdict == "ROLLBACK":
         reasons = [describe(m) + " is harmful" for m in critical if m.harmful]
     elif verdict == "PROMOTE":

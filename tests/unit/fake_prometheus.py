@@ -121,6 +121,18 @@ class FleetData:
     counters: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     series: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     step_start: float = 1000.0
+    units: dict[str, int] = field(default_factory=lambda: {"canary": 1, "baseline": 8})
+    scrape_s: float = 15.0
+
+    def _split(self, track: str, metric: str, counts: np.ndarray) -> list[np.ndarray]:
+        """The track's requests spread over its ``units`` pods (instance labels), multinomially with a
+        fixed seed, so per-node queries see realistic small differences between pods."""
+        k = self.units.get(track, 1)
+        if k == 1:
+            return [np.asarray(counts, float)]
+        rng = np.random.default_rng(abs(hash((track, metric))) % 2**32)
+        parts = np.array([rng.multinomial(int(round(c)), np.full(k, 1.0 / k)) for c in counts], dtype=float)
+        return [parts[:, u] for u in range(k)]
 
     def __call__(self, endpoint: str, params: dict[str, list[str]]) -> tuple[int, Any]:
         q = params["query"][0]
@@ -133,17 +145,32 @@ class FleetData:
                     return ok(matrix([({}, [(self.step_start + i * step, v) for i, v in enumerate(values)])]))
             return ok(matrix([]))
         metric = _METRIC.search(q).group(1)
+        by_unit = "instance)" in q
+        if "count_over_time" in q:  # samples per series in the window: one per scrape interval
+            known = any(metric.removesuffix(suffix) in self.histograms.get(track, {})
+                        for suffix in ("_count", "_bucket")) or metric in self.counters.get(track, {})
+            window = float(re.search(r"\[(\d+)s\]", q).group(1))
+            return ok(vector([({}, window // self.scrape_s)] if known else []))
         if metric.endswith("_bucket"):
             hist = self.histograms.get(track, {}).get(metric.removesuffix("_bucket"))
             if hist is None:
                 return ok(vector([]))
             bounds, counts = hist
-            cum = np.cumsum(counts)
             les = [repr(float(b)) for b in bounds] + ["+Inf"]
-            return ok(vector([({"le": le}, float(c)) for le, c in zip(les, cum)]))
+            parts = self._split(track, metric.removesuffix("_bucket"), counts) if by_unit else [counts]
+            out = []
+            for u, part in enumerate(parts):
+                lab = {"instance": f"{track}-{u}"} if by_unit else {}
+                out += [({"le": le, **lab}, float(c)) for le, c in zip(les, np.cumsum(part))]
+            return ok(vector(out))
         if metric.endswith("_count"):
             hist = self.histograms.get(track, {}).get(metric.removesuffix("_count"))
-            return ok(vector([] if hist is None else [({}, float(np.sum(hist[1])))]))
+            if hist is None:
+                return ok(vector([]))
+            if by_unit:
+                parts = self._split(track, metric.removesuffix("_count"), hist[1])
+                return ok(vector([({"instance": f"{track}-{u}"}, float(p.sum())) for u, p in enumerate(parts)]))
+            return ok(vector([({}, float(np.sum(hist[1])))]))
         reasons = self.counters.get(track, {}).get(metric)
         if reasons is None:
             return ok(vector([]))

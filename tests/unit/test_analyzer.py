@@ -101,7 +101,7 @@ def test_queries_carry_selectors_window_and_evaluation_time():
     queries = [r["params"]["query"][0] for r in requests]
     assert all(CANARY in q or BASELINE in q for q in queries)
     ttft_q = [q for q in queries if "time_to_first_token" in q]
-    assert ttft_q[0] == ('sum by (le) (increase(vllm:time_to_first_token_seconds_bucket{job="vllm",'
+    assert ttft_q[0] == ('sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job="vllm",'
                          'track="canary"}[300s]))')
     assert any('finished_reason="error"' in q for q in queries)
     instant = [r for r in requests if r["endpoint"] == "query"]
@@ -136,14 +136,14 @@ def test_state_records_looks_and_matches_the_stateless_schedule():
     for k in range(1, 6):  # looks every 30 s, traffic proportional to time
         data = fleet(seed=k, n_c=60 * k, n_b=1140 * k, series=False)
         verdicts.append(analyze(data, START, START + 30 * k, state, cfg)[0])
-    looks = state.looks["ttft"]
+    looks = state.looks["ttft.location"]  # one schedule per test of the metric (issue 18)
     assert [round(t * 600) for t, _ in looks] == [60, 90, 120, 150]  # the first look had 60 < 100 requests
     assert verdicts[0].metrics[0].classification == "NoData"
     # with steady traffic the recorded schedule gives (nearly) the stateless boundary
-    last = verdicts[-1].metrics[0]
-    times, infos = planned_looks(150, 30, 600, 300, 100, last.look["info"])
-    stateless = group_sequential_boundaries(cfg.spending.with_alpha(last.alpha), times, infos)[-1]
-    assert last.evidence["boundary"] == pytest.approx(stateless, abs=0.05)
+    last = next(t for t in verdicts[-1].metrics[0].tests if t["test"] == "location")
+    times, infos = planned_looks(150, 30, 600, 300, 100, last["look"]["info"])
+    stateless = group_sequential_boundaries(cfg.spending.with_alpha(last["alpha"]), times, infos)[-1]
+    assert last["boundary_normal"] == pytest.approx(stateless, abs=0.05)
     restored = AnalysisState.from_dict(state.to_dict())
     assert restored.looks == state.looks
     with pytest.raises(ValueError, match="earlier"):

@@ -53,7 +53,7 @@ def test_analyze_table_and_state_file(capsys, tmp_path):
         assert cli(analyze_args(fp.url, "--state", str(state), "--metric", "ttft")) == 1
     out = capsys.readouterr().out
     assert out.startswith("Canary verdict: ROLLBACK") and "ttft" in out and "itl" not in out
-    assert json.loads(state.read_text())["looks"]["ttft"][0][0] == pytest.approx(0.5)
+    assert json.loads(state.read_text())["looks"]["ttft.location"][0][0] == pytest.approx(0.5)
 
 
 def test_unreachable_prometheus_is_an_error_not_a_verdict(capsys):
