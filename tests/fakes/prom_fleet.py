@@ -1,0 +1,180 @@
+"""A simulated serving fleet behind a fake Prometheus query API that computes ``increase()`` the way
+Prometheus 2.42 does, for the canary benchmark (bench/bench_canary.py) and unit tests.
+
+Why not the real Prometheus: the benchmark needs hundreds of thousands of looks; the real engine is
+checked against this fake on the same scrapes in tests/unit/test_prom_fleet.py (promtool, real
+Prometheus 2.42 PromQL engine), so the fake's answers are the engine's answers.
+
+:class:`Fleet` holds, per run, scrapes of one canary pod and ``pods - 1`` baseline pods: every pod is
+scraped every ``scrape_s`` seconds at its own phase; each scrape records the cumulative
+``_bucket``/``_count`` counters of the TTFT histogram and ``request_success_total`` per
+``finished_reason`` (stop, error), with labels ``job="vllm"``, ``track``, ``instance``.
+:class:`FakeSession` stands in for ``requests.Session`` inside :class:`gpuobs.canary.promapi.PromClient`,
+so the client's request building, response decoding and the analyzer's parsing all run.
+
+Supported expressions (exactly what the analyzer sends; anything else raises AssertionError):
+``sum by (le, <label>) (increase(M{..}[Ws]))``, ``sum by (<label>) (increase(M{..}[Ws]))``,
+``sum(increase(M{..}[Ws]))``, ``min(count_over_time(M{..}[Ws]))``; matchers ``name="value"``.
+
+``increase()`` (source: prometheus/prometheus v2.42.0 promql/functions.go, extrapolatedRate, and
+promql/engine.go matrixIterSlice): the samples with ``start <= t <= end``; fewer than two -> no
+result; ``last - first`` plus, for each decrease (counter reset), the value before it; then
+extrapolated: durationToStart/End from the first/last sample to the window's edges, durationToStart
+clipped to the counter's zero point ``sampled * first / result`` when the result is positive and
+the first value >= 0; each edge extrapolated fully when closer than 1.1 average sample intervals,
+else by half an interval; result x (sampled + toStart + toEnd) / sampled.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_Q_BY = re.compile(r"^sum by \(([a-z_, ]+)\) \(increase\(([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}\[(\d+)s\]\)\)$")
+_Q_SUM = re.compile(r"^sum\(increase\(([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}\[(\d+)s\]\)\)$")
+_Q_COUNT = re.compile(r"^min\(count_over_time\(([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}\[(\d+)s\]\)\)$")
+_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="([^"]*)"')
+REASONS = ("stop", "error")
+
+
+def increase(t: np.ndarray, v: np.ndarray, start: float, end: float) -> np.ndarray | None:
+    """Prometheus 2.42 ``increase()`` of the series sampled at times ``t`` (S,) with values ``v``
+    (S, ...) over [start, end]; vectorised over the trailing axes (e.g. the ``le`` buckets of one
+    pod, which share scrape times). None when fewer than two samples fall in the window."""
+    sel = (t >= start) & (t <= end)
+    ts, vs = t[sel], v[sel]
+    if ts.size < 2:
+        return None
+    result = vs[-1] - vs[0]
+    drops = vs[1:] < vs[:-1]
+    result = result + np.where(drops, vs[:-1], 0.0).sum(0)
+    to_start, to_end = ts[0] - start, end - ts[-1]
+    sampled = ts[-1] - ts[0]
+    avg = sampled / (ts.size - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        to_zero = np.where((result > 0) & (vs[0] >= 0), sampled * vs[0] / np.where(result > 0, result, 1.0), np.inf)
+    to_start = np.minimum(to_start, to_zero)
+    thr = avg * 1.1
+    ext = sampled + np.where(to_start < thr, to_start, avg / 2) + (to_end if to_end < thr else avg / 2)
+    return result * (ext / sampled)  # the factor first, as Prometheus multiplies
+
+
+@dataclass
+class Pod:
+    """One pod's scrapes in one run: ``t`` (S,), ``buckets`` (S, B+1) cumulative per ``le`` (last =
+    +Inf = _count), ``reasons`` (S, 2) cumulative stop/error; ``labels``; ``bounds`` its layout."""
+
+    labels: dict[str, str]
+    t: np.ndarray
+    buckets: np.ndarray
+    reasons: np.ndarray
+    bounds: tuple[float, ...]
+
+
+@dataclass
+class FakeResponse:
+    status_code: int
+    body: dict
+    url: str = "http://fake-prometheus/api/v1/query"
+
+    def json(self) -> dict:
+        return self.body
+
+    @property
+    def text(self) -> str:
+        return str(self.body)[:200]
+
+
+@dataclass
+class FakeSession:
+    """``requests.Session`` stand-in answering from ``pods`` (a list of :class:`Pod`).
+
+    ``empty_at``: evaluation times at which every query for ``empty_track`` returns an empty vector
+    (a scrape or remote-read outage); ``gap_at``: times at which the ``finished_reason="error"``
+    series of ``gap_track`` is absent. ``missing``: set by each look, True when a query of the look
+    came back empty because of a gap (the benchmark checks no PROMOTE happens on such a look)."""
+
+    pods: list[Pod] = field(default_factory=list)
+    metric: str = "vllm:time_to_first_token_seconds"
+    errors_metric: str = "vllm:request_success_total"
+    empty_at: frozenset = frozenset()
+    empty_track: str = "canary"
+    gap_at: frozenset = frozenset()
+    gap_track: str = "canary"
+    missing: bool = False
+    calls: int = 0
+
+    def post(self, url: str, data: dict[str, Any], **_: Any) -> FakeResponse:
+        return self._answer(url, data)
+
+    def get(self, url: str, params: dict[str, Any], **_: Any) -> FakeResponse:
+        return self._answer(url, params)
+
+    def _answer(self, url: str, params: dict[str, Any]) -> FakeResponse:
+        self.calls += 1
+        assert url.endswith("/api/v1/query"), url
+        at = float(params["time"])
+        result = self.evaluate(params["query"], at)
+        data = {"resultType": "vector", "result": [{"metric": m, "value": [at, repr(float(v))]} for m, v in result]}
+        return FakeResponse(200, {"status": "success", "data": data})
+
+    def _select(self, matchers: str, at: float) -> tuple[list[Pod], dict[str, str]]:
+        want = dict(_MATCHER.findall(matchers))
+        track = want.get("track")
+        if track == self.empty_track and round(at, 3) in self.empty_at:
+            self.missing = True
+            return [], want
+        pods = [p for p in self.pods if all(p.labels.get(k) == v for k, v in want.items() if k in p.labels)]
+        return pods, want
+
+    def evaluate(self, q: str, at: float) -> list[tuple[dict[str, str], float]]:
+        """The vector ``q`` evaluates to at ``at``: [(labels, value)]."""
+        m = _Q_BY.match(q)
+        if m:
+            by, name, matchers, w = [x.strip() for x in m.group(1).split(",")], m.group(2), m.group(3), float(m.group(4))
+            pods, _ = self._select(matchers, at)
+            acc: dict[tuple, float] = {}
+            for p in pods:
+                if name == self.metric + "_bucket":
+                    inc = increase(p.t, p.buckets, at - w, at)
+                    if inc is None:
+                        continue
+                    les = [repr(float(b)) for b in p.bounds] + ["+Inf"]
+                    for le, val in zip(les, inc):
+                        key = tuple((k, le if k == "le" else p.labels.get(k, "")) for k in by)
+                        acc[key] = acc.get(key, 0.0) + float(val)
+                elif name == self.metric + "_count":
+                    inc = increase(p.t, p.buckets[:, -1], at - w, at)
+                    if inc is not None:
+                        key = tuple((k, p.labels.get(k, "")) for k in by)
+                        acc[key] = acc.get(key, 0.0) + float(inc)
+            return [(dict(k), v) for k, v in acc.items()]
+        m = _Q_SUM.match(q)
+        if m:
+            name, matchers, w = m.group(1), m.group(2), float(m.group(3))
+            assert name == self.errors_metric, q
+            pods, want = self._select(matchers, at)
+            reason = want.get("finished_reason")
+            if reason == "error" and pods and pods[0].labels["track"] == self.gap_track and round(at, 3) in self.gap_at:
+                self.missing = True
+                return []
+            cols = [REASONS.index(reason)] if reason else list(range(len(REASONS)))
+            total, found = 0.0, False
+            for p in pods:
+                for c in cols:
+                    inc = increase(p.t, p.reasons[:, c], at - w, at)
+                    if inc is not None:
+                        total, found = total + float(inc), True
+            return [({}, total)] if found else []
+        m = _Q_COUNT.match(q)
+        if m:
+            name, matchers, w = m.group(1), m.group(2), float(m.group(3))
+            pods, _ = self._select(matchers, at)
+            counts = [float(np.sum((p.t >= at - w) & (p.t <= at))) for p in pods]
+            counts = [c for c in counts if c > 0]
+            return [({}, min(counts))] if counts else []
+        raise AssertionError(f"the fake does not evaluate {q!r}")
