@@ -20,6 +20,7 @@ raised, never turned into a verdict; empty results, NaN and too few samples give
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from math import log1p
@@ -418,19 +419,18 @@ class Analyzer:
 
 def _errors_needed(p_b: float, allowed: float, alpha: float) -> float:
     """Canary requests at which a canary erring at the baseline's ratio ``p_b`` passes (its anytime
-    upper bound <= p_b + allowed); inf when p_b is unknown or beyond 1e8 requests."""
+    upper bound <= p_b + allowed); inf beyond 1e8 requests, NaN when p_b is unknown. ``p_b`` is
+    rounded to 2 significant digits (a prediction, cached across looks)."""
     if not math.isfinite(p_b):
         return math.nan
-    lo, hi = 1.0, 1e8
-    if binomial_upper_bound(p_b * hi, hi, alpha) > p_b + allowed:
-        return math.inf
-    for _ in range(40):
-        mid = math.sqrt(lo * hi)
-        if binomial_upper_bound(p_b * mid, mid, alpha) <= p_b + allowed:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return _errors_needed_cached(float(f"{p_b:.2g}"), allowed, alpha)
+
+
+@functools.lru_cache(maxsize=256)
+def _errors_needed_cached(p_b: float, allowed: float, alpha: float) -> float:
+    n = np.logspace(0, 8, 321)
+    ok = binomial_upper_bound(p_b * n, n, alpha) <= p_b + allowed
+    return float(n[np.argmax(ok)]) if ok.any() else math.inf
 
 
 class _HistContext:

@@ -238,9 +238,9 @@ def common_bounds(layouts: Iterable[np.ndarray]) -> np.ndarray:
         b = np.asarray(b, dtype=float)
         if out is None:
             out = b
-            continue
-        keep = np.array([np.any(np.isclose(x, b, rtol=1e-9, atol=0.0)) for x in out], dtype=bool)
-        out = out[keep] if out.size else out
+        elif b.shape != out.shape or not np.array_equal(b, out):
+            keep = np.abs(out[:, None] - b[None, :]).min(1) <= 1e-9 * np.abs(out) if b.size else np.zeros(out.size, bool)
+            out = out[keep]
     return np.asarray(out if out is not None else [], dtype=float)
 
 
@@ -248,7 +248,10 @@ def rebin(bounds: np.ndarray, counts: np.ndarray, new_bounds: np.ndarray) -> np.
     """Per-bucket ``counts`` ``(..., B+1)`` on ``bounds`` -> per-bucket counts on ``new_bounds``,
     a subset of ``bounds`` (see :func:`common_bounds`): adjacent buckets are merged."""
     b = np.asarray(bounds, dtype=float)
-    idx = [int(np.argmin(np.abs(b - x))) for x in np.asarray(new_bounds, dtype=float)]
+    nb = np.asarray(new_bounds, dtype=float)
+    if b.shape == nb.shape and np.array_equal(b, nb):
+        return np.asarray(counts, dtype=float)
+    idx = np.abs(b[None, :] - nb[:, None]).argmin(1)
     cum = np.cumsum(np.asarray(counts, dtype=float), axis=-1)
     picked = np.concatenate((cum[..., idx], cum[..., -1:]), axis=-1)
     return np.clip(np.diff(picked, axis=-1, prepend=0.0), 0.0, None)
