@@ -83,6 +83,7 @@ class Shape:
     bounds: tuple = TTFT_BUCKETS
     canary_bounds: tuple | None = None
     fleet_rps: float = 40.0
+    warmup_s: float | None = None  # override the config's warm-up
     goal: str = ""
 
 
@@ -101,7 +102,9 @@ SHAPES = (
     Shape("A/A, coarse buckets", aa=True, bounds=COARSE, goal="fr"),
     Shape("+10% uniform, coarse buckets", mult=1.10, bounds=COARSE),
     Shape("+50%, canary changed bucket layout", mult=1.5, canary_bounds=PROM_DEFAULT),
-    Shape("A/A, warm-up x1.4 for 60 s", aa=True, warm=1.4, goal="fr"),
+    Shape("A/A, warm-up x1.4 for 60 s, no warm-up declared", aa=True, warm=1.4),
+    Shape("A/A, warm-up x1.4 for 60 s, warmup: 60s", aa=True, warm=1.4, warmup_s=60.0, goal="fr"),
+    Shape("+10% uniform, warmup: 60s", mult=1.10, warmup_s=60.0),
     Shape("A/A, low traffic (5 req/s)", aa=True, fleet_rps=5.0),
 )
 
@@ -173,6 +176,8 @@ def run_shape(args: tuple[Shape, int, int, int]) -> dict:
     s, runs, pods, seed = args
     rng = np.random.default_rng(seed)
     cfg = load_config().select(["ttft", "error_ratio"])
+    if s.warmup_s is not None:
+        cfg = cfg.with_timing(warmup_s=s.warmup_s)
     session = FakeSession()
     client = PromClient("http://fake-prometheus", retries=0, session=session)
     analyzer = Analyzer(client, cfg, CANARY, BASELINE)
@@ -308,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     print(f"# Canary analyzer benchmark (product path)\n\nFleet {SHAPES[0].fleet_rps:g} req/s unless stated, canary "
           f"one pod of {args.pods} ({CANARY_SHARE:.0%}), 15 s scrapes, a look every {INTERVAL_S:g} s for {LOOKS} "
-          f"looks, default config (ttft + error_ratio, alpha 1% per stage), seed {args.seed}.\n", flush=True)
+          f"looks, default config (ttft + error_ratio, alpha 1% per stage; no warm-up unless stated), seed {args.seed}.\n", flush=True)
     if args.jobs > 1:
         with multiprocessing.Pool(args.jobs) as pool:
             results = pool.map(run_shape, work, chunksize=1)

@@ -154,11 +154,11 @@ class Analyzer:
         return res
 
     def _boundary(self, spec: MetricSpec, alpha: float, start: float, end: float, n: float, info: float,
-                  state: AnalysisState | None, key: str = "") -> tuple[float, dict[str, float]]:
+                  state: AnalysisState | None, key: str = "", tail: bool = False) -> tuple[float, dict[str, float]]:
         cfg = self.config
         horizon = cfg.horizon_s - cfg.warmup_s  # ``start`` is the end of the warm-up
         t_now = (end - start) / horizon
-        spending = cfg.spending.with_alpha(alpha)
+        spending = (cfg.tail_spending if tail and cfg.tail_spending else cfg.spending).with_alpha(alpha)
         if state is None:
             times, infos = planned_looks(end - start, cfg.interval_s, horizon, n, spec.min_samples, info)
         else:
@@ -301,7 +301,9 @@ class Analyzer:
             res.tests.append(row)
             allowed = spec.allowed_effect if name == "location" else spec.quantile_allowed_effect
             needed.append(t["need"](float(norm.isf(alphas[name])), allowed))
-        res.needed_canary = float(np.nanmax(needed)) if needed and not np.all(np.isnan(needed)) else None
+        # in the unit of n_canary (observations: tokens for ITL), from effective requests
+        res.needed_canary = (float(np.nanmax(needed)) * float(nc_u.sum() / max(ec_u.sum(), 1e-9))
+                             if needed and not np.all(np.isnan(needed)) else None)
         self._combine_tests(spec, res)
 
     def _decide_test(self, spec: MetricSpec, name: str, t: dict[str, Any], alpha: float, start: float, end: float,
@@ -310,7 +312,8 @@ class Analyzer:
         two_sided = spec.direction == "either"
         side_alpha = alpha / 2 if two_sided else alpha
         cl: Clustered = t["stat"]
-        c, look = self._boundary(spec, side_alpha, start, end, t["n"], cl.info, state, key=f"{spec.name}.{name}")
+        c, look = self._boundary(spec, side_alpha, start, end, t["n"], cl.info, state, key=f"{spec.name}.{name}",
+                                 tail=name != "location")
         c_normal = c
         if math.isfinite(c) and math.isfinite(cl.df):
             c = float(student_t.isf(norm.sf(c), max(1.0, cl.df)))
@@ -459,7 +462,7 @@ class _HistContext:
         kc, kb = int((nc > 0).sum()), int((nb > 0).sum())
         self.s2b = float(self.ssb.sum() / max(self.Nb - kb, 1.0))
         self.s2c = float(self.ssc.sum() / max(self.Nc - kc, 1.0))
-        self.alpha_of: dict[str, float] = {}
+        self._loc: Clustered | None = None
 
     def test(self, name: str) -> dict[str, Any]:
         if name == "location":
@@ -473,14 +476,21 @@ class _HistContext:
         den = margin * margin - tau2
         return c1_var / den if den > 0 else math.inf
 
+    def location_stat(self) -> Clustered:
+        """The location comparison; its between-node variance (DerSimonian-Laird on the baseline
+        nodes' mean log latency, the most precise per-node statistic) also serves the quantile tests."""
+        if self._loc is None:
+            mean_c = float((self.cc.sum(0) * self.x).sum() / self.Nc)
+            mean_b = float((self.pb * self.x).sum() / self.Nb)
+            s2c = (self.Ec * self.s2c + CANARY_VARIANCE_PRIOR * self.s2b) / (self.Ec + CANARY_VARIANCE_PRIOR)
+            v_req = s2c / self.Ec + self.s2b / self.Eb
+            ok = self.nb >= 2
+            self._loc = clustered(mean_c - mean_b, v_req, self.wc, self.wb, self.mb_u[ok], self.s2b / self.eb[ok],
+                                  self.tau_loc ** 2)
+        return self._loc
+
     def _location(self) -> dict[str, Any]:
-        mean_c = float((self.cc.sum(0) * self.x).sum() / self.Nc)
-        mean_b = float((self.pb * self.x).sum() / self.Nb)
-        s2c = (self.Ec * self.s2c + CANARY_VARIANCE_PRIOR * self.s2b) / (self.Ec + CANARY_VARIANCE_PRIOR)
-        v_req = s2c / self.Ec + self.s2b / self.Eb
-        ok = self.nb >= 2
-        cl = clustered(mean_c - mean_b, v_req, self.wc, self.wb, self.mb_u[ok], self.s2b / self.eb[ok],
-                       self.tau_loc ** 2)
+        cl = self.location_stat()
         e = cl.effect
 
         def interval(c: float) -> tuple[float, float]:
@@ -544,10 +554,11 @@ class _HistContext:
         lo_j, hi_j = max(j - 1, 0), min(j + 1, self.bounds.size - 1)
         dlog = math.log(self.bounds[hi_j] / self.bounds[lo_j]) if hi_j > lo_j else 1.0
         slope = abs(float(self.surv[lo_j] - self.surv[hi_j])) / dlog
-        ok = self.nb >= 2
-        p_u = np.where(ok, xb_u / np.maximum(self.nb, 1), np.nan)[ok]
-        cl = clustered(pc - p0, v_c0 + v_b, self.wc, self.wb, p_u, np.full(p_u.shape, p0 * (1 - p0)) / self.eb[ok],
-                       (slope * self.tau_loc) ** 2)
+        loc = self.location_stat()
+        tau2 = (slope ** 2) * loc.tau2  # a node shifted by nu moves the share above b by slope * nu
+        var = v_c0 + v_b + tau2 * self.g
+        df = loc.df if tau2 > 0 else math.inf
+        cl = Clustered(pc - p0, math.sqrt(var), df, tau2, loc.tau2_source, 1.0 / var)
         z_exact = exceedance_z(xc * self.Ec / self.Nc, self.Ec, p0)
         z = z_exact * math.sqrt(v_c0) / cl.se if cl.se > 0 else z_exact
 
@@ -560,6 +571,8 @@ class _HistContext:
             return qeff(pc - c * se), qeff(pc + c * se)
 
         def need(c1: float, allowed: float) -> float:
+            if b / (1 + allowed) < self.bounds[0]:  # below the layout's resolution: no prediction
+                return math.nan
             margin = self._share_above(b / (1 + allowed)) - p0
             return self._needed(c1 * c1 * p0 * (1 - p0) * (1 + self.r), margin, c1 * c1 * cl.tau2 * self.g)
 

@@ -70,6 +70,9 @@ def add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", action="append", metavar="NAME", help="analyse only these metrics (repeatable)")
     p.add_argument("--horizon", metavar="DURATION", help="override the config's horizon (stage length), e.g. 10m")
     p.add_argument("--interval", metavar="DURATION", help="override the config's look interval, e.g. 30s")
+    p.add_argument("--warmup", metavar="DURATION",
+                   help="override the config's warm-up: data of the first DURATION after the start is excluded "
+                        "(e.g. 60s for JIT/CUDA-graph capture and cache warm-up; 0 to use everything)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -138,8 +141,11 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     cfg = load_config(args.config)
     if args.metric:
         cfg = cfg.select(args.metric)
+    warmup = None
+    if getattr(args, "warmup", None) is not None:
+        warmup = 0.0 if args.warmup.strip() in ("0", "0s") else parse_duration(args.warmup, "--warmup")
     return cfg.with_timing(parse_duration(args.horizon, "--horizon") if args.horizon else None,
-                           parse_duration(args.interval, "--interval") if args.interval else None)
+                           parse_duration(args.interval, "--interval") if args.interval else None, warmup)
 
 
 def _read_secret(path: str, field: str) -> str:

@@ -33,7 +33,7 @@ _QUANTILE_TEST = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 # (docs/canary.md, "Quantile and spread tests"): location = shift of the mean log latency,
 # spread = ratio of the within-node log-latency standard deviations, pNN = share of canary requests
 # above the baseline's NN-th percentile bucket bound.
-DEFAULT_TESTS = (("location", 0.35), ("p50", 0.05), ("p90", 0.1), ("p99", 0.4), ("spread", 0.1))
+DEFAULT_TESTS = (("location", 0.55), ("p50", 0.02), ("p90", 0.03), ("p99", 0.37), ("spread", 0.03))
 
 
 class ConfigError(ValueError):
@@ -141,6 +141,7 @@ class CanaryConfig:
     spending: Spending
     metrics: tuple[MetricSpec, ...] = field(default_factory=tuple)
     warmup_s: float = 0.0
+    tail_spending: Spending | None = None  # quantile and spread tests; None -> spending
     node_label: str = "instance"
     node_spread: float = 0.05
     critical_share_total: float = 0.0  # sum of the critical alpha shares of the full config (select keeps it)
@@ -157,7 +158,8 @@ class CanaryConfig:
 
     def _copy(self, **kw: Any) -> "CanaryConfig":
         doc = {f: getattr(self, f) for f in ("alpha", "horizon_s", "interval_s", "step_s", "spending", "metrics",
-                                              "warmup_s", "node_label", "node_spread", "critical_share_total")}
+                                              "warmup_s", "tail_spending", "node_label", "node_spread",
+                                              "critical_share_total")}
         doc.update(kw)
         return CanaryConfig(**doc)
 
@@ -282,6 +284,12 @@ def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
         raise ConfigError(f"{source}.spending", sp, "a mapping main_until, main_share, rho")
     spending = Spending(alpha, _num(sp, "main_until", "spending", 0.01, 1.0, 0.5),
                         _num(sp, "main_share", "spending", 0.0, 1.0, 0.85), _num(sp, "rho", "spending", 0.1, 10, 3.0))
+    tsp = doc.get("tail_spending") or {}
+    if not isinstance(tsp, dict):
+        raise ConfigError(f"{source}.tail_spending", tsp, "a mapping main_until, main_share, rho")
+    tail_spending = Spending(alpha, _num(tsp, "main_until", "tail_spending", 0.01, 1.0, 1.0),
+                             _num(tsp, "main_share", "tail_spending", 0.0, 1.0, 1.0),
+                             _num(tsp, "rho", "tail_spending", 0.1, 10, 3.0))
     metrics = doc.get("metrics")
     if not isinstance(metrics, list) or not metrics:
         raise ConfigError(f"{source}.metrics", metrics, "a non-empty list")
@@ -301,6 +309,7 @@ def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
         raise ConfigError(f"{source}.warmup", warmup, f"a duration shorter than the horizon ({horizon:g} s)")
     return CanaryConfig(alpha, horizon, parse_duration(doc.get("interval", "30s"), "interval"),
                         parse_duration(doc.get("step", "15s"), "step"), spending, specs, warmup_s=warmup_s,
+                        tail_spending=tail_spending,
                         node_label=node_label, node_spread=_num(doc, "node_spread", source, 0.0, 1.0, 0.05))
 
 
