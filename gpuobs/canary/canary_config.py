@@ -33,7 +33,7 @@ _QUANTILE_TEST = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 # (docs/canary.md, "Quantile and spread tests"): location = shift of the mean log latency,
 # spread = ratio of the within-node log-latency standard deviations, pNN = share of canary requests
 # above the baseline's NN-th percentile bucket bound.
-DEFAULT_TESTS = (("location", 0.55), ("p50", 0.02), ("p90", 0.03), ("p99", 0.37), ("spread", 0.03))
+DEFAULT_TESTS = (("location", 0.55), ("p50", 0.015), ("p90", 0.02), ("p99", 0.4), ("spread", 0.015))
 
 
 class ConfigError(ValueError):
@@ -289,7 +289,7 @@ def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
         raise ConfigError(f"{source}.tail_spending", tsp, "a mapping main_until, main_share, rho")
     tail_spending = Spending(alpha, _num(tsp, "main_until", "tail_spending", 0.01, 1.0, 1.0),
                              _num(tsp, "main_share", "tail_spending", 0.0, 1.0, 1.0),
-                             _num(tsp, "rho", "tail_spending", 0.1, 10, 3.0))
+                             _num(tsp, "rho", "tail_spending", 0.1, 10, 5.0))
     metrics = doc.get("metrics")
     if not isinstance(metrics, list) or not metrics:
         raise ConfigError(f"{source}.metrics", metrics, "a non-empty list")
