@@ -433,6 +433,12 @@ class Analyzer:
         self._judge(spec, res, shift, start, end, state)
 
 
+def _expm1(v: float) -> float:
+    """``exp(v) - 1`` that saturates instead of overflowing (a Student-t boundary with ~1 degree of
+    freedom, from two baseline nodes, can be astronomically wide)."""
+    return math.expm1(min(v, 700.0))
+
+
 def _errors_needed(p_b: float, allowed: float, alpha: float) -> float:
     """Canary requests at which a canary erring at the baseline's ratio ``p_b`` passes (its anytime
     upper bound <= p_b + allowed); inf beyond 1e8 requests, NaN when p_b is unknown. ``p_b`` is
@@ -507,7 +513,7 @@ class _HistContext:
         e = cl.effect
 
         def interval(c: float) -> tuple[float, float]:
-            return math.expm1(e - c * cl.se), math.expm1(e + c * cl.se)
+            return _expm1(e - c * cl.se), _expm1(e + c * cl.se)
 
         return {"stat": cl, "n": self.Nc, "effect": math.expm1(e), "interval": interval,
                 "what": "mean log latency (geometric mean)",
@@ -528,7 +534,7 @@ class _HistContext:
         cl = clustered(e, v_req, self.wc, self.wb, vals, (kappa - 1) / (4 * self.eb[ok]), 0.0)
 
         def interval(c: float) -> tuple[float, float]:
-            return math.expm1(e - c * cl.se), math.expm1(e + c * cl.se)
+            return _expm1(e - c * cl.se), _expm1(e + c * cl.se)
 
         return {"stat": cl, "n": self.Nc, "effect": math.expm1(e), "interval": interval,
                 "what": "within-node standard deviation of log latency (ratio - 1)",

@@ -157,6 +157,8 @@ def fmt_effect(value: float | None, scale: str) -> str:
     """``+12.3%`` for relative effects, ``+0.0123`` for absolute ones, ``-`` when unknown."""
     if value is None or not math.isfinite(value):
         return "-" if value is None or math.isnan(value) else ("+inf" if value > 0 else "-inf")
+    if scale == "relative" and value > 100:  # an interval end beyond any useful resolution
+        return ">+10000%"
     return f"{value * 100:+.1f}%" if scale == "relative" else f"{value:+.4f}"
 
 
@@ -204,8 +206,8 @@ def describe(m: MetricResult) -> str:
         return f"{m.name}: NoData ({m.reason})"
     iv = "" if m.interval is None else f" [{fmt_effect(m.interval[0], scale)}, {fmt_effect(m.interval[1], scale)}]"
     harm = [t for t in m.tests if t.get("harmful")]
-    if harm:
-        return f"{m.name}: {m.classification} (" + "; ".join(
+    if harm:  # the metric's (location) effect first, then each harmful test with its interval
+        return f"{m.name}: {m.classification} ({fmt_effect(m.effect, scale)}{iv}; harmful: " + "; ".join(
             f"{t['test']} {fmt_effect(t['effect'], 'relative')} [{fmt_effect(t['interval'][0], 'relative')}, "
             f"{fmt_effect(t['interval'][1], 'relative')}]" for t in harm) + ")"
     return f"{m.name}: {m.classification} ({fmt_effect(m.effect, scale)}{iv})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -130,7 +131,7 @@ class FleetData:
         k = self.units.get(track, 1)
         if k == 1:
             return [np.asarray(counts, float)]
-        rng = np.random.default_rng(abs(hash((track, metric))) % 2**32)
+        rng = np.random.default_rng(zlib.crc32(f"{track}/{metric}".encode()))  # hash() is salted per process
         parts = np.array([rng.multinomial(int(round(c)), np.full(k, 1.0 / k)) for c in counts], dtype=float)
         return [parts[:, u] for u in range(k)]
 
