@@ -215,3 +215,15 @@ def test_low_traffic_says_promote_is_out_of_reach_at_the_first_look():
     assert any("PROMOTE is out of reach" in r and "error_ratio" in r for r in v.reasons)
     healthy = analyze(fleet(n_c=2400, n_b=45_600, err_b=20))
     assert healthy.promote_reachable
+
+
+def test_cli_warmup_flag_and_outlook_in_json(capsys):
+    import json
+
+    with FakePrometheus(fleet(n_c=120, n_b=2280, err_b=1, series=False)) as fp:
+        code = cli(analyze_args(fp.url, "--warmup", "60s", "--json"))
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 3 and doc["warmup_s"] == 60 and doc["promote_reachable"] is False
+    with FakePrometheus(fleet()) as fp:
+        assert cli(analyze_args(fp.url, "--warmup", "soon")) == 2
+    assert "--warmup" in capsys.readouterr().err
