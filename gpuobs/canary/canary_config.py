@@ -255,7 +255,8 @@ def _tests(doc: Any, where: str) -> tuple[tuple[str, float], ...]:
     """``{location: share, spread: share, p99: share, ...}`` -> ordered (name, share) pairs."""
     if doc is None:
         return DEFAULT_TESTS
-    accepted = "a mapping of location, spread and pNN (0 < NN < 100) to alpha shares > 0, e.g. {location: 0.4, p99: 0.4}"
+    accepted = ("a mapping of location, spread and pNN (0 < NN < 100) to alpha shares > 0, "
+                "e.g. {location: 0.4, p99: 0.4}")
     if not isinstance(doc, dict) or not doc:
         raise ConfigError(where, doc, accepted)
     out = []
@@ -301,7 +302,8 @@ def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
         raise ConfigError(f"{source}.metrics", "no critical metric", "at least one metric with critical: true")
     node_label = doc.get("node_label", "instance")
     if not isinstance(node_label, str) or not _LABEL_NAME.match(node_label) or node_label == "le":
-        raise ConfigError(f"{source}.node_label", node_label, "a Prometheus label name (not le), e.g. instance, pod, node")
+        raise ConfigError(f"{source}.node_label", node_label,
+                          "a Prometheus label name (not le), e.g. instance, pod, node")
     horizon = parse_duration(doc.get("horizon", "10m"), "horizon")
     warmup = doc.get("warmup", 0)
     warmup_s = 0.0 if warmup in (0, "0", "0s") else parse_duration(warmup, "warmup")

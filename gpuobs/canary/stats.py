@@ -239,7 +239,9 @@ def common_bounds(layouts: Iterable[np.ndarray]) -> np.ndarray:
         if out is None:
             out = b
         elif b.shape != out.shape or not np.array_equal(b, out):
-            keep = np.abs(out[:, None] - b[None, :]).min(1) <= 1e-9 * np.abs(out) if b.size else np.zeros(out.size, bool)
+            if b.size == 0:
+                return np.zeros(0)
+            keep = np.abs(out[:, None] - b[None, :]).min(1) <= 1e-9 * np.abs(out)
             out = out[keep]
     return np.asarray(out if out is not None else [], dtype=float)
 
@@ -293,7 +295,9 @@ class Clustered:
 
     @property
     def z(self) -> float:
-        return self.effect / self.se if self.se > 0 else (0.0 if self.effect == 0 else math.copysign(math.inf, self.effect))
+        if self.se > 0:
+            return self.effect / self.se
+        return 0.0 if self.effect == 0 else math.copysign(math.inf, self.effect)
 
 
 def clustered(effect: float, v_requests: float, w_canary: np.ndarray, w_baseline: np.ndarray,

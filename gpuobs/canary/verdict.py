@@ -136,7 +136,8 @@ class Verdict:
         lines += [f"reason: {r}" for r in self.reasons] + [f"warning: {w}" for w in self.warnings]
         lines += [f"note: {m.name}: {n}" for m in self.metrics for n in m.notes]
         lines.append(f"note: alpha {self.alpha:g} is per stage; a rollout of k stages rolls back a healthy release "
-                     f"with probability at most k x {self.alpha:g} (e.g. {rollout_false_rollback_bound(self.alpha, 4):.0%}"
+                     f"with probability at most k x {self.alpha:g} "
+                     f"(e.g. {rollout_false_rollback_bound(self.alpha, 4):.0%}"
                      f" for 4 stages)")
         return "\n".join(lines)
 
