@@ -27,7 +27,6 @@ else by half an interval; result x (sampled + toStart + toEnd) / sampled.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
