@@ -79,7 +79,7 @@ lint: venv binaries
 	amtool check-config alertmanager/alertmanager.yml
 	$(GPUOBS) rules xid --check prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo --check prometheus/rules/slo.yml
-	$(PY) grafana/generate.py --check
+	$(PY) gpuobs/mixin/dashboards.py --check
 
 rules: venv
 	$(GPUOBS) rules xid > prometheus/rules/gpu-xid.yml

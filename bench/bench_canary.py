@@ -1,6 +1,6 @@
 """Canary analyzer benchmark: false rollbacks, power and time to decision, offline (``make bench-canary``).
 
-Samples come from the simulator's own latency model (:func:`gpuobs.exporter.latency.sample_ttft`:
+Samples come from the simulator's own latency model (:func:`gpuobs.exporter.sim.latency.sample_ttft`:
 lognormal TTFT, median 0.25 s, sigma 0.6) binned with vLLM's TTFT buckets, exactly what Prometheus
 would return as ``increase(vllm:time_to_first_token_seconds_bucket[...])``. Errors are Bernoulli at
 the engine's base error ratio (0.05%). A regression multiplies the canary's TTFT by (1 + effect), so
@@ -42,13 +42,13 @@ from scipy.stats import mannwhitneyu, norm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuobs.canary.canary_config import load_config  # noqa: E402
+from gpuobs.canary.config import load_config  # noqa: E402
 from gpuobs.canary.sequential import (binomial_upper_bound, group_sequential_boundaries,  # noqa: E402
                                       planned_looks, rate_ratio_log_evalue)
 from gpuobs.canary.stats import classify, harmful, histogram_quantile, log_shift  # noqa: E402
 from gpuobs.canary.verdict import HOLD, PROMOTE, ROLLBACK, decide  # noqa: E402
 from gpuobs.exporter.histogram import TTFT_BUCKETS  # noqa: E402
-from gpuobs.exporter.latency import TTFT_MEDIAN_S, TTFT_SIGMA, sample_ttft  # noqa: E402
+from gpuobs.exporter.sim.latency import TTFT_MEDIAN_S, TTFT_SIGMA, sample_ttft  # noqa: E402
 
 FLEET_RPS, CANARY_SHARE, INTERVAL_S, LOOKS = 40.0, 0.05, 30.0, 20
 BASE_ERROR, ERROR_DELTA = 0.0005, 0.01
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     fleet_p99 = healthy_fleet_p99(rng)
     print(f"# Canary analyzer benchmark\n\nHealthy TTFT: lognormal, median {TTFT_MEDIAN_S} s, sigma {TTFT_SIGMA} "
-          f"(gpuobs.exporter.latency), vLLM TTFT buckets; base error ratio {BASE_ERROR:.2%}; regression = canary "
+          f"(gpuobs.exporter.sim.latency), vLLM TTFT buckets; base error ratio {BASE_ERROR:.2%}; regression = canary "
           f"TTFT x (1 + effect); error regression +{ERROR_DELTA * 100:g} pp. Healthy fleet p99 as "
           f"histogram_quantile reports it: {fleet_p99:.2f} s.\n")
     base_results = None

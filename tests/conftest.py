@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from gpuobs.exporter.collector import DcgmCollector
-from gpuobs.exporter.node import Node, NodeConfig
+from gpuobs.exporter.collectors.dcgm import DcgmCollector
+from gpuobs.exporter.sim.node import Node, NodeConfig
 from gpuobs.exporter.server import NodeServer
 from gpuobs.stack.ports import free_port_range  # noqa: F401  (re-exported for tests)
 

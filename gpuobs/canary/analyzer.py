@@ -14,7 +14,7 @@ however many looks are taken. With ``state`` the boundaries use the information 
 actually happened; without it the analyzer assumes one look every ``config.interval_s`` (steady
 traffic) so a stateless caller (``gpuobs canary analyze``, an Argo web metric) gets the same test.
 
-Errors: :class:`~gpuobs.canary.promapi.PrometheusUnavailable` and the other PrometheusError types are
+Errors: :class:`~gpuobs.promapi.prometheus.PrometheusUnavailable` and the other PrometheusError types are
 raised, never turned into a verdict; empty results, NaN and too few samples give NoData (HOLD).
 """
 
@@ -29,9 +29,9 @@ import numpy as np
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
-from gpuobs import log
-from gpuobs.canary.canary_config import CanaryConfig, MetricSpec, parse_selector
-from gpuobs.canary.promapi import PromClient, QueryResult
+from gpuobs.core import log
+from gpuobs.canary.config import CanaryConfig, MetricSpec, parse_selector
+from gpuobs.promapi.prometheus import PromClient, QueryResult
 from gpuobs.canary.sequential import (MIN_INFO_GROWTH, binomial_upper_bound, group_sequential_boundaries,
                                       planned_looks, rate_ratio_interval, rate_ratio_log_evalue)
 from gpuobs.canary.stats import (CLASS_NAMES, Shift, classify, harmful, histogram_quantile, log_shift,
@@ -72,7 +72,7 @@ class Analyzer:
     """Judges one canary against one baseline with ``config``'s metrics.
 
     ``canary`` / ``baseline``: PromQL label matchers injected into every query (e.g.
-    ``track="canary"``). Raises :class:`~gpuobs.canary.canary_config.ConfigError` on a bad selector.
+    ``track="canary"``). Raises :class:`~gpuobs.canary.config.ConfigError` on a bad selector.
     """
 
     def __init__(self, client: PromClient, config: CanaryConfig, canary: str, baseline: str):

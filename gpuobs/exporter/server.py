@@ -26,10 +26,10 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpuobs import log
-from gpuobs.exporter import faults as faultmod
+from gpuobs.core import log
+from gpuobs.exporter.sim import faults as faultmod
 from gpuobs.exporter.exposition import CONTENT_TYPE, Family, label_string, render
-from gpuobs.exporter.node import Node
+from gpuobs.exporter.sim.node import Node
 
 MAX_BODY_BYTES = 64 * 1024
 INVALID = object()  # _read_json's "already answered with an error" marker

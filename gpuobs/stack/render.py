@@ -15,8 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from gpuobs.rulegen import RUNBOOK_BASE
-from gpuobs.slo_rules import parse_duration, render_slo_rules
+from gpuobs.mixin.xid_rules import RUNBOOK_BASE
+from gpuobs.core import assets
+from gpuobs.core.files import atomic_write
+from gpuobs.mixin.slo_rules import parse_duration, render_slo_rules
 
 #: Stack profiles. ``default`` loads the repository's rule files as they are (realistic ``for:``
 #: durations and windows, 30-day SLO). ``drill`` is for rehearsing every failure quickly
@@ -29,7 +31,6 @@ DRILL_MAX_FOR = "20s"
 DRILL_WINDOW_DIVISOR = 5
 DRILL_SLO_PERIOD = "1d"
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -42,16 +43,6 @@ class Ports:
     node_base: int = 9400
     engine_base: int = 8000
     grafana: int = 3000
-
-
-def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` via a temp file and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def write_targets(run: Path, job: str, targets: list[tuple[str, int, dict[str, str]]]) -> Path:
@@ -88,8 +79,9 @@ def _shorten_windows(text: str, divisor: int) -> str:
     return re.sub(r"\[([0-9]+[dhms](?:[0-9]+[dhms])*)\]", sub, text)
 
 
-def render_rules(out: Path, runbook_base: str, profile: str = "default", repo: Path = REPO_ROOT) -> list[Path]:
+def render_rules(out: Path, runbook_base: str, profile: str = "default", repo: Path | None = None) -> list[Path]:
     """Copy the rule files into ``out`` with the runbook base applied and, for ``drill``, shortened."""
+    repo = repo or assets.root()
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     written = []
@@ -109,12 +101,13 @@ def render_rules(out: Path, runbook_base: str, profile: str = "default", repo: P
 
 
 def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], engines: list[tuple[str, int]],
-                      runbook_base: str, profile: str = "default", repo: Path = REPO_ROOT) -> Path:
+                      runbook_base: str, profile: str = "default", repo: Path | None = None) -> Path:
     """Write ``run/prometheus/{prometheus.yml,rules/*.yml,targets/*.json}``; returns the config path.
 
     ``nodes``/``engines`` are ``[(hostname, port), ...]`` for the DCGM and vLLM jobs; ``profile`` is
     one of :data:`PROFILES`.
     """
+    repo = repo or assets.root()
     out = run / "prometheus"
     cfg = yaml.safe_load((repo / "prometheus" / "prometheus.yml").read_text())
     cfg["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]
@@ -133,8 +126,9 @@ def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], eng
     return path
 
 
-def render_alertmanager(run: Path, ports: Ports, repo: Path = REPO_ROOT) -> Path:
+def render_alertmanager(run: Path, ports: Ports, repo: Path | None = None) -> Path:
     """Write ``run/alertmanager/alertmanager.yml`` with webhook URLs pointing at the pager's port."""
+    repo = repo or assets.root()
     cfg = yaml.safe_load((repo / "alertmanager" / "alertmanager.yml").read_text())
     for rcv in cfg.get("receivers", []):
         for wh in rcv.get("webhook_configs", []):

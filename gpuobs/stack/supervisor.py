@@ -21,17 +21,20 @@ from pathlib import Path
 
 import requests
 
-from gpuobs.exporter.identity import hostname
+from gpuobs.core.errors import Failure
+from gpuobs.exporter.sim.identity import hostname
 from gpuobs.stack.ports import port_free
 from gpuobs.stack.grafana import find_grafana
 from gpuobs.stack.grafana import render as render_grafana
-from gpuobs.stack.render import REPO_ROOT, Ports, atomic_write, render_alertmanager, render_prometheus
+from gpuobs.core import assets
+from gpuobs.core.files import atomic_write
+from gpuobs.stack.render import Ports, render_alertmanager, render_prometheus
 
 APT_HINT = ("install them with: apt-get install -y --no-install-recommends prometheus prometheus-alertmanager "
             "(Debian/Ubuntu, as root), or put the upstream binaries on PATH")
 
 
-class StackError(RuntimeError):
+class StackError(Failure):
     """A stack operation failed; ``exit_code`` is 2 for user/setup errors, 1 otherwise."""
 
     def __init__(self, message: str, exit_code: int = 1):
@@ -114,7 +117,8 @@ def check_run_dir(run_dir: Path) -> Path:
     if not str(run_dir).strip():
         raise StackError("--run-dir must not be empty", 2)
     run = run_dir.resolve()
-    if run == REPO_ROOT or run in REPO_ROOT.parents:
+    checkout = assets.checkout_root()
+    if checkout is not None and (run == checkout or run in checkout.parents):
         raise StackError(f"--run-dir {run} is the gpuobs repository (or contains it); use a directory "
                          "of its own such as .run", 2)
     if run.exists() and not run.is_dir():
@@ -187,7 +191,7 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
                           "--xid-window-ms", str(cfg.xid_window_ms), "--engine-base-port", str(p.engine_base),
                           "--training-nodes", str(cfg.training_nodes), "--rate", str(cfg.rate_rps)],
         "pager": py + ["pager", "--port", str(p.pager), "--db", str(run / "pager.sqlite"),
-                       "--runbooks-dir", str(REPO_ROOT / "runbooks")],
+                       "--runbooks-dir", str(assets.path("runbooks"))],
         "alertmanager": [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / 'alertmanager/data'}",
                          f"--web.listen-address=127.0.0.1:{p.alertmanager}", "--cluster.listen-address=",
                          f"--web.external-url=http://127.0.0.1:{p.alertmanager}", "--log.format=json"],

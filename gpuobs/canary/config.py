@@ -1,0 +1,231 @@
+"""Canary analysis configuration: the metrics YAML, durations and label-selector validation.
+
+The default file is ``gpuobs/canary/data/metrics.yaml`` (its header documents every field). Errors
+raise :class:`ConfigError` naming the field, the value and what is accepted, so the CLI can print one
+line and exit 2.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuobs.core.durations import DurationError
+from gpuobs.core.durations import parse_duration as core_parse_duration
+from gpuobs.core.errors import InputError
+from gpuobs.canary.sequential import Spending
+
+KINDS = ("histogram", "errors", "series")
+DIRECTIONS = ("increase", "decrease", "either")
+SCALES = ("relative", "absolute")
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
+_SELECTOR = re.compile(rf"^{_MATCHER}(?:,{_MATCHER})*,?\s*$")
+_METRIC_NAME = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*$")
+
+
+class ConfigError(InputError):
+    """A bad configuration value or flag: ``field``, ``value`` and what is ``accepted``."""
+
+    def __init__(self, field_name: str, value: Any, accepted: str):
+        self.field, self.value, self.accepted = field_name, value, accepted
+        super().__init__(f"{field_name}: {value!r} is not valid; expected {accepted}")
+
+
+def parse_duration(text: str | float | int, field_name: str = "duration") -> float:
+    """``"30s"``, ``"5m"``, ``"1h30m"``, ``"1d"``, ``"90"`` (seconds) or a number -> seconds (> 0), in the one
+    grammar of :mod:`gpuobs.core.durations`. Raises :class:`ConfigError` naming ``field_name``."""
+    try:
+        return core_parse_duration(text, field_name)
+    except DurationError:
+        raise ConfigError(field_name, text, "a positive duration such as 30s, 5m, 1h") from None
+
+
+def parse_time(text: str, field_name: str) -> float:
+    """Unix seconds or RFC 3339 (``2025-06-01T12:00:00Z``) -> unix seconds. Raises ConfigError."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(field_name, text, "a finite, non-negative unix time or RFC 3339 time")
+        return value
+    try:
+        t = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(field_name, text, "unix seconds or RFC 3339 such as 2025-06-01T12:00:00Z") from None
+    return (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+def parse_selector(text: str, field_name: str) -> str:
+    """Validate PromQL label matchers (``track="canary"``, optionally in braces) -> matchers text.
+
+    Raises :class:`ConfigError` unless it is one or more comma-separated ``name op "value"`` matchers.
+    """
+    s = (text or "").strip()
+    if s.startswith("{") and s.endswith("}"):
+        s = s[1:-1].strip()
+    if not s or not _SELECTOR.match(s):
+        raise ConfigError(field_name, text, 'label matchers such as track="canary" or node=~"gpu-0[12]",job="vllm"')
+    return s.rstrip(", ")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One analysed metric (fields as in the YAML; see its header)."""
+
+    name: str
+    kind: str
+    direction: str
+    allowed_effect: float
+    critical: bool
+    alpha_share: float
+    min_samples: float
+    title: str = ""
+    unit: str = ""
+    metric: str = ""
+    matchers: str = ""
+    error_matchers: str = ""
+    clustered_by: str = ""
+    query: str = ""
+    scale: str = "relative"
+    min_effect: float = 0.0
+
+    def selector(self, user: str, extra: str = "") -> str:
+        """The matcher list for this metric's own matchers, ``extra`` and the user's selector."""
+        return ",".join(p for p in (self.matchers, extra, user) if p)
+
+
+@dataclass(frozen=True)
+class CanaryConfig:
+    """The whole analysis configuration; ``metrics`` in report order."""
+
+    alpha: float
+    horizon_s: float
+    interval_s: float
+    step_s: float
+    spending: Spending
+    metrics: tuple[MetricSpec, ...] = field(default_factory=tuple)
+
+    def metric_alpha(self, spec: MetricSpec) -> float:
+        """Per-metric error level: ``alpha * share / (sum of critical shares)`` (weighted Bonferroni)."""
+        total = sum(m.alpha_share for m in self.metrics if m.critical)
+        return self.alpha * spec.alpha_share / total
+
+    def with_timing(self, horizon_s: float | None = None, interval_s: float | None = None) -> "CanaryConfig":
+        """A copy with another horizon (stage length) and/or look interval, in seconds (> 0)."""
+        for name, v in (("horizon", horizon_s), ("interval", interval_s)):
+            if v is not None and not v > 0:
+                raise ConfigError(name, v, "a positive number of seconds")
+        return CanaryConfig(self.alpha, horizon_s or self.horizon_s, interval_s or self.interval_s, self.step_s,
+                            self.spending, self.metrics)
+
+    def select(self, names: list[str]) -> "CanaryConfig":
+        """A copy restricted to ``names`` (alpha shares still relative to the full critical set)."""
+        unknown = sorted(set(names) - {m.name for m in self.metrics})
+        if unknown:
+            raise ConfigError("--metric", ",".join(unknown), "one of " + ", ".join(m.name for m in self.metrics))
+        return CanaryConfig(self.alpha, self.horizon_s, self.interval_s, self.step_s, self.spending,
+                            tuple(m for m in self.metrics if m.name in names))
+
+
+def _num(doc: dict, key: str, where: str, lo: float, hi: float, default: Any = None) -> float:
+    value = doc.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise ConfigError(f"{where}.{key}", value, f"a number in [{lo}, {hi}]")
+    return float(value)
+
+
+def _metric(doc: Any, i: int) -> MetricSpec:
+    where = f"metrics[{i}]"
+    if not isinstance(doc, dict):
+        raise ConfigError(where, doc, "a mapping")
+    name = doc.get("name")
+    if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9_.-]+$", name):
+        raise ConfigError(f"{where}.name", name, "a name of letters, digits, _ . -")
+    where = f"metrics.{name}"
+    kind, direction, scale = doc.get("kind"), doc.get("direction", "increase"), doc.get("scale", "relative")
+    if kind not in KINDS:
+        raise ConfigError(f"{where}.kind", kind, " | ".join(KINDS))
+    if direction not in DIRECTIONS:
+        raise ConfigError(f"{where}.direction", direction, " | ".join(DIRECTIONS))
+    if scale not in SCALES:
+        raise ConfigError(f"{where}.scale", scale, " | ".join(SCALES))
+    if kind == "errors" and direction != "increase":
+        raise ConfigError(f"{where}.direction", direction, "increase (errors are harmful when they rise)")
+    text = {k: doc.get(k, "") for k in ("metric", "matchers", "error_matchers", "clustered_by", "query",
+                                         "title", "unit")}
+    for k, v in text.items():
+        if not isinstance(v, str):
+            raise ConfigError(f"{where}.{k}", v, "a string")
+    for k in ("metric", "clustered_by"):
+        if text[k] and not _METRIC_NAME.match(text[k]):
+            raise ConfigError(f"{where}.{k}", text[k], "a Prometheus metric name")
+    for k in ("matchers", "error_matchers"):
+        if text[k]:
+            parse_selector(text[k], f"{where}.{k}")
+    if kind in ("histogram", "errors") and not text["metric"]:
+        raise ConfigError(f"{where}.metric", None, "the metric name (without _bucket)")
+    if kind == "errors" and not text["error_matchers"]:
+        raise ConfigError(f"{where}.error_matchers", None, 'matchers selecting errors, e.g. finished_reason="error"')
+    if kind == "series" and "$selector" not in text["query"]:
+        raise ConfigError(f"{where}.query", text["query"] or None, "a PromQL query containing $selector")
+    critical = doc.get("critical", False)
+    if not isinstance(critical, bool):
+        raise ConfigError(f"{where}.critical", critical, "true or false")
+    hi_effect = 1.0 if scale == "absolute" or kind == "errors" else 10.0
+    return MetricSpec(
+        name=name, kind=kind, direction=direction, scale="absolute" if kind == "errors" else scale,
+        allowed_effect=_num(doc, "allowed_effect", where, 1e-6, hi_effect),
+        min_effect=_num(doc, "min_effect", where, 0.0, hi_effect, 0.0),
+        critical=critical, alpha_share=_num(doc, "alpha_share", where, 1e-6, 1e6, 1.0),
+        min_samples=_num(doc, "min_samples", where, 3, 1e12, 100), **text)
+
+
+def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
+    """Validate a loaded YAML document. Raises :class:`ConfigError` (field named) on any bad value."""
+    if not isinstance(doc, dict):
+        raise ConfigError(source, type(doc).__name__, "a mapping with alpha, horizon, interval, metrics")
+    alpha = _num(doc, "alpha", source, 1e-6, 0.2, 0.01)
+    sp = doc.get("spending") or {}
+    if not isinstance(sp, dict):
+        raise ConfigError(f"{source}.spending", sp, "a mapping main_until, main_share, rho")
+    spending = Spending(alpha, _num(sp, "main_until", "spending", 0.01, 1.0, 0.5),
+                        _num(sp, "main_share", "spending", 0.0, 1.0, 0.85), _num(sp, "rho", "spending", 0.1, 10, 3.0))
+    metrics = doc.get("metrics")
+    if not isinstance(metrics, list) or not metrics:
+        raise ConfigError(f"{source}.metrics", metrics, "a non-empty list")
+    specs = tuple(_metric(m, i) for i, m in enumerate(metrics))
+    names = [m.name for m in specs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{source}.metrics", names, "unique metric names")
+    if not any(m.critical for m in specs):
+        raise ConfigError(f"{source}.metrics", "no critical metric", "at least one metric with critical: true")
+    return CanaryConfig(alpha, parse_duration(doc.get("horizon", "10m"), "horizon"),
+                        parse_duration(doc.get("interval", "30s"), "interval"),
+                        parse_duration(doc.get("step", "15s"), "step"), spending, specs)
+
+
+def load_config(path: str | Path | None = None) -> CanaryConfig:
+    """Load ``path`` (YAML), or the packaged default when None. Raises :class:`ConfigError`."""
+    if path is None:
+        text = resources.files("gpuobs.canary").joinpath("data/metrics.yaml").read_text()
+        source = "metrics.yaml"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError("--config", str(path), f"a readable YAML file ({exc.strerror})") from None
+        source = str(path)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, "YAML", f"valid YAML ({exc})") from None
+    return parse_config(doc, source)

@@ -1,0 +1,208 @@
+"""``gpuobs canary serve``: the canary verdict over HTTP, for Argo Rollouts and Flagger.
+
+Routes (configuration examples in docs/canary.md):
+
+* ``GET /api/v1/analysis?canary=SEL&baseline=SEL[&run=ID][&start=TIME|&window=DUR]``: the verdict
+  JSON of :meth:`gpuobs.canary.verdict.Verdict.to_dict` with HTTP 200 for every verdict, so an Argo
+  Rollouts ``web`` metric maps ``PROMOTE`` to Successful, ``ROLLBACK`` to Failed and ``HOLD`` to
+  Inconclusive. Prometheus unreachable -> 503, a backend that rejects or garbles a query -> 502,
+  bad parameters -> 400: Argo records those as measurement Errors, never as a verdict.
+* ``POST /flagger/rollback``: Flagger ``rollback`` webhook: 200 only on ROLLBACK (Flagger then
+  fails the canary), 403 otherwise. ``POST /flagger/confirm-promotion``: 200 only on PROMOTE, 403
+  otherwise (Flagger holds the promotion). Selectors and window come from the hook's ``metadata``.
+* ``GET /healthz``.
+
+Window: ``start`` (unix seconds or RFC 3339) or ``window`` (e.g. ``5m`` back from now) when given;
+otherwise the server starts a run the first time it sees a ``run`` key (Argo: the canary's
+pod-template hash; Flagger: namespace/name and its checksum) and grows the window from then on,
+keeping the run's :class:`~gpuobs.canary.analyzer.AnalysisState` so each look gets the exact
+sequential boundary. A run not looked at for ``GAP_INTERVALS`` intervals, or older than twice the
+horizon, starts afresh at the next look (the next canary of the same name); at most ``MAX_RUNS``
+are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from gpuobs.core import log
+from gpuobs.canary.analyzer import AnalysisState, Analyzer
+from gpuobs.canary.config import CanaryConfig, ConfigError, parse_duration, parse_time
+from gpuobs.promapi.prometheus import PrometheusError, PrometheusUnavailable, PromClient
+
+MAX_RUNS = 256
+GAP_INTERVALS = 4  # a run not looked at for this many intervals has ended; the next look starts anew
+MAX_BODY_BYTES = 1024 * 1024
+_log = log.get("canary-serve")
+
+
+class RequestError(Exception):
+    """A client error: HTTP ``status`` with ``message``."""
+
+    def __init__(self, status: int, message: str):
+        self.status, self.message = status, message
+        super().__init__(message)
+
+
+@dataclass
+class Run:
+    """One tracked analysis: its start, sequential state and a lock serialising its looks."""
+
+    start: float
+    last_seen: float
+    state: AnalysisState = field(default_factory=AnalysisState)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class CanaryServer(ThreadingHTTPServer):
+    """HTTP server holding the Prometheus client, the config and the tracked runs."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], client: PromClient, config: CanaryConfig,
+                 canary: str | None = None, baseline: str | None = None, clock=time.time):
+        super().__init__(addr, CanaryHandler)
+        self.client, self.config, self.clock = client, config, clock
+        self.default_canary, self.default_baseline = canary, baseline
+        self.runs: OrderedDict[tuple[str, str, str], Run] = OrderedDict()
+        self.runs_lock = threading.Lock()
+
+    def run_for(self, key: tuple[str, str, str], now: float) -> Run:
+        """The tracked run for ``key``; a new one (start = now) when unknown, older than twice the
+        horizon, or silent for more than ``GAP_INTERVALS`` look intervals (a new analysis)."""
+        with self.runs_lock:
+            run = self.runs.get(key)
+            if (run is None or now - run.start > 2 * self.config.horizon_s
+                    or now - run.last_seen > GAP_INTERVALS * self.config.interval_s):
+                run = self.runs[key] = Run(now, now)
+            run.last_seen = now
+            self.runs.move_to_end(key)
+            while len(self.runs) > MAX_RUNS:
+                self.runs.popitem(last=False)
+            return run
+
+    def evaluate(self, params: dict[str, str]) -> dict[str, Any]:
+        """Analyse per ``params`` (canary, baseline, run, start, window); returns the verdict dict.
+
+        Raises RequestError (400) on bad parameters and PrometheusError from the backend.
+        """
+        canary = params.get("canary") or self.default_canary
+        baseline = params.get("baseline") or self.default_baseline
+        if not canary or not baseline:
+            raise RequestError(400, "canary and baseline selectors are required (parameters or server defaults)")
+        now = self.clock()
+        try:
+            analyzer = Analyzer(self.client, self.config, canary, baseline)
+            if params.get("start") or params.get("window"):
+                start = (parse_time(params["start"], "start") if params.get("start")
+                         else now - parse_duration(params["window"], "window"))
+                if start >= now:
+                    raise RequestError(400, "start must be in the past")
+                return analyzer.analyze(start, now).to_dict()
+            run = self.run_for((params.get("run", ""), analyzer.canary, analyzer.baseline), now)
+            with run.lock:
+                if now - run.start < 1.0:
+                    return _started(run.start, analyzer)
+                return analyzer.analyze(run.start, now, run.state).to_dict()
+        except ConfigError as exc:
+            raise RequestError(400, str(exc)) from None
+        except ValueError as exc:
+            raise RequestError(400, str(exc)) from None
+
+
+def _started(start: float, analyzer: Analyzer) -> dict[str, Any]:
+    """The HOLD answer of a run's first contact (no window yet)."""
+    return {"verdict": "HOLD", "reasons": ["analysis run registered; the window starts now"], "warnings": [],
+            "metrics": [], "canary": analyzer.canary, "baseline": analyzer.baseline, "start": start, "end": start,
+            "time_fraction": 0.0, "final": False, "alpha": analyzer.config.alpha, "score": None, "exit_code": 3}
+
+
+class CanaryHandler(BaseHTTPRequestHandler):
+    """Routes of :class:`CanaryServer` (see the module docstring)."""
+
+    server: CanaryServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # route http.server's log to JSON logs
+        _log.debug(fmt % args)
+
+    def _send(self, status: int, doc: Any) -> None:
+        body = (json.dumps(doc) + "\n").encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _answer(self, params: dict[str, str], gate: str | None) -> None:
+        try:
+            doc = self.server.evaluate(params)
+        except RequestError as exc:
+            self._send(exc.status, {"error": exc.message})
+            return
+        except PrometheusUnavailable as exc:
+            self._send(503, {"error": str(exc)})
+            return
+        except PrometheusError as exc:
+            self._send(502, {"error": str(exc)})
+            return
+        status = 200 if gate is None or doc["verdict"] == gate else 403
+        _log.info("verdict served", extra={"fields": {"path": self.path.split("?")[0], "verdict": doc["verdict"],
+                                                      "status": status, "run": params.get("run", "")}})
+        self._send(status, doc)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+        url = urlsplit(self.path)
+        if url.path == "/healthz":
+            self._send(200, {"status": "ok", "runs": len(self.server.runs)})
+        elif url.path == "/api/v1/analysis":
+            self._answer({k: v[-1] for k, v in parse_qs(url.query).items()}, None)
+        else:
+            self._send(404, {"error": f"no route {url.path}; try /api/v1/analysis"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        url = urlsplit(self.path)
+        gates = {"/flagger/rollback": "ROLLBACK", "/flagger/confirm-promotion": "PROMOTE"}
+        if url.path not in gates:
+            self._send(404, {"error": f"no route {url.path}; try /flagger/rollback or /flagger/confirm-promotion"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 < length <= MAX_BODY_BYTES:
+            self._send(400 if length <= MAX_BODY_BYTES else 413, {"error": "expected a JSON body (Flagger payload)"})
+            return
+        try:
+            payload = json.loads(self.rfile.read(length))
+            meta = payload.get("metadata") or {}
+            if not isinstance(meta, dict):
+                raise ValueError("metadata is not an object")
+        except (ValueError, AttributeError) as exc:
+            self._send(400, {"error": f"malformed Flagger payload: {exc}"})
+            return
+        params = {k: str(v) for k, v in meta.items() if k in ("canary", "baseline", "start", "window", "run")}
+        params["run"] = "/".join(str(payload.get(k, "")) for k in ("namespace", "name", "checksum")) + params.get("run", "")
+        self._answer(params, gates[url.path])
+
+
+def serve(host: str, port: int, client: PromClient, config: CanaryConfig, canary: str | None = None,
+          baseline: str | None = None) -> None:
+    """Run the verdict server until interrupted. Raises OSError when the address cannot be bound."""
+    srv = CanaryServer((host, port), client, config, canary, baseline)
+    _log.info("canary verdict server listening", extra={"fields": {"host": host, "port": srv.server_address[1],
+                                                                   "prometheus": client.url}})
+    try:
+        srv.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()

@@ -1,0 +1,110 @@
+"""The failure drills: which fault to inject where, and which alerts must page or ticket.
+
+Each drill names the node role it runs on, the faults (admin-API bodies) or release deploys that
+cause the failure, the alerts that must reach the pager (with their receiver), and the alerts that
+may fire as consequences only if Alertmanager inhibits them (so they never notify). Anything else
+that starts firing during the drill is a false alert. ``LANES`` groups drills that share a node so
+``gpuobs drill all`` can run lanes in parallel on different nodes; ``FINAL`` runs alone afterwards
+because it touches the whole serving fleet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gpuobs.reference import xid as xidcat
+@dataclass(frozen=True)
+class Expect:
+    """An alert that must fire and reach ``receiver`` (page|ticket); ``scoped``: on the drill's node."""
+
+    alertname: str
+    receiver: str
+    scoped: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DrillSpec:
+    """One drill. ``faults`` are admin-API bodies for the drill's node; ``deploy`` a release version
+    rolled onto every serving node (and rolled back on clear). Deadlines are for the drill profile;
+    the default profile multiplies them (its ``for:`` durations are longer)."""
+
+    name: str
+    role: str
+    slot: int
+    expect: tuple[Expect, ...]
+    faults: tuple[dict, ...] = ()
+    deploy: str | None = None
+    allowed: frozenset[str] = frozenset()
+    fire_deadline_s: float = 150.0
+    resolve_deadline_s: float = 240.0
+    about: str = ""
+
+
+DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
+    DrillSpec("xid", "serving", 0, (Expect("GpuXidCritical", "page", labels={"gpu": "0", "xid": "48"}),),
+              ({"kind": "xid", "gpu": 0, "code": 48},), fire_deadline_s=60,
+              about="Xid 48 (double-bit ECC error) on one GPU pages with the Xid runbook"),
+    DrillSpec("thermal", "serving", 0, (Expect("GPUThrottling", "ticket", labels={"gpu": "1"}),),
+              ({"kind": "thermal", "gpu": 1, "cooling_factor": 3.0},),
+              about="failed cooling: temperature past slowdown, clocks throttled, ticket"),
+    DrillSpec("gpu-missing", "serving", 0, (Expect("GpuMissing", "page"),),
+              ({"kind": "xid", "gpu": 6, "code": 79},), allowed=frozenset({"ServingEngineDown"}),
+              about="Xid 79: the GPU falls off the bus and vanishes from the page; its engine crashes (inhibited)"),
+    DrillSpec("power-brake", "serving", 1, (Expect("GPUThrottling", "ticket", labels={"gpu": "2"}),),
+              ({"kind": "power-brake", "gpu": 2},),
+              about="external power brake: clocks collapse, power violation accrues, ticket"),
+    DrillSpec("ecc-dbe", "serving", 1, (Expect("GpuEccDoubleBitError", "page", labels={"gpu": "3"}),),
+              ({"kind": "ecc-dbe", "gpu": 3},),
+              allowed=frozenset({"GpuXidCritical", "GpuXidWarning", "GpuRowRemapPending"}),
+              about="one uncorrectable ECC error pages once; its Xid 48/63 and pending remap are inhibited"),
+    DrillSpec("node-down", "serving", 1, (Expect("GpuExporterDown", "page"),), ({"kind": "down"},),
+              allowed=frozenset({"ServingEngineDown"}),
+              about="a node stops answering: exactly one page, its engine alert inhibited"),
+    DrillSpec("fragmentation", "serving", 2, (Expect("KVFragmentationRisk", "ticket", labels={"gpu": "4"}),),
+              ({"kind": "fragmentation", "gpu": 4, "rate_mib_per_min": 1500.0},),
+              allowed=frozenset({"GpuFrameworkOom"}), fire_deadline_s=240,
+              about="allocator gap grows with allocated flat: ticket before the OOM"),
+    DrillSpec("kv-pressure", "serving", 2, (Expect("ServingKVCachePressure", "ticket"),),
+              ({"kind": "kv-pressure", "factor": 2.5},),
+              about="long-context surge: KV cache full, preemptions, ticket"),
+    DrillSpec("collective-hang", "training", 0, (Expect("TrainingCollectiveHang", "page"),),
+              ({"kind": "collective-hang"},), fire_deadline_s=210,
+              about="NCCL hang: GPU util ~100 % while SM active, power and steps collapse; page"),
+    DrillSpec("straggler", "training", 0, (Expect("TrainingStraggler", "ticket", labels={"gpu": "5"}),),
+              ({"kind": "straggler", "gpu": 5, "slowdown": 1.6},), fire_deadline_s=210, resolve_deadline_s=420,
+              about="one slow rank: its step time stands out from the job median; ticket"),
+    DrillSpec("driver-skew", "serving", 2, (Expect("GpuDriverSkew", "ticket", scoped=False),),
+              ({"kind": "driver", "version": "580.95.05"},),
+              about="one node on another driver branch: skew in the pool; ticket"),
+    DrillSpec("slo-burn", "fleet", 0,
+              (Expect("ServingErrorBudgetBurn", "page", scoped=False, labels={"slo": "availability", "severity": "critical"}),),
+              deploy="1.6.1", fire_deadline_s=240, resolve_deadline_s=360,
+              about="a release with +3% errors on every serving node burns the availability budget; page"),
+)}
+
+#: Drills grouped by the node they use; lanes run in parallel, drills within a lane in order.
+LANES: tuple[tuple[str, ...], ...] = (
+    ("xid", "thermal", "gpu-missing"),
+    ("power-brake", "ecc-dbe", "node-down"),
+    ("fragmentation", "kv-pressure", "driver-skew"),
+    ("collective-hang", "straggler"),
+)
+FINAL: tuple[str, ...] = ("slo-burn",)
+
+
+def xid_drill(code: int) -> DrillSpec:
+    """The xid drill for another Xid code: catalogue-critical codes page (``GpuXidCritical``), ticket
+    codes ticket (``GpuXidWarning``), 79 shows as ``GpuMissing``. Raises ValueError for info-class
+    codes, which alert nowhere by design."""
+    base = DRILLS["xid"]
+    if code == 79:
+        return replace(DRILLS["gpu-missing"], name="xid")
+    if code in xidcat.critical_codes():
+        exp = Expect("GpuXidCritical", "page", labels={"gpu": "0", "xid": str(code)})
+    elif code in xidcat.ticket_codes():
+        exp = Expect("GpuXidWarning", "ticket", labels={"gpu": "0", "xid": str(code)})
+    else:
+        raise ValueError(f"Xid {code} is info-class ({xidcat.message(code)}): no alert is expected; choose a "
+                         f"critical code ({', '.join(map(str, xidcat.critical_codes()[:8]))}, ...) or a ticket code")
+    return replace(base, expect=(exp,), faults=({"kind": "xid", "gpu": 0, "code": code},))
