@@ -304,7 +304,7 @@ def test_dockerfile_is_pinned_minimal_and_non_root(services):
     froms = [rest for word, rest in ins if word == "FROM"]
     assert len(froms) == 1 and re.fullmatch(r"python:3\.11\.\d+-slim(-bookworm)?(@sha256:[0-9a-f]{64})?", froms[0])
     copied = [rest.split()[:-1] for word, rest in ins if word == "COPY"]
-    assert sorted(sum(copied, [])) == ["README.md", "gpuobs/", "pyproject.toml"]
+    assert sorted(sum(copied, [])) == ["MANIFEST.in", "README.md", "gpuobs/", "pyproject.toml", "setup.py"]
     for src in sum(copied, []):
         assert (ROOT / src).exists(), src
     assert any("pip install --no-cache-dir ." in rest for word, rest in ins if word == "RUN")
