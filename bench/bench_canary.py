@@ -43,12 +43,16 @@ from scipy.stats import mannwhitneyu, norm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuobs.canary.config import load_config  # noqa: E402
-from gpuobs.canary.sequential import (binomial_upper_bound, group_sequential_boundaries,  # noqa: E402
-                                      planned_looks, rate_ratio_log_evalue)
+from gpuobs.canary.sequential import (  # noqa: E402
+    binomial_upper_bound,
+    group_sequential_boundaries,
+    planned_looks,
+    rate_ratio_log_evalue,
+)
 from gpuobs.canary.stats import classify, harmful, histogram_quantile, log_shift  # noqa: E402
 from gpuobs.canary.verdict import HOLD, PROMOTE, ROLLBACK, decide  # noqa: E402
-from gpuobs.exporter.histogram import TTFT_BUCKETS  # noqa: E402
 from gpuobs.exporter.sim.latency import TTFT_MEDIAN_S, TTFT_SIGMA, sample_ttft  # noqa: E402
+from gpuobs.reference.buckets import TTFT_BUCKETS  # noqa: E402
 
 FLEET_RPS, CANARY_SHARE, INTERVAL_S, LOOKS = 40.0, 0.05, 30.0, 20
 BASE_ERROR, ERROR_DELTA = 0.0005, 0.01

@@ -23,10 +23,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpuobs.core.assets import root as _assets_root  # noqa: E402
 from gpuobs.promapi.exporter_admin import AdminClient  # noqa: E402
 from gpuobs.stack import supervisor  # noqa: E402
-from gpuobs.core.assets import root as _assets_root  # noqa: E402
 from gpuobs.stack.render import Ports  # noqa: E402
+
 REPO_ROOT = _assets_root()
 from gpuobs.stack.ports import free_port_range  # noqa: E402
 

@@ -7,10 +7,9 @@ import threading
 import pytest
 
 from gpuobs.exporter.collectors.dcgm import DcgmCollector
-from gpuobs.exporter.sim.node import Node, NodeConfig
 from gpuobs.exporter.server import NodeServer
+from gpuobs.exporter.sim.node import Node, NodeConfig
 from gpuobs.stack.ports import free_port_range  # noqa: F401  (re-exported for tests)
-
 
 TOKEN = "test-token-123"
 

@@ -29,14 +29,28 @@ import numpy as np
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
-from gpuobs.core import log
 from gpuobs.canary.config import CanaryConfig, MetricSpec, parse_selector
-from gpuobs.promapi.prometheus import PromClient, QueryResult
-from gpuobs.canary.sequential import (MIN_INFO_GROWTH, binomial_upper_bound, group_sequential_boundaries,
-                                      planned_looks, rate_ratio_interval, rate_ratio_log_evalue)
-from gpuobs.canary.stats import (CLASS_NAMES, Shift, classify, harmful, histogram_quantile, log_shift,
-                                 paired_shift, parse_buckets)
+from gpuobs.canary.sequential import (
+    MIN_INFO_GROWTH,
+    binomial_upper_bound,
+    group_sequential_boundaries,
+    planned_looks,
+    rate_ratio_interval,
+    rate_ratio_log_evalue,
+)
+from gpuobs.canary.stats import (
+    CLASS_NAMES,
+    Shift,
+    classify,
+    harmful,
+    histogram_quantile,
+    log_shift,
+    paired_shift,
+    parse_buckets,
+)
 from gpuobs.canary.verdict import MetricResult, Verdict, combine
+from gpuobs.core import log
+from gpuobs.promapi.prometheus import PromClient, QueryResult
 
 LOG = log.get("canary")
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
+from gpuobs.canary.sequential import Spending
 from gpuobs.core.durations import DurationError
 from gpuobs.core.durations import parse_duration as core_parse_duration
 from gpuobs.core.errors import InputError
-from gpuobs.canary.sequential import Spending
 
 KINDS = ("histogram", "errors", "series")
 DIRECTIONS = ("increase", "decrease", "either")

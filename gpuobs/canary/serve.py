@@ -32,10 +32,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from gpuobs.core import log
 from gpuobs.canary.analyzer import AnalysisState, Analyzer
 from gpuobs.canary.config import CanaryConfig, ConfigError, parse_duration, parse_time
-from gpuobs.promapi.prometheus import PrometheusError, PrometheusUnavailable, PromClient
+from gpuobs.core import log
+from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusUnavailable
 
 MAX_RUNS = 256
 GAP_INTERVALS = 4  # a run not looked at for this many intervals has ended; the next look starts anew

@@ -16,20 +16,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
+from gpuobs.canary.analyzer import AnalysisState, Analyzer
+from gpuobs.canary.config import (
+    CanaryConfig,
+    ConfigError,
+    load_config,
+    parse_duration,
+    parse_time,
+)
 from gpuobs.cli.common import env as _env
 from gpuobs.cli.common import fail as _common_fail
-from gpuobs.canary.analyzer import AnalysisState, Analyzer
-from gpuobs.canary.config import CanaryConfig, ConfigError, load_config, parse_duration, parse_time
-from gpuobs.promapi.prometheus import PrometheusError, PrometheusQueryError, PromClient
-from gpuobs.core.files import atomic_write
-
 from gpuobs.core.errors import EXIT_FAILURE as EXIT_RUNTIME  # noqa: E402
 from gpuobs.core.errors import EXIT_USAGE as EXIT_BAD_INPUT  # noqa: E402
+from gpuobs.core.files import atomic_write
+from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusQueryError
 
 ANALYZE_EPILOG = """examples:
   gpuobs canary analyze --prometheus http://127.0.0.1:9090 --canary 'track="canary"' \\

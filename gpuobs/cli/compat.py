@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
+from gpuobs.cli.common import fail  # noqa: E402
+from gpuobs.compat.fleet import inventory, judge_fleet
 from gpuobs.compat.gate import (
     COMPATIBLE_WITH_WARNINGS,
     DRIVER_BRANCHES,
@@ -23,14 +24,11 @@ from gpuobs.compat.gate import (
     Verdict,
     check,
 )
-from gpuobs.reference.compat import parse_driver
-from gpuobs.compat.fleet import add_parser as add_fleet_parser
 from gpuobs.compat.upgrade_plan import UpgradePlan, load_inventory, plan_driver_upgrade
-
-from gpuobs.cli.common import fail  # noqa: E402
-from gpuobs.core.errors import EXIT_FAILURE as EXIT_INCOMPATIBLE  # noqa: E402
-from gpuobs.core.errors import EXIT_OK  # noqa: E402
 from gpuobs.core.errors import EXIT_USAGE as EXIT_BAD_INPUT  # noqa: E402
+from gpuobs.promapi.prometheus import PromClient, PrometheusError
+from gpuobs.reference.compat import parse_driver
+from gpuobs.reference.releases import CatalogueError, load
 
 CHECK_EPILOG = """examples:
   gpuobs compat check --driver 535.104.05 --gpu "NVIDIA H100 80GB HBM3" --cuda 12.4 --engine vllm==0.6.3
@@ -40,6 +38,12 @@ exit codes: 0 COMPATIBLE or COMPATIBLE_WITH_WARNINGS, 1 INCOMPATIBLE, 2 bad inpu
 PLAN_EPILOG = """example:
   gpuobs compat plan-driver-upgrade --to 580.95.05 --max-unavailable 1 --inventory fleet.yaml
 exit codes: 0 every release stays compatible, 1 something would be incompatible, 2 bad input"""
+
+
+FLEET_EPILOG = """example:
+  gpuobs compat fleet --prometheus http://127.0.0.1:9090 --release 2.0.0
+exit codes: 0 every node compatible (warnings included), 1 a node incompatible, unjudgeable or
+            missing, or Prometheus unreachable; 2 bad input (unknown release, bad flag, rejected query)"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -156,3 +160,44 @@ def run_plan(args: argparse.Namespace) -> int:
         return _error("plan-driver-upgrade", err)
     print(json.dumps(plan.to_dict()) if args.json else format_plan(plan))
     return plan.exit_code
+
+
+def add_fleet_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``fleet`` to the ``compat`` sub-parsers; its ``func`` returns the exit code."""
+    f = sub.add_parser("fleet", help="judge a catalogue release on every node found in Prometheus",
+                       epilog=FLEET_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Inventory from dcgm-exporter labels (Hostname, modelName, "
+                                   "DCGM_FI_DRIVER_VERSION) in Prometheus; one verdict per node.")
+    f.add_argument("--prometheus", default=os.environ.get("GPUOBS_PROMETHEUS_URL", "http://127.0.0.1:9090"),
+                   metavar="URL", help="Prometheus-API base URL (env GPUOBS_PROMETHEUS_URL)")
+    f.add_argument("--release", required=True, metavar="NAME", help="release version in the catalogue, e.g. 1.5.0")
+    f.add_argument("--releases", default=os.environ.get("GPUOBS_RELEASES"), metavar="FILE",
+                   help="release catalogue YAML (env GPUOBS_RELEASES; default: the packaged one)")
+    f.add_argument("--selector", default="", metavar="MATCHERS",
+                   help="extra label matchers for the inventory series, e.g. 'job=\"dcgm\"'")
+    f.add_argument("--hostname-label", default="Hostname", choices=["Hostname", "hostname"],
+                   help="dcgm-exporter's host label (default Hostname)")
+    f.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-request timeout, s (default 10)")
+    f.add_argument("--retries", type=int, default=3, metavar="N",
+                   help="retries on connection errors and 5xx, exponential backoff (default 3)")
+    f.add_argument("--ptx-jit", action="store_true", help="the release JIT-compiles PTX")
+    f.add_argument("--cuda-compat", action="store_true", help="the release ships the cuda-compat package")
+    f.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    f.set_defaults(func=run_fleet)
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """Handler of ``compat fleet``: prints the per-node table; returns 0, 1 or 2."""
+    try:
+        release = load(args.releases).get(args.release)
+        client = PromClient(args.prometheus, timeout=args.timeout, retries=max(0, args.retries))
+    except (CatalogueError, KeyError, OSError, ValueError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) else err  # KeyError's str() adds quotes
+        return fail(f"fleet: --release/--releases/--prometheus: {msg}", EXIT_BAD_INPUT)
+    try:
+        rows = inventory(client, args.selector, hostname_label=args.hostname_label)
+    except PrometheusError as err:  # a rejected query is the user's (2), an unreachable backend a failure (1)
+        return fail(f"fleet: {err}", err.exit_code)
+    report = judge_fleet(rows, release, ptx_jit=args.ptx_jit, cuda_compat=args.cuda_compat)
+    print(json.dumps(report.to_dict()) if args.json else report.table())
+    return report.exit_code

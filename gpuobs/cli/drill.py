@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from gpuobs.cli.common import PORT, env, fail, finite, int_range, pos_float, run_dir_default
+from gpuobs.cli.common import fail, int_range, pos_float, run_dir_default
 
 
 def cmd_drill(args: argparse.Namespace) -> int:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from gpuobs.cli.common import PORT, env, fail, finite, int_range, pos_float, run_dir_default
+from gpuobs.cli.common import PORT, env, fail, int_range, pos_float, run_dir_default
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:
-    from gpuobs.exporter.sim.fleet import Fleet, FleetConfig, load_k8s_map, load_or_create_token
+    from gpuobs.exporter.sim.fleet import (
+        Fleet,
+        FleetConfig,
+        load_k8s_map,
+        load_or_create_token,
+    )
     from gpuobs.exporter.sim.mig import parse_mig_spec
     from gpuobs.reference.releases import CatalogueError
 
@@ -30,7 +33,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         return fail(str(exc))
     try:
-        from gpuobs.reference.releases import load as load_releases
+        from gpuobs.exporter.sim.behaviour import load as load_releases
 
         load_releases(Path(args.releases) if args.releases else None)
     except CatalogueError as exc:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from gpuobs.cli.common import PORT, env, fail, finite, int_range, pos_float, run_dir_default
+from gpuobs.cli.common import PORT, fail, run_dir_default
 
 
 def cmd_pager(args: argparse.Namespace) -> int:
-    from gpuobs.pager.server import serve
-
     import sqlite3
+
+    from gpuobs.pager.server import serve
 
     if args.runbooks_dir and not Path(args.runbooks_dir).is_dir():
         return fail(f"--runbooks-dir {args.runbooks_dir} is not a directory")

@@ -12,24 +12,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from gpuobs.canary.config import ConfigError, parse_duration
 from gpuobs.cli.common import env as _env
 from gpuobs.cli.common import fail as _common_fail
 from gpuobs.core.errors import EXIT_USAGE
-from gpuobs.rollout import tracing
-from gpuobs.canary.config import ConfigError, parse_duration
 from gpuobs.promapi.prometheus import PromClient
-from gpuobs.rollout.controller import Controller
-from gpuobs.rollout.adapters.native import BASELINE_SELECTOR, CANARY_SELECTOR, PromSignals, StackFleet, analyzer_factory
-from gpuobs.rollout.model import EXIT_CODES, TERMINAL, FleetError, RolloutSpec, UsageError, parse_stages
-from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.reference.releases import CatalogueError, load
+from gpuobs.rollout import tracing
+from gpuobs.rollout.adapters.native import (
+    BASELINE_SELECTOR,
+    CANARY_SELECTOR,
+    PromSignals,
+    StackFleet,
+    analyzer_factory,
+)
+from gpuobs.rollout.controller import Controller
+from gpuobs.rollout.model import (
+    EXIT_CODES,
+    TERMINAL,
+    FleetError,
+    RolloutSpec,
+    UsageError,
+    parse_stages,
+)
+from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.stack.supervisor import load_state
 
 START_EPILOG = """examples:

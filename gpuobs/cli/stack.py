@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from gpuobs.cli.common import PORT, env, fail, finite, int_range, pos_float, run_dir_default
+from gpuobs.cli.common import PORT, env, fail, int_range, pos_float, run_dir_default
 
 
 def cmd_stack(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""``gpuobs compat fleet``: judge one catalogue release on every node the fleet's Prometheus knows.
+"""Fleet judgement (``gpuobs compat fleet``, the rollout's first gate): judge one catalogue release on every node the fleet's Prometheus knows.
 
 Inventory source: dcgm-exporter's own labels on one per-GPU series (default ``DCGM_FI_DEV_GPU_TEMP``,
 in dcgm-exporter's default counter set), read with one instant query::
@@ -18,26 +18,24 @@ INCOMPATIBLE (exit 1) if any node is INCOMPATIBLE or UNKNOWN, or if a node the c
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 from dataclasses import dataclass, field
 
-from gpuobs.compat.gate import COMPATIBLE, COMPATIBLE_WITH_WARNINGS, FAIL, INCOMPATIBLE, WARN, Verdict, check
+from gpuobs.compat.gate import (
+    COMPATIBLE,
+    COMPATIBLE_WITH_WARNINGS,
+    FAIL,
+    INCOMPATIBLE,
+    WARN,
+    Verdict,
+    check,
+)
+from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.compat import CompatInputError
-from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusQueryError
-from gpuobs.reference.releases import CatalogueError, Release, load
+from gpuobs.reference.releases import Release
 
 UNKNOWN = "UNKNOWN"
 MODEL_LABEL, DRIVER_LABEL = "modelName", "DCGM_FI_DRIVER_VERSION"
 DEFAULT_METRIC = "DCGM_FI_DEV_GPU_TEMP"
-
-FLEET_EPILOG = """example:
-  gpuobs compat fleet --prometheus http://127.0.0.1:9090 --release 2.0.0
-exit codes: 0 every node compatible (warnings included), 1 a node incompatible, unjudgeable or
-            missing, or Prometheus unreachable; 2 bad input (unknown release, bad flag, rejected query)"""
-
 
 @dataclass(frozen=True)
 class InventoryRow:
@@ -176,49 +174,3 @@ def judge_fleet(rows: list[InventoryRow], release: Release, hosts: list[str] | N
         out.append(NodeVerdict(row, c.verdict, list(c.failed), c.detail, c.error))
     missing = sorted(set(hosts) - {r.hostname for r in rows}) if hosts is not None else []
     return FleetReport(release, out, missing)
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add ``fleet`` to the ``compat`` sub-parsers; its ``func`` returns the exit code."""
-    f = sub.add_parser("fleet", help="judge a catalogue release on every node found in Prometheus",
-                       epilog=FLEET_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Inventory from dcgm-exporter labels (Hostname, modelName, "
-                                   "DCGM_FI_DRIVER_VERSION) in Prometheus; one verdict per node.")
-    f.add_argument("--prometheus", default=os.environ.get("GPUOBS_PROMETHEUS_URL", "http://127.0.0.1:9090"),
-                   metavar="URL", help="Prometheus-API base URL (env GPUOBS_PROMETHEUS_URL)")
-    f.add_argument("--release", required=True, metavar="NAME", help="release version in the catalogue, e.g. 1.5.0")
-    f.add_argument("--releases", default=os.environ.get("GPUOBS_RELEASES"), metavar="FILE",
-                   help="release catalogue YAML (env GPUOBS_RELEASES; default: the packaged one)")
-    f.add_argument("--selector", default="", metavar="MATCHERS",
-                   help="extra label matchers for the inventory series, e.g. 'job=\"dcgm\"'")
-    f.add_argument("--hostname-label", default="Hostname", choices=["Hostname", "hostname"],
-                   help="dcgm-exporter's host label (default Hostname)")
-    f.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-request timeout, s (default 10)")
-    f.add_argument("--retries", type=int, default=3, metavar="N",
-                   help="retries on connection errors and 5xx, exponential backoff (default 3)")
-    f.add_argument("--ptx-jit", action="store_true", help="the release JIT-compiles PTX")
-    f.add_argument("--cuda-compat", action="store_true", help="the release ships the cuda-compat package")
-    f.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    f.set_defaults(func=run_fleet)
-
-
-def run_fleet(args: argparse.Namespace) -> int:
-    """Handler of ``compat fleet``: prints the per-node table; returns 0, 1 or 2."""
-    try:
-        release = load(args.releases).get(args.release)
-        client = PromClient(args.prometheus, timeout=args.timeout, retries=max(0, args.retries))
-    except (CatalogueError, KeyError, OSError, ValueError) as err:
-        msg = err.args[0] if isinstance(err, KeyError) else err  # KeyError's str() adds quotes
-        print(f"gpuobs compat fleet: error: --release/--releases/--prometheus: {msg}", file=sys.stderr)
-        return 2
-    try:
-        rows = inventory(client, args.selector, hostname_label=args.hostname_label)
-    except PrometheusQueryError as err:
-        print(f"gpuobs compat fleet: error: {err}", file=sys.stderr)
-        return 2
-    except PrometheusError as err:
-        print(f"gpuobs compat fleet: error: {err}", file=sys.stderr)
-        return 1
-    report = judge_fleet(rows, release, ptx_jit=args.ptx_jit, cuda_compat=args.cuda_compat)
-    print(json.dumps(report.to_dict()) if args.json else report.table())
-    return report.exit_code

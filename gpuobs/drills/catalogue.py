@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from gpuobs.reference import xid as xidcat
+
+
 @dataclass(frozen=True)
 class Expect:
     """An alert that must fire and reach ``receiver`` (page|ticket); ``scoped``: on the drill's node."""

@@ -20,8 +20,8 @@ from pathlib import Path
 import requests
 
 from gpuobs.core.errors import Failure
-from gpuobs.promapi.exporter_admin import AdminClient
 from gpuobs.drills.catalogue import DRILLS, FINAL, LANES, DrillSpec, Expect
+from gpuobs.promapi.exporter_admin import AdminClient
 
 
 class DrillError(Failure):

@@ -27,8 +27,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpuobs.core import log
-from gpuobs.exporter.sim import faults as faultmod
 from gpuobs.exporter.exposition import CONTENT_TYPE, Family, label_string, render
+from gpuobs.exporter.sim import faults as faultmod
 from gpuobs.exporter.sim.node import Node
 
 MAX_BODY_BYTES = 64 * 1024

@@ -20,7 +20,6 @@ Recording-rule names follow ``level:metric:operations`` (Prometheus naming pract
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +29,8 @@ from gpuobs.core.durations import DurationError
 from gpuobs.core.durations import format_duration as core_format_duration
 from gpuobs.core.durations import parse_duration as core_parse_duration
 from gpuobs.core.errors import InputError
-from gpuobs.exporter.histogram import ITL_BUCKETS, TTFT_BUCKETS
 from gpuobs.mixin.xid_rules import runbook_url
+from gpuobs.reference.buckets import ITL_BUCKETS, TTFT_BUCKETS
 
 #: (severity, fraction of the error budget spent, long window as a fraction of the period).
 BURN_POLICY = [("critical", 0.02, 1 / 720), ("critical", 0.05, 1 / 120), ("warning", 0.10, 1 / 10)]

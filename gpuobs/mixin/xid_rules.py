@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import yaml
 
-from gpuobs.reference import xid  #: Default runbook base: the local pager serves runbooks/ (rewritten by the stack when configured).
+from gpuobs.reference import (
+    xid,  #: Default runbook base: the local pager serves runbooks/ (rewritten by the stack when configured).
+)
+
 RUNBOOK_BASE = "http://127.0.0.1:9097"
 
 GPU_LABELS = "Hostname, gpu, UUID, pci_bus_id, modelName, DCGM_FI_DRIVER_VERSION, xid"

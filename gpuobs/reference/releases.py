@@ -1,11 +1,13 @@
-"""Release catalogue: engine version -> build (engine, CUDA) and hidden behaviour profile.
+"""Release catalogue: release version -> what it ships (engine requirement, CUDA build).
 
 Loaded from YAML (default: the packaged ``data/releases.yaml``). Shape::
 
     default: "1.4.0"
     releases:
-      "1.4.0": {engine: "vllm==0.10.1", cuda: "12.8",
-                profile: {ttft_multiplier: 1.0, itl_multiplier: 1.0, error_rate_delta: 0.0, leak_mib_per_min: 0.0}}
+      "1.4.0": {engine: "vllm==0.10.1", cuda: "12.8"}
+
+Versions only: a release may also carry a ``profile`` key, the simulator's hidden behaviour for it
+(:mod:`gpuobs.exporter.sim.behaviour`), which this loader ignores, so release tooling never sees it.
 """
 
 from __future__ import annotations
@@ -24,23 +26,12 @@ class CatalogueError(InputError):
 
 
 @dataclass(frozen=True)
-class Profile:
-    """Hidden behaviour of a release: TTFT/ITL multipliers, added error ratio, allocator leak MiB/min."""
-
-    ttft_multiplier: float = 1.0
-    itl_multiplier: float = 1.0
-    error_rate_delta: float = 0.0
-    leak_mib_per_min: float = 0.0
-
-
-@dataclass(frozen=True)
 class Release:
-    """One version: name, engine requirement (``vllm==0.11.0``), CUDA build and profile."""
+    """One version: name, engine requirement (``vllm==0.11.0``) and CUDA build."""
 
     version: str
     engine: str
     cuda: str
-    profile: Profile
 
 
 @dataclass(frozen=True)
@@ -79,13 +70,7 @@ def load(path: Path | None = None) -> Catalogue:
         for key in ("engine", "cuda"):
             if not isinstance(spec.get(key), str):
                 raise CatalogueError(f"release {version}: field '{key}' must be a string")
-        prof = spec.get("profile") or {}
-        try:
-            profile = Profile(**{k: float(v) for k, v in prof.items()})
-        except (TypeError, ValueError) as exc:
-            raise CatalogueError(f"release {version}: bad profile ({exc}); fields: ttft_multiplier, "
-                                 "itl_multiplier, error_rate_delta, leak_mib_per_min") from None
-        releases[version] = Release(version, spec["engine"], spec["cuda"], profile)
+        releases[version] = Release(version, spec["engine"], spec["cuda"])
     default = str(doc.get("default", next(iter(releases))))
     if default not in releases:
         raise CatalogueError(f"default version {default!r} is not in releases")

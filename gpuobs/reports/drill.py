@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
+from gpuobs.core.files import atomic_write
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reports import html as h
 from gpuobs.reports.plots import Marker, timeseries_png
 from gpuobs.reports.query import client_for, fetch_lines, matchers, step_for, tidy
-from gpuobs.core.files import atomic_write
 
 BEFORE_S = 120.0
 AFTER_RESOLVED_S = 30.0

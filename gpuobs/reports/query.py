@@ -13,7 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from gpuobs.promapi.prometheus import PrometheusQueryError, PromClient, QueryResult, Series
+from gpuobs.promapi.prometheus import (
+    PromClient,
+    PrometheusQueryError,
+    QueryResult,
+    Series,
+)
 from gpuobs.reports.plots import Line
 
 #: Labels that never help tell two plotted series apart.

@@ -36,11 +36,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpuobs.promapi.prometheus import PrometheusError, PrometheusQueryError, PromClient
+from gpuobs.core.files import atomic_write
+from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusQueryError
 from gpuobs.reports import html as h
 from gpuobs.reports.plots import Marker, Span, distribution_png, timeseries_png
 from gpuobs.reports.query import client_for, fetch_lines, step_for, tidy
-from gpuobs.core.files import atomic_write
 
 RATE_WINDOW = "1m"
 BEFORE_S = 60.0

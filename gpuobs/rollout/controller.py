@@ -17,16 +17,33 @@ from typing import Any, Callable
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from gpuobs.core import log
-from gpuobs.rollout import tracing
 from gpuobs.canary.analyzer import AnalysisState
-from gpuobs.compat.fleet import judge_fleet
-from gpuobs.promapi.prometheus import PrometheusError
-from gpuobs.rollout.model import (ABORTED, CANARY, COMPAT_CHECKED, EXIT_CODES, PENDING, PROMOTING, REJECTED,
-                                         ROLLED_BACK, ROLLING_BACK, SUCCEEDED, TERMINAL, AnalyzerFactory, Fleet,
-                                         FleetError, RolloutSpec, Signals, UsageError, fmt_labels)
-from gpuobs.rollout.store import NodeRecord, RolloutRecord, RolloutStore, StageRecord
 from gpuobs.canary.verdict import describe
+from gpuobs.compat.fleet import judge_fleet
+from gpuobs.core import log
+from gpuobs.promapi.prometheus import PrometheusError
+from gpuobs.rollout import tracing
+from gpuobs.rollout.model import (
+    ABORTED,
+    CANARY,
+    COMPAT_CHECKED,
+    EXIT_CODES,
+    PENDING,
+    PROMOTING,
+    REJECTED,
+    ROLLED_BACK,
+    ROLLING_BACK,
+    SUCCEEDED,
+    TERMINAL,
+    AnalyzerFactory,
+    Fleet,
+    FleetError,
+    RolloutSpec,
+    Signals,
+    UsageError,
+    fmt_labels,
+)
+from gpuobs.rollout.store import NodeRecord, RolloutRecord, RolloutStore, StageRecord
 
 LOG = log.get("rollout")
 

@@ -49,9 +49,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from gpuobs.core.errors import InputError, Failure
 from gpuobs.compat.fleet import InventoryRow
-from gpuobs.reference.releases import Profile, Release
+from gpuobs.core.errors import Failure, InputError
+from gpuobs.reference.releases import Release
 
 PENDING, COMPAT_CHECKED, CANARY, PROMOTING = "Pending", "CompatChecked", "Canary", "Promoting"
 ROLLING_BACK, SUCCEEDED, ROLLED_BACK = "RollingBack", "Succeeded", "RolledBack"
@@ -168,7 +168,7 @@ class RolloutSpec:
     @property
     def release(self) -> Release:
         """The release as the compat gate sees it (no behaviour profile)."""
-        return Release(self.version, self.engine, self.cuda, Profile())
+        return Release(self.version, self.engine, self.cuda)
 
 
 def fmt_labels(d: dict[str, str]) -> str:

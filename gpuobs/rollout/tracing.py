@@ -35,7 +35,11 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 
 SERVICE_NAME = "gpuobs-rollout"
@@ -73,7 +77,9 @@ def setup(exporter: SpanExporter | None = None, *, env: dict[str, str] | None = 
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif otlp_endpoint(env) is not None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         exporter = OTLPSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(exporter))

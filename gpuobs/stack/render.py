@@ -8,17 +8,16 @@ absolute paths to rules and file_sd targets, the pager's webhook URLs and the ru
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from gpuobs.mixin.xid_rules import RUNBOOK_BASE
 from gpuobs.core import assets
 from gpuobs.core.files import atomic_write
 from gpuobs.mixin.slo_rules import parse_duration, render_slo_rules
+from gpuobs.mixin.xid_rules import RUNBOOK_BASE
 
 #: Stack profiles. ``default`` loads the repository's rule files as they are (realistic ``for:``
 #: durations and windows, 30-day SLO). ``drill`` is for rehearsing every failure quickly

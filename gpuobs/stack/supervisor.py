@@ -21,13 +21,13 @@ from pathlib import Path
 
 import requests
 
+from gpuobs.core import assets
 from gpuobs.core.errors import Failure
+from gpuobs.core.files import atomic_write
 from gpuobs.exporter.sim.identity import hostname
-from gpuobs.stack.ports import port_free
 from gpuobs.stack.grafana import find_grafana
 from gpuobs.stack.grafana import render as render_grafana
-from gpuobs.core import assets
-from gpuobs.core.files import atomic_write
+from gpuobs.stack.ports import port_free
 from gpuobs.stack.render import Ports, render_alertmanager, render_prometheus
 
 APT_HINT = ("install them with: apt-get install -y --no-install-recommends prometheus prometheus-alertmanager "

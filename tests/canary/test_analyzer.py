@@ -6,11 +6,21 @@ import numpy as np
 import pytest
 
 from gpuobs.canary.analyzer import AnalysisState, Analyzer
-from gpuobs.canary.config import ConfigError, load_config, parse_config, parse_duration, parse_selector
-from gpuobs.promapi.prometheus import PromClient, PrometheusQueryError, PrometheusUnavailable
+from gpuobs.canary.config import (
+    ConfigError,
+    load_config,
+    parse_config,
+    parse_duration,
+    parse_selector,
+)
 from gpuobs.canary.sequential import group_sequential_boundaries, planned_looks
 from gpuobs.canary.stats import HIGH, INCONCLUSIVE, LOW, NODATA, PASS
 from gpuobs.canary.verdict import HOLD, PROMOTE, ROLLBACK, decide
+from gpuobs.promapi.prometheus import (
+    PromClient,
+    PrometheusQueryError,
+    PrometheusUnavailable,
+)
 from tests.fakes.prometheus import FakePrometheus, FleetData, fleet, ok, vector
 
 CANARY, BASELINE = 'track="canary"', 'track="baseline"'

@@ -10,9 +10,9 @@ import threading
 import pytest
 import requests
 
-from gpuobs.cli.canary import register
 from gpuobs.canary.config import load_config
 from gpuobs.canary.serve import CanaryServer
+from gpuobs.cli.canary import register
 from gpuobs.promapi.prometheus import PromClient
 from tests.fakes.prometheus import FakePrometheus, fleet
 

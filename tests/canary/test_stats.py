@@ -11,12 +11,31 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from gpuobs.canary.sequential import (Spending, binomial_upper_bound, group_sequential_boundaries, planned_looks,
-                                      rate_ratio_interval, rate_ratio_log_evalue)
-from gpuobs.canary.stats import (HIGH, INCONCLUSIVE, LOW, NODATA, PASS, bin_counts, bin_log_centres, classify,
-                                 harmful, histogram_quantile, log_shift, paired_shift, parse_buckets)
-from gpuobs.exporter.histogram import TTFT_BUCKETS
+from gpuobs.canary.sequential import (
+    Spending,
+    binomial_upper_bound,
+    group_sequential_boundaries,
+    planned_looks,
+    rate_ratio_interval,
+    rate_ratio_log_evalue,
+)
+from gpuobs.canary.stats import (
+    HIGH,
+    INCONCLUSIVE,
+    LOW,
+    NODATA,
+    PASS,
+    bin_counts,
+    bin_log_centres,
+    classify,
+    harmful,
+    histogram_quantile,
+    log_shift,
+    paired_shift,
+    parse_buckets,
+)
 from gpuobs.exporter.sim.latency import sample_ttft
+from gpuobs.reference.buckets import TTFT_BUCKETS
 
 TTFT = np.asarray(TTFT_BUCKETS)
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gpuobs.cli import run as cli_run
+from gpuobs.cli.compat import register
 from gpuobs.compat.gate import (
     COMPATIBLE,
     COMPATIBLE_WITH_WARNINGS,
@@ -16,7 +17,6 @@ from gpuobs.compat.gate import (
     forward_compat_eligible,
     resolve_engine,
 )
-from gpuobs.cli.compat import register
 from gpuobs.reference.compat import (
     CompatInputError,
     CudaVersion,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from gpuobs.compat.fleet import InventoryRow, judge_fleet
 from gpuobs.cli import run
+from gpuobs.compat.fleet import InventoryRow, judge_fleet
 from gpuobs.reference.releases import load
 from tests.fakes.prometheus import FakePrometheus, ok, vector
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
 from gpuobs.cli import run as cli_run
-from gpuobs.cli.compat import register
+from gpuobs.compat.upgrade_plan import (
+    load_inventory,
+    parse_inventory,
+    plan_driver_upgrade,
+)
 from gpuobs.reference.compat import CompatInputError
-from gpuobs.compat.upgrade_plan import load_inventory, parse_inventory, plan_driver_upgrade
 
 FLEET = """
 releases:

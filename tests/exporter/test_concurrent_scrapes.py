@@ -11,8 +11,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuobs.exporter.collectors.dcgm import DcgmCollector
-from gpuobs.exporter.sim.node import Node, NodeConfig
 from gpuobs.exporter.server import NodeServer
+from gpuobs.exporter.sim.node import Node, NodeConfig
 from tests.conftest import TOKEN
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

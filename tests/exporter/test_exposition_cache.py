@@ -9,10 +9,16 @@ import math
 import numpy as np
 import pytest
 
-from gpuobs.exporter.sim import faults
 from gpuobs.exporter.collectors.dcgm import DcgmCollector, EngineCollector
-from gpuobs.exporter.exposition import Family, Prerendered, Template, label_string, render
+from gpuobs.exporter.exposition import (
+    Family,
+    Prerendered,
+    Template,
+    label_string,
+    render,
+)
 from gpuobs.exporter.histogram import TTFT_BUCKETS, Histogram, _fmt_le
+from gpuobs.exporter.sim import faults
 from gpuobs.exporter.sim.mig import parse_mig_spec
 from gpuobs.exporter.sim.node import Node, NodeConfig
 

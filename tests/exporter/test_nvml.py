@@ -16,18 +16,19 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuobs.core.errors import InputError
 from gpuobs.exporter.collectors import dcgm as collmod
-from gpuobs.exporter.nvml import fields as nvml_fields
-from gpuobs.reference import xid as xidcat
 from gpuobs.exporter.collectors.dcgm import DcgmCollector
 from gpuobs.exporter.exposition import CONTENT_TYPE, render
-from gpuobs.exporter.sim.node import Node, NodeConfig
-from gpuobs.exporter.nvml.source import NvmlCollector, NvmlUnavailable
+from gpuobs.exporter.nvml import fields as nvml_fields
 from gpuobs.exporter.nvml.check import parse_page
-from gpuobs.core.errors import InputError
 from gpuobs.exporter.nvml.serve import main_nvml, make_server
+from gpuobs.exporter.nvml.source import NvmlCollector
+from gpuobs.exporter.sim.node import Node, NodeConfig
+from gpuobs.reference import xid as xidcat
 from tests.conftest import free_port_range
 from tests.fakes import pynvml as fake
+
 DCGM_ORDER = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
 
 

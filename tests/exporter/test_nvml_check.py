@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuobs.exporter.nvml import check as nvml_check
 from gpuobs.exporter.exposition import render
+from gpuobs.exporter.nvml import check as nvml_check
 from gpuobs.exporter.nvml.source import NvmlCollector
 from tests.fakes import pynvml as fake
+
 REPO = Path(__file__).resolve().parents[2]
 UUID0 = "GPU-0a1b2c3d-0000-4000-8000-000000000001"
 UUID1 = "GPU-0a1b2c3d-0000-4000-8000-000000000002"

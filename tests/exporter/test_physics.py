@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpuobs.exporter.histogram import Histogram
 from gpuobs.exporter.sim.faults import FaultRequest
 from gpuobs.exporter.sim.gpu import HW_POWER_BRAKE, HW_SLOWDOWN, SW_THERMAL
-from gpuobs.exporter.histogram import Histogram
 from gpuobs.exporter.sim.node import Node, NodeConfig
 
 

@@ -19,8 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
-from gpuobs.exporter.histogram import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from gpuobs.exporter.sim.latency import sample_itl, sample_ttft
+from gpuobs.reference.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
 Responder = Callable[[str, dict[str, list[str]]], tuple[int, Any]]
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuobs.canary.analyzer import AnalysisState
+from gpuobs.canary.verdict import MetricResult, Verdict
 from gpuobs.compat.fleet import InventoryRow
 from gpuobs.promapi.prometheus import PrometheusUnavailable
 from gpuobs.rollout.controller import Controller
 from gpuobs.rollout.model import BudgetRow, FleetError, RolloutSpec
 from gpuobs.rollout.store import RolloutStore
-from gpuobs.canary.verdict import MetricResult, Verdict
 
 HOSTS = ("gpu-node-00", "gpu-node-01", "gpu-node-02")
 H100, DRIVER = "NVIDIA H100 80GB HBM3", "550.54.15"

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from gpuobs.compat.fleet import InventoryRow
-from gpuobs.rollout.controller import Controller
 from gpuobs.rollout.adapters.native import StackFleet
+from gpuobs.rollout.controller import Controller
 from gpuobs.rollout.model import BudgetRow
 from gpuobs.rollout.store import RolloutStore, RunLock
 from tests.fakes.rollout import H100, make_verdict, spec

@@ -26,9 +26,18 @@ from gpuobs.promapi.exporter_admin import AdminClient
 from gpuobs.stack import supervisor
 from gpuobs.stack.render import Ports, write_targets
 from tests.conftest import free_port_range
-from tests.fakes.dashboards import (DELIBERATELY_ABSENT, NOT_YET_EMITTED, histogram_base, load_dashboards,
-                                     load_public, panel_targets, parse_label_values, promql_refs, variable_query,
-                                     variables)
+from tests.fakes.dashboards import (
+    DELIBERATELY_ABSENT,
+    NOT_YET_EMITTED,
+    histogram_base,
+    load_dashboards,
+    load_public,
+    panel_targets,
+    parse_label_values,
+    promql_refs,
+    variable_query,
+    variables,
+)
 
 pytestmark = pytest.mark.live
 

@@ -21,8 +21,8 @@ import pytest
 import requests
 
 from gpuobs.drills import runner as drill
-from gpuobs.stack import supervisor
 from gpuobs.drills.catalogue import DrillSpec, Expect
+from gpuobs.stack import supervisor
 from gpuobs.stack.render import Ports
 from tests.conftest import live_stack
 

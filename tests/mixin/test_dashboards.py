@@ -19,9 +19,21 @@ import pytest
 import yaml
 
 from gpuobs.cli import run as cli_run
-from tests.fakes.dashboards import (DASHBOARD_DIR, ROOT, RULES_DIR, all_panels, emitted_labels, exporter_inventory,
-                                     load_dashboards, panel_targets, parse_label_values, promql_refs,
-                                     recording_rule_names, variable_query, variables)
+from tests.fakes.dashboards import (
+    DASHBOARD_DIR,
+    ROOT,
+    RULES_DIR,
+    all_panels,
+    emitted_labels,
+    exporter_inventory,
+    load_dashboards,
+    panel_targets,
+    parse_label_values,
+    promql_refs,
+    recording_rule_names,
+    variable_query,
+    variables,
+)
 
 DASHBOARDS = load_dashboards()
 DATASOURCES = yaml.safe_load((ROOT / "grafana/provisioning/datasources/datasources.yml").read_text())["datasources"]

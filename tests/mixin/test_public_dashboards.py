@@ -16,9 +16,17 @@ import re
 
 import pytest
 
-from tests.fakes.dashboards import (DELIBERATELY_ABSENT, NOOP_GROUPING, NOT_YET_EMITTED, emitted_labels,
-                                     exporter_inventory, histogram_base, load_public, parse_label_values,
-                                     promql_refs)
+from tests.fakes.dashboards import (
+    DELIBERATELY_ABSENT,
+    NOOP_GROUPING,
+    NOT_YET_EMITTED,
+    emitted_labels,
+    exporter_inventory,
+    histogram_base,
+    load_public,
+    parse_label_values,
+    promql_refs,
+)
 
 SOURCES = load_public()
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from gpuobs.reference import xid
 from gpuobs.mixin.xid_rules import render_xid_rules
+from gpuobs.reference import xid
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,13 @@ import socket
 
 import pytest
 
-from gpuobs.promapi.prometheus import (PromClient, PrometheusQueryError, PrometheusResponseError,
-                                   PrometheusUnavailable, parse_value)
+from gpuobs.promapi.prometheus import (
+    PromClient,
+    PrometheusQueryError,
+    PrometheusResponseError,
+    PrometheusUnavailable,
+    parse_value,
+)
 from tests.fakes.prometheus import FakePrometheus, matrix, ok, vector
 
 

@@ -19,13 +19,18 @@ from pathlib import Path
 
 import pytest
 
+from gpuobs.cli.report import newest_result, register
+from gpuobs.drills.catalogue import DRILLS
 from gpuobs.promapi.prometheus import PrometheusUnavailable
 from gpuobs.reports.drill import BEFORE_S, PANELS, write_drill_report
 from gpuobs.reports.html import PNG_SIGNATURE
-from gpuobs.cli.report import newest_result, register
-from gpuobs.reports.rollout import (DISTRIBUTIONS, OVER_TIME, bucket_counts, bucket_quantile,
-                                           write_rollout_report)
-from gpuobs.drills.catalogue import DRILLS
+from gpuobs.reports.rollout import (
+    DISTRIBUTIONS,
+    OVER_TIME,
+    bucket_counts,
+    bucket_quantile,
+    write_rollout_report,
+)
 from tests.fakes.prometheus import FakePrometheus, fleet, matrix, ok
 
 HOSTILE_HOST = 'gpu-"n0"<script>alert(1)</script>'

@@ -6,8 +6,18 @@ import pytest
 
 from gpuobs.compat.fleet import InventoryRow
 from gpuobs.rollout.controller import Controller
-from gpuobs.rollout.model import (ABORTED, EXIT_CODES, REJECTED, ROLLED_BACK, ROLLING_BACK, SUCCEEDED, BudgetRow,
-                                         FleetError, UsageError, parse_stages)
+from gpuobs.rollout.model import (
+    ABORTED,
+    EXIT_CODES,
+    REJECTED,
+    ROLLED_BACK,
+    ROLLING_BACK,
+    SUCCEEDED,
+    BudgetRow,
+    FleetError,
+    UsageError,
+    parse_stages,
+)
 from gpuobs.rollout.store import RolloutStore
 from tests.fakes.rollout import DRIVER, H100, HOSTS, T0, Crash, FakeFleet, rig, spec
 

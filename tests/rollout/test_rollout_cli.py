@@ -8,11 +8,11 @@ import math
 
 import pytest
 
+from gpuobs.cli import run
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.rollout.adapters.native import PromSignals, StackFleet
 from gpuobs.rollout.model import FleetError
 from gpuobs.rollout.store import RunLock
-from gpuobs.cli import run
 from gpuobs.stack.render import write_targets
 from tests.conftest import TOKEN
 from tests.fakes.prometheus import FakePrometheus, ok, vector

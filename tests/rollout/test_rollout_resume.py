@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.exporter.collectors.dcgm import DcgmCollector
-from gpuobs.exporter.sim.node import Node, NodeConfig
 from gpuobs.exporter.server import NodeServer
+from gpuobs.exporter.sim.node import Node, NodeConfig
+from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.stack.render import write_targets
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,8 +6,9 @@ import stat
 
 import yaml
 
-from gpuobs.stack import grafana
 from gpuobs.core.assets import checkout_root
+from gpuobs.stack import grafana
+
 REPO_ROOT = checkout_root()
 
 

@@ -11,10 +11,8 @@ NVML Xid events every second so the Xid window counts events close to when they 
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

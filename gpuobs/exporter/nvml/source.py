@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuobs.exporter.exposition import Family, label_string
 from gpuobs.exporter.nvml import fields as F
 from gpuobs.reference import xid as xidcat
-from gpuobs.exporter.exposition import Family, label_string
 
 #: DCGM's default Xid counting window (dcgm-exporter ``--xid-count-window-size``), milliseconds.
 DEFAULT_XID_WINDOW_MS = 300_000

@@ -19,10 +19,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuobs.exporter.exposition import Family, label_string
-from gpuobs.exporter.histogram import (ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, Histogram,
-                                       histogram_family)
-from gpuobs.exporter.sim.latency import ITL_MEDIAN_S, TTFT_MEDIAN_S, sample_itl, sample_ttft
-from gpuobs.reference.releases import Profile
+from gpuobs.exporter.histogram import (
+    ITL_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+    Histogram,
+    histogram_family,
+)
+from gpuobs.exporter.sim.latency import (
+    ITL_MEDIAN_S,
+    TTFT_MEDIAN_S,
+    sample_itl,
+    sample_ttft,
+)
+from gpuobs.exporter.sim.behaviour import Profile
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 QUEUE_BUCKETS = REQUEST_LATENCY_BUCKETS  # vLLM uses its request-latency buckets for queue time

@@ -15,13 +15,14 @@ import random
 import threading
 from dataclasses import dataclass, field
 
-from gpuobs.reference import xid as xidcat
 from gpuobs.exporter.sim.engine import Engine, EngineConfig
 from gpuobs.exporter.sim.faults import FaultRequest
-from gpuobs.exporter.sim.gpu import MIB, H100_SXM, GpuModel, GpuState
+from gpuobs.exporter.sim.gpu import H100_SXM, MIB, GpuModel, GpuState
 from gpuobs.exporter.sim.identity import gpu_identity, hostname
-from gpuobs.reference.releases import Catalogue, load as load_releases
 from gpuobs.exporter.sim.training import TrainingShard
+from gpuobs.reference import xid as xidcat
+from gpuobs.exporter.sim.behaviour import SimCatalogue as Catalogue
+from gpuobs.exporter.sim.behaviour import load as load_releases
 
 #: dcgm-exporter's default Xid counting window (``--xid-count-window-size``), milliseconds.
 DEFAULT_XID_WINDOW_MS = 300_000
@@ -127,7 +128,7 @@ class Node:
             clock = min((g.effective_clock_factor for g in present), default=1.0)
             if self.engine is not None and not self.engine_down:
                 rate_scale = sum(self.load(i) for i in range(len(self.gpus))) / len(self.gpus) / self._base
-                self.engine.advance(dt, rate_scale, clock, self.kv_factor, self.release.profile)
+                self.engine.advance(dt, rate_scale, clock, self.kv_factor, self.releases.profile(self.version))
             if self.training is not None:
                 self.training.advance(dt, [g.effective_clock_factor for g in self.gpus], self.slowdowns,
                                       self.hung or len(present) < len(self.gpus))
@@ -213,7 +214,7 @@ class Node:
         self.kv_factor = max([float(p["factor"]) for p in params("kv-pressure")], default=1.0)
         drivers = params("driver")
         self.driver_version = str(drivers[-1]["version"]) if drivers else self.cfg.driver_version
-        leak = self.release.profile.leak_mib_per_min * MIB / 60.0
+        leak = self.releases.profile(self.version).leak_mib_per_min * MIB / 60.0
         for i, g in enumerate(self.gpus):
             g.cooling_factor = max([float(p["cooling_factor"]) for p in params("thermal", i)], default=1.0)
             g.brake_factor = min([float(p["clock_factor"]) for p in params("power-brake", i)], default=1.0)

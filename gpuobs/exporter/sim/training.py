@@ -22,7 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 from gpuobs.exporter.exposition import Family, label_string
-from gpuobs.exporter.histogram import COLLECTIVE_BUCKETS, STEP_BUCKETS, Histogram, histogram_family
+from gpuobs.exporter.histogram import (
+    COLLECTIVE_BUCKETS,
+    STEP_BUCKETS,
+    Histogram,
+    histogram_family,
+)
 
 #: MFU of a healthy step on H100 for a dense 70B model (typical large-scale pretraining: 35-45 %).
 PEAK_STEP_MFU = 0.42

@@ -22,9 +22,9 @@ from typing import Any
 from gpuobs.canary.analyzer import Analyzer
 from gpuobs.canary.config import load_config
 from gpuobs.compat.fleet import InventoryRow, inventory
+from gpuobs.promapi.exporter_admin import AdminClient, AdminError
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.rollout.model import AnalyzerFactory, BudgetRow, FleetError, fmt_labels
-from gpuobs.promapi.exporter_admin import AdminClient, AdminError
 from gpuobs.stack.render import write_targets
 
 JOBS = ("dcgm", "vllm")
