@@ -24,22 +24,17 @@ from gpuobs.core.errors import EXIT_USAGE
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError, load
 from gpuobs.rollout import tracing
-from gpuobs.rollout.adapters.native import (
-    BASELINE_SELECTOR,
-    CANARY_SELECTOR,
-    PromSignals,
-    StackFleet,
-    analyzer_factory,
-)
+from gpuobs.rollout.adapters.native import StackFleet
+from gpuobs.rollout.adapters.prometheus import BASELINE_SELECTOR, CANARY_SELECTOR, PromSignals, analyzer_factory
 from gpuobs.rollout.controller import Controller
 from gpuobs.rollout.model import (
     EXIT_CODES,
     TERMINAL,
-    FleetError,
     RolloutSpec,
     UsageError,
     parse_stages,
 )
+from gpuobs.rollout.interfaces import FleetError
 from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.stack.supervisor import load_state
 

@@ -21,8 +21,8 @@ from gpuobs.canary.analyzer import AnalysisState
 from gpuobs.canary.verdict import describe
 from gpuobs.compat.fleet import judge_fleet
 from gpuobs.core import log
-from gpuobs.promapi.prometheus import PrometheusError
 from gpuobs.rollout import tracing
+from gpuobs.rollout.interfaces import AnalyzerFactory, Fleet, FleetError, Signals, SignalsUnavailable
 from gpuobs.rollout.model import (
     ABORTED,
     CANARY,
@@ -35,11 +35,7 @@ from gpuobs.rollout.model import (
     ROLLING_BACK,
     SUCCEEDED,
     TERMINAL,
-    AnalyzerFactory,
-    Fleet,
-    FleetError,
     RolloutSpec,
-    Signals,
     UsageError,
     fmt_labels,
 )
@@ -130,7 +126,7 @@ class Controller:
         with self.tracer.start_as_current_span("rollout.gate", attributes=gate) as sp:
             try:
                 rows = self._retry(rec, self.signals.inventory)
-            except PrometheusError as err:
+            except SignalsUnavailable as err:
                 sp.set_attribute("gate.outcome", "error")
                 self._begin_rollback(rec, ABORTED, f"compatibility gate: cannot read the inventory: {err}")
                 return
@@ -164,7 +160,7 @@ class Controller:
             try:
                 rows = self._retry(rec, self.signals.budget)
                 pages = sorted(self._retry(rec, self.signals.pages)) if idx == 0 else []
-            except PrometheusError as err:
+            except SignalsUnavailable as err:
                 sp.set_attribute("gate.outcome", "error")
                 self.store.log_gate(rec.id, "error-budget", idx, "error", {"error": str(err)})
                 return "error", f"cannot evaluate the error budget: {err}"
@@ -252,7 +248,7 @@ class Controller:
         try:
             pages = self.signals.pages() - set(rec.pages_at_start)
             result = None if pages else look(min(st.last_look, st.deadline))
-        except PrometheusError as err:
+        except SignalsUnavailable as err:
             st.errors += 1
             self.store.save_stage(rec.id, st)
             trace.get_current_span().set_status(Status(StatusCode.ERROR, str(err)))
@@ -402,12 +398,12 @@ class Controller:
             self.sleep(min(self.poll_s, t - now))
 
     def _retry(self, rec: RolloutRecord, fn: Callable[[], Any]) -> Any:
-        """``fn()``, retried up to the error limit one interval apart on PrometheusError."""
+        """``fn()``, retried up to the error limit one interval apart on SignalsUnavailable."""
         spec = RolloutSpec.from_dict(rec.spec)
         for attempt in range(1, spec.error_limit + 1):
             try:
                 return fn()
-            except PrometheusError:
+            except SignalsUnavailable:
                 if attempt == spec.error_limit:
                     raise
                 self.sleep(spec.interval_s)

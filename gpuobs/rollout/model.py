@@ -1,5 +1,5 @@
 """Rollout vocabulary shared by the controller, its adapters and the CLI: states, exit codes, errors,
-the injected interfaces (:class:`Fleet`, :class:`Signals`, analyzer factory), stage parsing and the
+stage parsing and the
 persisted :class:`RolloutSpec`. The controller is :mod:`gpuobs.rollout.controller`.
 
 States (named as the references name them: Flagger's canary phases are Initializing, Initialized,
@@ -47,10 +47,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any
 
-from gpuobs.compat.fleet import InventoryRow
-from gpuobs.core.errors import Failure, InputError
+from gpuobs.core.errors import InputError
 from gpuobs.reference.releases import Release
 
 PENDING, COMPAT_CHECKED, CANARY, PROMOTING = "Pending", "CompatChecked", "Canary", "Promoting"
@@ -62,10 +61,6 @@ EXIT_CODES = {SUCCEEDED: 0, ROLLED_BACK: 1, REJECTED: 1, ROLLING_BACK: 1, ABORTE
 
 class UsageError(InputError):
     """A bad request (stages, override without reason, a rollout already active): exit 2."""
-
-
-class FleetError(Failure):
-    """A deploy, version query or relabel failed."""
 
 
 @dataclass(frozen=True)
@@ -90,26 +85,6 @@ class BudgetRow:
     def exhausted(self) -> bool:
         """Judged and not above zero."""
         return self.judged and not self.remaining > 0
-
-
-class Fleet(Protocol):
-    """What the controller needs from the fleet (real one: :class:`gpuobs.rollout.adapters.native.StackFleet`)."""
-
-    def version(self, host: str) -> str: ...
-    def deploy(self, host: str, version: str) -> str: ...
-    def label_snapshot(self) -> dict[str, Any]: ...
-    def apply_labels(self, snapshot: dict[str, Any], canary: set[str] | None) -> None: ...
-
-
-class Signals(Protocol):
-    """What the controller reads from Prometheus (real one: :class:`gpuobs.rollout.adapters.native.PromSignals`)."""
-
-    def inventory(self) -> list[InventoryRow]: ...
-    def budget(self) -> list[BudgetRow]: ...
-    def pages(self) -> set[str]: ...
-
-
-AnalyzerFactory = Callable[[float, float], Any]  # (horizon_s, interval_s) -> object with .analyze(start, end, state)
 
 
 def parse_stages(text: str, serving: int) -> list[int]:

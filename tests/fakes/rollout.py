@@ -12,9 +12,10 @@ from typing import Any, Callable
 from gpuobs.canary.analyzer import AnalysisState
 from gpuobs.canary.verdict import MetricResult, Verdict
 from gpuobs.compat.fleet import InventoryRow
-from gpuobs.promapi.prometheus import PrometheusUnavailable
+from gpuobs.rollout.interfaces import SignalsUnavailable
 from gpuobs.rollout.controller import Controller
-from gpuobs.rollout.model import BudgetRow, FleetError, RolloutSpec
+from gpuobs.rollout.interfaces import FleetError
+from gpuobs.rollout.model import BudgetRow, RolloutSpec
 from gpuobs.rollout.store import RolloutStore
 
 HOSTS = ("gpu-node-00", "gpu-node-01", "gpu-node-02")
@@ -82,7 +83,7 @@ class FakeFleet:
 @dataclass
 class FakeSignals:
     """Prometheus as the controller sees it. ``budget_fn(now)`` / ``pages_fn(now)`` let a test change
-    the answers over (fake) time; ``errors`` raise PrometheusUnavailable on that many next calls."""
+    the answers over (fake) time; ``errors`` raise SignalsUnavailable on that many next calls."""
 
     clock: FakeClock
     inventory_rows: list[InventoryRow] = field(
@@ -97,7 +98,7 @@ class FakeSignals:
         self.calls.append(what)
         if self.errors > 0:
             self.errors -= 1
-            raise PrometheusUnavailable("http://prometheus.test", 4, "connection refused")
+            raise SignalsUnavailable("Prometheus at http://prometheus.test unavailable after 4 attempt(s): connection refused")
 
     def inventory(self) -> list[InventoryRow]:
         self._maybe_fail("inventory")
@@ -129,7 +130,7 @@ def make_verdict(name: str, start: float, end: float, horizon_s: float, effect: 
 
 class ScriptedAnalyzers:
     """Analyzer factory whose verdicts follow ``script[number of canary hosts]`` (a list of verdict
-    names, one per look; the last repeats). An entry "ERROR" raises PrometheusUnavailable and
+    names, one per look; the last repeats). An entry "ERROR" raises SignalsUnavailable and
     "CRASH" raises :class:`Crash`. Records every look as (canary hosts, start, end)."""
 
     def __init__(self, fleet: FakeFleet, script: dict[int, list[str]], effects: dict[str, float] | None = None):
@@ -154,7 +155,7 @@ class ScriptedAnalyzers:
             steps = p.script[n]
             name = steps[min(done, len(steps) - 1)]
             if name == "ERROR":
-                raise PrometheusUnavailable("http://prometheus.test", 4, "HTTP 503")
+                raise SignalsUnavailable("Prometheus at http://prometheus.test unavailable after 4 attempt(s): HTTP 503")
             if name == "CRASH":
                 raise Crash(f"killed during look {done + 1} with {n} canary host(s)")
             state.looks.setdefault("ttft", []).append(((end - start) / self.horizon_s, float(done + 1)))

@@ -14,10 +14,10 @@ from gpuobs.rollout.model import (
     ROLLING_BACK,
     SUCCEEDED,
     BudgetRow,
-    FleetError,
     UsageError,
     parse_stages,
 )
+from gpuobs.rollout.interfaces import FleetError
 from gpuobs.rollout.store import RolloutStore
 from tests.fakes.rollout import DRIVER, H100, HOSTS, T0, Crash, FakeFleet, rig, spec
 

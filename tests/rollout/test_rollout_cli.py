@@ -10,8 +10,9 @@ import pytest
 
 from gpuobs.cli import run
 from gpuobs.promapi.prometheus import PromClient
-from gpuobs.rollout.adapters.native import PromSignals, StackFleet
-from gpuobs.rollout.model import FleetError
+from gpuobs.rollout.adapters.native import StackFleet
+from gpuobs.rollout.adapters.prometheus import PromSignals
+from gpuobs.rollout.interfaces import FleetError
 from gpuobs.rollout.store import RunLock
 from gpuobs.stack.render import write_targets
 from tests.conftest import TOKEN
