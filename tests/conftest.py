@@ -16,7 +16,7 @@ TOKEN = "test-token-123"
 
 def live_stack(tmp_path_factory, name: str, **cfg):
     """Start a native stack on free loopback ports in its own run directory; a generator for module
-    fixtures: yields the state dict, then stops the stack and checks nothing it started still runs."""
+    fixtures: yields the StackState, then stops the stack and checks nothing it started still runs."""
     import io
 
     from gpuobs.stack import supervisor
@@ -31,8 +31,8 @@ def live_stack(tmp_path_factory, name: str, **cfg):
         yield state
     finally:
         supervisor.down(run, out=out)
-        for comp in state["components"].values():
-            assert not supervisor.alive(comp["pid"], comp["argv"]), f"{comp['argv'][0]} still running after down"
+        for comp in state.components.values():
+            assert not supervisor.alive(comp.pid, comp.argv), f"{comp.argv[0]} still running after down"
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from gpuobs.stack.supervisor import load_state
 
     state = load_state(Path(args.run_dir))
-    if not state or not state["components"]:
+    if not state or not state.running:
         return fail(f"no running stack in {args.run_dir}; start one with `make up`")
     progress = None if args.json else (lambda m: print(f"  .. {m}", flush=True))
     if args.drill == "soak":
@@ -37,7 +37,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from gpuobs.core.files import atomic_write
 
     for r in results:  # kept for `gpuobs report drill <name>`
-        atomic_write(Path(state["run_dir"]) / "drills" / f"{r.drill}-{int(r.injected_at)}.json",
+        atomic_write(Path(state.run_dir) / "drills" / f"{r.drill}-{int(r.injected_at)}.json",
                      json.dumps(r.to_json(), indent=2))
     if args.json:
         print(json.dumps([r.to_json() for r in results] if args.drill == "all" else results[0].to_json(), indent=2))

@@ -24,10 +24,9 @@ def _node_urls(args: argparse.Namespace) -> tuple[list[str], str]:
             token = token_file.read_text().strip()
         return [args.url.rstrip("/")], token
     state = load_state(Path(args.run_dir))
-    if not state or not state["components"]:
+    if not state or not state.running:
         raise ValueError(f"no running stack in {args.run_dir}; start one with `make up` or pass --url/--token")
-    urls = [u.removesuffix("/metrics") for u in state["urls"]["nodes"]]
-    return urls, token or Path(state["token_file"]).read_text().strip()
+    return state.urls.node_bases, token or state.token()
 
 
 def _describe(fault: dict) -> str:

@@ -56,13 +56,15 @@ def _load_json(path: Path, what: str) -> dict:
 def _prometheus_url(args: argparse.Namespace, run_dir: Path) -> str:
     if args.prometheus:
         return args.prometheus
-    state_file = run_dir / "stack.json"
+    from gpuobs.stack import state as stack_state
+
     try:
-        url = json.loads(state_file.read_text())["urls"]["prometheus"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ValueError(f"no Prometheus URL: {state_file} is missing or has no urls.prometheus; "
-                         "pass --prometheus URL") from None
-    return str(url)
+        state = stack_state.load(run_dir)
+    except stack_state.StateError as exc:
+        raise ValueError(f"no Prometheus URL: {exc}; pass --prometheus URL") from None
+    if state is None:
+        raise ValueError(f"no Prometheus URL: {run_dir / 'stack.json'} is missing; pass --prometheus URL")
+    return state.urls.prometheus
 
 
 def cmd_report(args: argparse.Namespace) -> int:

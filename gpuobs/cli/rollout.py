@@ -25,8 +25,14 @@ from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError, load
 from gpuobs.rollout import tracing
 from gpuobs.rollout.adapters.native import StackFleet
-from gpuobs.rollout.adapters.prometheus import BASELINE_SELECTOR, CANARY_SELECTOR, PromSignals, analyzer_factory
+from gpuobs.rollout.adapters.prometheus import (
+    BASELINE_SELECTOR,
+    CANARY_SELECTOR,
+    PromSignals,
+    analyzer_factory,
+)
 from gpuobs.rollout.controller import Controller
+from gpuobs.rollout.interfaces import FleetError
 from gpuobs.rollout.model import (
     EXIT_CODES,
     TERMINAL,
@@ -34,7 +40,6 @@ from gpuobs.rollout.model import (
     UsageError,
     parse_stages,
 )
-from gpuobs.rollout.interfaces import FleetError
 from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.stack.supervisor import load_state
 
@@ -90,14 +95,14 @@ def _usage(err: object) -> int:
 
 def _stack(args: argparse.Namespace) -> dict[str, Any]:
     state = load_state(Path(args.run_dir))
-    if not state or not state.get("components"):
+    if not state or not state.running:
         raise UsageError(f"no running stack in {args.run_dir}; start one with `make up` (or pass --run-dir)")
     return state
 
 
 def _controller(args: argparse.Namespace, stack: dict[str, Any], store: RolloutStore,
                 tr: tracing.Tracing) -> tuple[Controller, StackFleet]:
-    client = PromClient(args.prometheus or stack["urls"]["prometheus"])
+    client = PromClient(args.prometheus or stack.urls.prometheus)
     fleet = StackFleet(stack)
     ctl = Controller(store, fleet, PromSignals(client), analyzer_factory(client, args.config),
                      out=lambda line: print(line, flush=True), tracer=tr)
@@ -117,7 +122,7 @@ def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: Roll
         ctl, fleet = _controller(args, stack, store, tr)
         rec = fn(ctl, rid if spec is None else ctl.create(spec).id)
         tr.shutdown()
-        print(report(store, rec.id, fleet, args.json, args.prometheus or stack["urls"]["prometheus"]), flush=True)
+        print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus), flush=True)
         return EXIT_CODES[rec.state]
     except (UsageError, ConfigError, FleetError, KeyError) as err:
         return _usage(err.args[0] if isinstance(err, KeyError) else err)
@@ -197,8 +202,8 @@ def run_status(args: argparse.Namespace) -> int:
     """Handler of ``rollout status``: prints the report (0), or 2 when there is no rollout."""
     try:
         with _open_store(args) as store:
-            stack = load_state(Path(args.run_dir)) or {}
-            prometheus = args.prometheus or stack.get("urls", {}).get("prometheus")
+            stack = load_state(Path(args.run_dir))
+            prometheus = args.prometheus or (stack.urls.prometheus if stack else None)
             print(report(store, _pick(args, store).id, None, args.json, prometheus))
     except (UsageError, KeyError) as err:
         return _usage(err)

@@ -48,7 +48,7 @@ def _stack(args: argparse.Namespace) -> int:
         state = sv.up(cfg)
     except sv.StackError as exc:
         return fail(str(exc), exc.exit_code)
-    u = state["urls"]
+    u = state.urls
     print("gpuobs stack is up (native mode):")
     print(f"  Prometheus    {u['prometheus']}")
     print(f"  Alertmanager  {u['alertmanager']}  (no web UI in Debian's build: use amtool or the API)")

@@ -15,13 +15,12 @@ import datetime as dt
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-
-import requests
 
 from gpuobs.core.errors import Failure
 from gpuobs.drills.catalogue import DRILLS, FINAL, LANES, DrillSpec, Expect
+from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient
 from gpuobs.promapi.exporter_admin import AdminClient
+from gpuobs.stack.state import StackState
 
 
 class DrillError(Failure):
@@ -108,8 +107,8 @@ def _parse_ts(text: str) -> float:
     return base + (float("0." + digits) if digits else 0.0)
 
 
-def _nodes_for(state: dict, spec: DrillSpec) -> list[int]:
-    n, training = state["nodes"], state.get("training_nodes", 0)
+def _nodes_for(state: StackState, spec: DrillSpec) -> list[int]:
+    n, training = state.nodes, state.training_nodes
     serving = list(range(n - training))
     pool = list(range(n - training, n)) if spec.role == "training" else serving
     if spec.role == "fleet":
@@ -131,20 +130,21 @@ def _matches(labels: dict, exp: Expect, host: str | None) -> bool:
 class _Session:
     """HTTP access to the stack for one drill."""
 
-    def __init__(self, state: dict):
-        self.urls = state["urls"]
-        token = Path(state["token_file"]).read_text().strip()
-        self.admin = [AdminClient(u.removesuffix("/metrics"), token) for u in self.urls["nodes"]]
+    def __init__(self, state: StackState):
+        self.urls = state.urls
+        token = state.token()
+        self.admin = [AdminClient(u, token) for u in self.urls.node_bases]
+        self._alerts, self._pager = AlertsClient(self.urls.prometheus), PagerClient(self.urls.pager)
 
     def alerts(self) -> list[dict]:
-        return requests.get(f"{self.urls['prometheus']}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+        return self._alerts.alerts()
 
     def pages(self, since: float) -> list[dict]:
-        pages = requests.get(f"{self.urls['pager']}/api/pages", params={"limit": 1000}, timeout=5).json()["pages"]
+        pages = self._pager.pages(limit=1000)
         return [p for p in reversed(pages) if p["received_at"] >= since]  # oldest first
 
 
-def run_drill(state: dict, name: str, claims: Claims | None = None, progress=None,
+def run_drill(state: StackState, name: str, claims: Claims | None = None, progress=None,
               spec: DrillSpec | None = None) -> DrillResult:
     """Run drill ``name`` (or the given ``spec``) on the stack described by ``state`` (stack.json).
     Misses, wrong receivers, false alerts and missing resolutions are reported in the result, never
@@ -154,8 +154,8 @@ def run_drill(state: dict, name: str, claims: Claims | None = None, progress=Non
             raise DrillError(f"unknown drill {name!r}; drills: {', '.join(DRILLS)}")
         spec = DRILLS[name]
     idx = _nodes_for(state, spec)
-    host = state["hostnames"][idx[0]] if spec.role != "fleet" else None
-    profile = state.get("profile", "default")
+    host = state.hostnames[idx[0]] if spec.role != "fleet" else None
+    profile = state.profile
     # The default profile keeps production `for:` durations (up to 10 min) and windows (the 1h SLO
     # window): its deadlines stretch accordingly.
     scale_fire = 1.0 if profile == "drill" else 6.0
@@ -197,7 +197,7 @@ def run_drill(state: dict, name: str, claims: Claims | None = None, progress=Non
         while time.time() < until:
             try:
                 alerts, pages = s.alerts(), s.pages(t0)
-            except requests.RequestException:
+            except AlertApiError:
                 time.sleep(1)
                 continue
             check_false(alerts, pages, t0)
@@ -214,7 +214,7 @@ def run_drill(state: dict, name: str, claims: Claims | None = None, progress=Non
         if spec.deploy:
             for i in idx:
                 previous[i] = s.admin[i].deploy(spec.deploy)["previous"]
-            res.faults.append({"deploy": spec.deploy, "nodes": [state["hostnames"][i] for i in idx]})
+            res.faults.append({"deploy": spec.deploy, "nodes": [state.hostnames[i] for i in idx]})
         for body in spec.faults:
             f = s.admin[idx[0]].inject(body)
             injected.append((idx[0], f["id"]))
@@ -275,7 +275,7 @@ def run_drill(state: dict, name: str, claims: Claims | None = None, progress=Non
     return res
 
 
-def run_all(state: dict, progress=None) -> list[DrillResult]:
+def run_all(state: StackState, progress=None) -> list[DrillResult]:
     """Every drill: the lanes in parallel (one node each), then the fleet-wide drills alone."""
     claims = Claims()
     for lane in LANES:  # fail fast if the stack is too small

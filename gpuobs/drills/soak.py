@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import requests
+from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient
+from gpuobs.stack.state import StackState
 
 
 @dataclass
@@ -36,17 +37,17 @@ class SoakResult:
                 f"result: {'PASS' if self.ok else 'FAIL'}")
 
 
-def run_soak(state: dict, minutes: float, poll_s: float = 5.0, progress=None) -> SoakResult:
+def run_soak(state: StackState, minutes: float, poll_s: float = 5.0, progress=None) -> SoakResult:
     """Poll Prometheus alerts and the pager every ``poll_s`` for ``minutes``; never injects anything."""
-    urls = state["urls"]
+    alerts_api, pager_api = AlertsClient(state.urls.prometheus), PagerClient(state.urls.pager)
     res = SoakResult(minutes, time.time())
     end = res.started_at + minutes * 60
     next_report = res.started_at + 60
     while time.time() < end:
         try:
-            alerts = requests.get(f"{urls['prometheus']}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-            pages = requests.get(f"{urls['pager']}/api/pages", params={"limit": 1000}, timeout=5).json()["pages"]
-        except requests.RequestException:
+            alerts = alerts_api.alerts()
+            pages = pager_api.pages(limit=1000)
+        except AlertApiError:
             res.errors += 1
             time.sleep(poll_s)
             continue

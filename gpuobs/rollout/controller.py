@@ -22,7 +22,13 @@ from gpuobs.canary.verdict import describe
 from gpuobs.compat.fleet import judge_fleet
 from gpuobs.core import log
 from gpuobs.rollout import tracing
-from gpuobs.rollout.interfaces import AnalyzerFactory, Fleet, FleetError, Signals, SignalsUnavailable
+from gpuobs.rollout.interfaces import (
+    AnalyzerFactory,
+    Fleet,
+    FleetError,
+    Signals,
+    SignalsUnavailable,
+)
 from gpuobs.rollout.model import (
     ABORTED,
     CANARY,

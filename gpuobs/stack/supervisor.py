@@ -9,7 +9,6 @@ command line it was started with before it is signalled.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -23,12 +22,13 @@ import requests
 
 from gpuobs.core import assets
 from gpuobs.core.errors import Failure
-from gpuobs.core.files import atomic_write
 from gpuobs.exporter.sim.identity import hostname
+from gpuobs.stack import state as state_file
 from gpuobs.stack.grafana import find_grafana
 from gpuobs.stack.grafana import render as render_grafana
 from gpuobs.stack.ports import port_free
 from gpuobs.stack.render import Ports, render_alertmanager, render_prometheus
+from gpuobs.stack.state import Component, StackState, StackUrls
 
 APT_HINT = ("install them with: apt-get install -y --no-install-recommends prometheus prometheus-alertmanager "
             "(Debian/Ubuntu, as root), or put the upstream binaries on PATH")
@@ -84,28 +84,16 @@ def alive(pid: int, argv: list[str]) -> bool:
     return _cmdline(pid) == list(argv)
 
 
-def load_state(run_dir: Path) -> dict | None:
-    """The run directory's stack.json, or None if there is none.
+def load_state(run_dir: Path) -> StackState | None:
+    """The run directory's stack.json (:class:`~gpuobs.stack.state.StackState`), or None if there is none.
 
     Raises StackError (exit 2) if the file is unreadable or not the shape ``up`` writes, naming the
     problem, so a damaged file never turns into a traceback or a signal to the wrong process.
     """
-    path = run_dir / "stack.json"
-    if not path.exists():
-        return None
-    hint = f"{path} is damaged ({{}}); if no stack is running from {run_dir}, delete it and start again"
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise StackError(hint.format(exc), 2) from None
-    comps = state.get("components") if isinstance(state, dict) else None
-    if not isinstance(comps, dict) or not isinstance(state.get("urls"), dict):
-        raise StackError(hint.format("missing 'components' or 'urls'"), 2)
-    for name, c in comps.items():
-        if (not isinstance(c, dict) or not isinstance(c.get("pid"), int) or not isinstance(c.get("argv"), list)
-                or not c["argv"] or not all(isinstance(a, str) for a in c["argv"])):
-            raise StackError(hint.format(f"component {name!r} has no valid pid/argv"), 2)
-    return state
+        return state_file.load(run_dir)
+    except state_file.StateError as exc:
+        raise StackError(str(exc), 2) from None
 
 
 def check_run_dir(run_dir: Path) -> Path:
@@ -151,15 +139,15 @@ def _all_targets_up(prom: str, expected: int) -> bool:
     return len(nodes) == expected and all(t["health"] == "up" for t in nodes)
 
 
-def up(cfg: StackConfig, out=sys.stdout) -> dict:
-    """Start the stack and wait until Prometheus reports every node target up; returns the state dict.
+def up(cfg: StackConfig, out=sys.stdout) -> StackState:
+    """Start the stack and wait until Prometheus reports every node target up; returns the :class:`~gpuobs.stack.state.StackState`.
 
     Raises StackError: exit 2 for missing binaries, busy ports or a stack already running in the run
     directory; exit 1 when a component fails to start (the components already started are stopped).
     """
     run = check_run_dir(cfg.run_dir)
     old = load_state(run)
-    if old and any(alive(c["pid"], c["argv"]) for c in old["components"].values()):
+    if old and any(alive(c.pid, c.argv) for c in old.components.values()):
         raise StackError(f"a stack is already running from {run}; run `gpuobs stack down --run-dir {cfg.run_dir}` first", 2)
     bins = find_binaries()
     p = cfg.ports
@@ -217,15 +205,13 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
                                                  f"http://127.0.0.1:{p.alertmanager}")
         specs["grafana"] = grafana_cmd + g_argv
         checks["grafana"] = lambda: _ok(f"http://127.0.0.1:{p.grafana}/api/health")
-    state = {"run_dir": str(run), "started_at": time.time(), "ports": asdict(p), "nodes": cfg.nodes, "gpus": cfg.gpus,
-             "seed": cfg.seed, "training_nodes": cfg.training_nodes, "profile": cfg.profile, "hostnames": [h for h, _ in nodes],
-             "token_file": str(run / "admin-token"),
-             "urls": {"prometheus": f"http://127.0.0.1:{p.prometheus}",
-                      "alertmanager": f"http://127.0.0.1:{p.alertmanager}", "pager": pager_url,
-                      "grafana": f"http://127.0.0.1:{p.grafana}" if grafana_cmd else None,
-                      "nodes": [f"http://127.0.0.1:{port}/metrics" for port in node_ports],
-                      "engines": [f"http://127.0.0.1:{port}/metrics" for port in engine_ports]},
-             "components": {}}
+    urls = StackUrls(prometheus=f"http://127.0.0.1:{p.prometheus}", alertmanager=f"http://127.0.0.1:{p.alertmanager}",
+                     pager=pager_url, grafana=f"http://127.0.0.1:{p.grafana}" if grafana_cmd else None,
+                     nodes=[f"http://127.0.0.1:{port}/metrics" for port in node_ports],
+                     engines=[f"http://127.0.0.1:{port}/metrics" for port in engine_ports])
+    state = StackState(run_dir=str(run), started_at=time.time(), ports=asdict(p), nodes=cfg.nodes, gpus=cfg.gpus,
+                       seed=cfg.seed, training_nodes=cfg.training_nodes, profile=cfg.profile,
+                       hostnames=[h for h, _ in nodes], token_file=str(run / "admin-token"), urls=urls)
     deadline = time.monotonic() + cfg.timeout_s
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
@@ -234,12 +220,12 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
             with open(log, "ab") as fh:
                 proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True, env=envs.get(name, env), cwd=run)
-            state["components"][name] = {"pid": proc.pid, "argv": argv, "log": str(log)}
-            atomic_write(run / "stack.json", json.dumps(state, indent=2))
+            state.components[name] = Component(proc.pid, argv, str(log))
+            state_file.save(state)
             print(f"started {name:<12} pid {proc.pid}", file=out, flush=True)
             _wait(name, checks[name], deadline, proc, log)
         _wait("Prometheus to report every node target up",
-              lambda: _all_targets_up(state["urls"]["prometheus"], cfg.nodes + serving), deadline)
+              lambda: _all_targets_up(state.urls.prometheus, cfg.nodes + serving), deadline)
     except BaseException:
         down(cfg.run_dir, out=out)
         raise
@@ -254,8 +240,8 @@ def down(run_dir: Path, out=sys.stdout, grace_s: float = 10.0) -> int:
         print(f"no stack recorded in {run_dir}", file=out)
         return 0
     stopped = 0
-    for name, comp in reversed(list(state["components"].items())):
-        pid, argv = comp["pid"], comp["argv"]
+    for name, comp in reversed(list(state.components.items())):
+        pid, argv = comp.pid, comp.argv
         if not alive(pid, argv):
             continue
         try:
@@ -274,8 +260,8 @@ def down(run_dir: Path, out=sys.stdout, grace_s: float = 10.0) -> int:
         _reap(pid)
         stopped += 1
         print(f"stopped {name:<12} pid {pid}", file=out)
-    state["components"] = {}
-    atomic_write(run_dir.resolve() / "stack.json", json.dumps(state, indent=2))
+    state.components = {}
+    state_file.save(state)
     return stopped
 
 
@@ -292,21 +278,21 @@ def status(run_dir: Path) -> list[dict]:
     state = load_state(run_dir.resolve())
     if not state:
         return []
-    u = state["urls"]
-    probes = {"exporter": [n.replace("/metrics", "/health") for n in u["nodes"]], "pager": [f"{u['pager']}/health"],
-              "alertmanager": [f"{u['alertmanager']}/-/healthy"], "prometheus": [f"{u['prometheus']}/-/healthy"],
-              "grafana": [f"{u.get('grafana')}/api/health"]}
-    shown = {"exporter": u["nodes"][0].removesuffix("/metrics"), "pager": u["pager"],
-             "alertmanager": u["alertmanager"], "prometheus": u["prometheus"], "grafana": u.get("grafana")}
+    u = state.urls
+    probes = {"exporter": [n.replace("/metrics", "/health") for n in u.nodes], "pager": [f"{u.pager}/health"],
+              "alertmanager": [f"{u.alertmanager}/-/healthy"], "prometheus": [f"{u.prometheus}/-/healthy"],
+              "grafana": [f"{u.grafana}/api/health"]}
+    shown = {"exporter": u.node_bases[0], "pager": u.pager,
+             "alertmanager": u.alertmanager, "prometheus": u.prometheus, "grafana": u.grafana}
     rows = []
-    for name, comp in state["components"].items():
-        running = alive(comp["pid"], comp["argv"])
+    for name, comp in state.components.items():
+        running = alive(comp.pid, comp.argv)
         healthy = False
         if running:
             try:
                 healthy = all(_ok(url) for url in probes[name])
             except requests.RequestException:
                 healthy = False
-        rows.append({"component": name, "pid": comp["pid"], "running": running, "healthy": healthy,
+        rows.append({"component": name, "pid": comp.pid, "running": running, "healthy": healthy,
                      "url": shown[name]})
     return rows

@@ -12,9 +12,8 @@ from typing import Any, Callable
 from gpuobs.canary.analyzer import AnalysisState
 from gpuobs.canary.verdict import MetricResult, Verdict
 from gpuobs.compat.fleet import InventoryRow
-from gpuobs.rollout.interfaces import SignalsUnavailable
 from gpuobs.rollout.controller import Controller
-from gpuobs.rollout.interfaces import FleetError
+from gpuobs.rollout.interfaces import FleetError, SignalsUnavailable
 from gpuobs.rollout.model import BudgetRow, RolloutSpec
 from gpuobs.rollout.store import RolloutStore
 

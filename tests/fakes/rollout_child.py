@@ -19,6 +19,7 @@ from gpuobs.rollout.adapters.native import StackFleet
 from gpuobs.rollout.controller import Controller
 from gpuobs.rollout.model import BudgetRow
 from gpuobs.rollout.store import RolloutStore, RunLock
+from gpuobs.stack.state import StackState
 from tests.fakes.rollout import H100, make_verdict, spec
 
 
@@ -37,7 +38,7 @@ class StaticSignals:
 
 
 def main(run: Path, mode: str) -> int:
-    stack = json.loads((run / "stack.json").read_text())
+    stack = StackState.from_json(json.loads((run / "stack.json").read_text()))
     fleet = StackFleet(stack)
     targets = run / "prometheus" / "targets" / "vllm-nodes.json"
 

@@ -17,7 +17,6 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import requests
@@ -78,14 +77,14 @@ def live(tmp_path_factory):
     out = io.StringIO()
     state = supervisor.up(cfg, out=out)
     try:
-        hosts = state["hostnames"]
+        hosts = state.hostnames
         track = {hosts[0]: {"track": "canary"}, hosts[1]: {"track": "baseline"}}
         write_targets(run, "dcgm", [(h, ports.node_base + i, track.get(h, {})) for i, h in enumerate(hosts)])
         write_targets(run, "vllm", [(h, ports.engine_base + i, track.get(h, {})) for i, h in enumerate(hosts[:2])])
-        admin = AdminClient(f"http://127.0.0.1:{ports.node_base}", Path(state["token_file"]).read_text().strip())
+        admin = AdminClient(f"http://127.0.0.1:{ports.node_base}", state.token())
         admin.inject({"kind": "xid", "gpu": 0, "code": 13, "repeat_s": 5})
         admin.inject({"kind": "fragmentation", "gpu": 0})
-        yield Live(state["urls"]["prometheus"], hosts, time.monotonic() + DATA_DEADLINE_S)
+        yield Live(state.urls.prometheus, hosts, time.monotonic() + DATA_DEADLINE_S)
     finally:
         supervisor.down(run, out=out)
 

@@ -34,19 +34,19 @@ def stack(tmp_path_factory):
 
 
 def rollout(stack: dict, version: str) -> tuple[int, str]:
-    r = subprocess.run([sys.executable, "-m", "gpuobs", "rollout", "start", "--run-dir", stack["run_dir"],
+    r = subprocess.run([sys.executable, "-m", "gpuobs", "rollout", "start", "--run-dir", stack.run_dir,
                         "--version", version, *FLAGS], capture_output=True, text=True, timeout=480)
     return r.returncode, r.stdout + r.stderr[-3000:]
 
 
 def versions(stack: dict) -> dict[str, str]:
-    token = Path(stack["token_file"]).read_text().strip()
+    token = stack.token()
     return {h: AdminClient(u.removesuffix("/metrics"), token).version()
-            for h, u in zip(stack["hostnames"], stack["urls"]["nodes"])}
+            for h, u in zip(stack.hostnames, stack.urls.nodes)}
 
 
 def vllm_labels(stack: dict) -> list[dict]:
-    path = Path(stack["run_dir"]) / "prometheus" / "targets" / "vllm-nodes.json"
+    path = Path(stack.run_dir) / "prometheus" / "targets" / "vllm-nodes.json"
     return [g["labels"] for g in json.loads(path.read_text())]
 
 
@@ -58,7 +58,7 @@ def prometheus_versions(stack: dict, want: str, timeout_s: float = 30) -> list[s
         r = requests.get(f"{stack['urls']['prometheus']}/api/v1/query",
                          params={"query": "gpuobs_engine_build_info"}, timeout=5).json()["data"]["result"]
         got = sorted(x["metric"]["version"] for x in r)
-        if got == [want] * len(stack["hostnames"]):
+        if got == [want] * len(stack.hostnames):
             break
         time.sleep(1)
     return got
@@ -80,7 +80,7 @@ def test_bad_release_is_rolled_back(stack):
     assert re.search(r"reason: canary analysis ROLLBACK in stage 1/2: ttft: High \(\+\d", out), out
     assert "stage 1/2: 2/4 node(s) on 1.6.0, deployed gpu-node-00 (1.4.0 -> 1.6.0), gpu-node-01 (1.4.0 -> 1.6.0)" in out
     assert "Canary verdict: ROLLBACK" in out and re.search(r"\nttft\s+High!", out), out
-    assert versions(stack) == dict.fromkeys(stack["hostnames"], "1.4.0")
+    assert versions(stack) == dict.fromkeys(stack.hostnames, "1.4.0")
     assert all("track" not in labels for labels in vllm_labels(stack))
     assert prometheus_versions(stack, "1.4.0") == ["1.4.0"] * 4
 
@@ -91,6 +91,6 @@ def test_good_release_is_promoted_to_every_node(stack):
     assert re.search(r"Rollout 1\.5\.0-\S+: Succeeded \(exit 0\)", out), out
     assert re.search(r"stage 1/2 look \d+ \(\d+s = \d+% of the stage\): PROMOTE", out), out
     assert "promoting: baking 10s while watching the SLO-burn page" in out
-    assert versions(stack) == dict.fromkeys(stack["hostnames"], "1.5.0")
+    assert versions(stack) == dict.fromkeys(stack.hostnames, "1.5.0")
     assert all("track" not in labels for labels in vllm_labels(stack))
     assert prometheus_versions(stack, "1.5.0") == ["1.5.0"] * 4

@@ -56,7 +56,7 @@ def drills(stack):
 
 
 def test_stack_up_reports_every_target_and_serves_dcgm_metrics(stack):
-    prom = stack["urls"]["prometheus"]
+    prom = stack.urls.prometheus
     targets = requests.get(f"{prom}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
     dcgm = sorted((t["labels"]["node"], t["health"]) for t in targets if t["labels"]["job"] == "dcgm")
     assert dcgm == [(f"gpu-node-0{i}", "up") for i in range(4)]
@@ -64,13 +64,13 @@ def test_stack_up_reports_every_target_and_serves_dcgm_metrics(stack):
     assert vllm == ["gpu-node-00", "gpu-node-01", "gpu-node-02"]  # the training node has no engine
     r = requests.get(f"{prom}/api/v1/query", params={"query": "count(DCGM_FI_DEV_GPU_TEMP)"}, timeout=5).json()
     assert r["data"]["result"][0]["value"][1] == "32"
-    rows = supervisor.status(Path(stack["run_dir"]))
+    rows = supervisor.status(Path(stack.run_dir))
     assert {r["component"]: r["healthy"] for r in rows} == {
         "exporter": True, "pager": True, "alertmanager": True, "prometheus": True}
 
 
 def test_second_up_in_same_run_dir_is_refused(stack):
-    cfg = supervisor.StackConfig(run_dir=Path(stack["run_dir"]), ports=Ports(**stack["ports"]))
+    cfg = supervisor.StackConfig(run_dir=Path(stack.run_dir), ports=Ports(**stack.ports))
     with pytest.raises(supervisor.StackError) as exc:
         supervisor.up(cfg, out=io.StringIO())
     assert exc.value.exit_code == 2 and "already running" in str(exc.value)
@@ -82,7 +82,7 @@ def test_xid_drill_pages_with_runbook_and_resolves(stack, drills):
     out = res.alerts[0]
     assert out.receiver == "page" and 0 < out.fired_s <= out.paged_s < 60
     assert out.resolved_s > res.cleared_s
-    pager = stack["urls"]["pager"]
+    pager = stack.urls.pager
     pages = requests.get(f"{pager}/api/pages", params={"alertname": "GpuXidCritical"}, timeout=5).json()["pages"]
     firing = [p for p in pages if p["status"] == "firing"]
     assert len(firing) == 1 and firing[0]["channel"] == "page"
@@ -121,7 +121,7 @@ def test_thermal_and_fragmentation_fire_only_on_the_faulted_gpus(stack, drills):
 
 
 def test_cli_fault_round_trip_against_live_stack(stack):
-    env = dict(os.environ, GPUOBS_RUN_DIR=stack["run_dir"])
+    env = dict(os.environ, GPUOBS_RUN_DIR=stack.run_dir)
     gpuobs = [sys.executable, "-m", "gpuobs"]
     r = subprocess.run(gpuobs + ["fault", "inject", "--node", "2", "--gpu", "3", "pcie-replay"], env=env,
                        capture_output=True, text=True, timeout=30)

@@ -58,6 +58,13 @@ class DrillData:
         return ok(matrix([({"Hostname": HOSTILE_HOST, "gpu": "1", "rank": "3", "xid": "48"}, pts)]))
 
 
+def stack_doc(run, prometheus):
+    """A minimal stack.json (gpuobs.stack.state shape) pointing at ``prometheus``."""
+    return {"run_dir": str(run), "nodes": 1, "hostnames": ["gpu-node-00"], "token_file": str(run / "admin-token"),
+            "components": {}, "urls": {"prometheus": prometheus, "alertmanager": prometheus, "pager": prometheus,
+                                       "nodes": ["http://127.0.0.1:9/metrics"]}}
+
+
 def drill_result(**over) -> dict:
     res = {"drill": "thermal", "hostname": HOSTILE_HOST, "profile": "drill",
            "faults": [{"kind": "thermal", "gpu": 1, "cooling_factor": 3.0, "id": "f1"}],
@@ -262,12 +269,12 @@ def test_cli_drill_report(tmp_path, capsys):
     assert newest_result(run, "thermal").name == f"thermal-{int(T0)}.json"
     assert cli(["report", "drill", "thermal", "--run-dir", str(run)]) == 2  # no stack.json, no --prometheus
     assert "--prometheus" in capsys.readouterr().err
-    (run / "stack.json").write_text(json.dumps({"urls": {"prometheus": _dead_url()}}))
+    (run / "stack.json").write_text(json.dumps(stack_doc(run, _dead_url())))
     assert cli(["report", "drill", "thermal", "--run-dir", str(run)]) == 1
     err = capsys.readouterr().err
     assert "unavailable" in err and "Traceback" not in err
     with FakePrometheus(DrillData()) as fp:
-        (run / "stack.json").write_text(json.dumps({"urls": {"prometheus": fp.url}}))
+        (run / "stack.json").write_text(json.dumps(stack_doc(run, fp.url)))
         assert cli(["report", "drill", "thermal", "--run-dir", str(run)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert Path(last) == run / "reports" / f"drill-thermal-{int(T0)}.html" and Path(last).exists()

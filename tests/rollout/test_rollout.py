@@ -6,6 +6,7 @@ import pytest
 
 from gpuobs.compat.fleet import InventoryRow
 from gpuobs.rollout.controller import Controller
+from gpuobs.rollout.interfaces import FleetError
 from gpuobs.rollout.model import (
     ABORTED,
     EXIT_CODES,
@@ -17,7 +18,6 @@ from gpuobs.rollout.model import (
     UsageError,
     parse_stages,
 )
-from gpuobs.rollout.interfaces import FleetError
 from gpuobs.rollout.store import RolloutStore
 from tests.fakes.rollout import DRIVER, H100, HOSTS, T0, Crash, FakeFleet, rig, spec
 

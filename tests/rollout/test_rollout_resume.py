@@ -45,8 +45,9 @@ def fleet_run(tmp_path):
     (tmp_path / "admin-token").write_text(TOKEN)
     (tmp_path / "stack.json").write_text(json.dumps({
         "run_dir": str(tmp_path), "nodes": 3, "training_nodes": 0, "hostnames": hosts,
-        "token_file": str(tmp_path / "admin-token"), "components": {"exporter": {}},
-        "urls": {"prometheus": "http://127.0.0.1:9", "nodes": [f"http://127.0.0.1:{p}/metrics" for p in ports]}}))
+        "token_file": str(tmp_path / "admin-token"), "components": {"exporter": {"pid": 1, "argv": ["x"]}},
+        "urls": {"prometheus": "http://127.0.0.1:9", "alertmanager": "http://127.0.0.1:9", "pager": "http://127.0.0.1:9",
+                 "nodes": [f"http://127.0.0.1:{p}/metrics" for p in ports]}}))
     write_targets(tmp_path, "dcgm", [(h, p, {}) for h, p in zip(hosts, ports)])
     write_targets(tmp_path, "vllm", [(h, p, {"env": "test"}) for h, p in zip(hosts, ports)])
     yield tmp_path, calls

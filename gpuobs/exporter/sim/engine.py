@@ -26,13 +26,13 @@ from gpuobs.exporter.histogram import (
     Histogram,
     histogram_family,
 )
+from gpuobs.exporter.sim.behaviour import Profile
 from gpuobs.exporter.sim.latency import (
     ITL_MEDIAN_S,
     TTFT_MEDIAN_S,
     sample_itl,
     sample_ttft,
 )
-from gpuobs.exporter.sim.behaviour import Profile
 
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 QUEUE_BUCKETS = REQUEST_LATENCY_BUCKETS  # vLLM uses its request-latency buckets for queue time

@@ -22,10 +22,10 @@ import yaml
 from gpuobs.core import log
 from gpuobs.exporter.collectors.dcgm import DcgmCollector, EngineCollector, K8sMap
 from gpuobs.exporter.server import NodeServer
+from gpuobs.exporter.sim.behaviour import load as load_releases
 from gpuobs.exporter.sim.engine import EngineConfig
 from gpuobs.exporter.sim.mig import MigProfile
 from gpuobs.exporter.sim.node import Node, NodeConfig
-from gpuobs.exporter.sim.behaviour import load as load_releases
 
 _log = log.get("exporter")
 

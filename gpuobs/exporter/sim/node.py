@@ -15,14 +15,14 @@ import random
 import threading
 from dataclasses import dataclass, field
 
+from gpuobs.exporter.sim.behaviour import SimCatalogue as Catalogue
+from gpuobs.exporter.sim.behaviour import load as load_releases
 from gpuobs.exporter.sim.engine import Engine, EngineConfig
 from gpuobs.exporter.sim.faults import FaultRequest
 from gpuobs.exporter.sim.gpu import H100_SXM, MIB, GpuModel, GpuState
 from gpuobs.exporter.sim.identity import gpu_identity, hostname
 from gpuobs.exporter.sim.training import TrainingShard
 from gpuobs.reference import xid as xidcat
-from gpuobs.exporter.sim.behaviour import SimCatalogue as Catalogue
-from gpuobs.exporter.sim.behaviour import load as load_releases
 
 #: dcgm-exporter's default Xid counting window (``--xid-count-window-size``), milliseconds.
 DEFAULT_XID_WINDOW_MS = 300_000

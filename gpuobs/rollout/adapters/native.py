@@ -30,15 +30,14 @@ class StackFleet:
     """
 
     def __init__(self, stack: dict[str, Any], token: str | None = None, timeout_s: float = 5.0):
-        self.run = Path(stack["run_dir"])
-        serving = int(stack["nodes"]) - int(stack.get("training_nodes", 0))
-        self.hosts: list[str] = list(stack["hostnames"][:serving])
+        self.run = Path(stack.run_dir)
+        self.hosts: list[str] = list(stack.serving_hosts)
         try:
-            token = token or Path(stack["token_file"]).read_text().strip()
+            token = token or stack.token()
         except OSError as exc:
             raise FleetError(f"admin token: {exc}") from None
         self._admin = {h: AdminClient(u.removesuffix("/metrics"), token, timeout_s)
-                       for h, u in zip(stack["hostnames"], stack["urls"]["nodes"])}
+                       for h, u in zip(stack.hostnames, stack.urls.nodes)}
 
     def _client(self, host: str) -> AdminClient:
         try:
