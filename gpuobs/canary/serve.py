@@ -28,13 +28,12 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from gpuobs.canary.analyzer import AnalysisState, Analyzer
 from gpuobs.canary.config import CanaryConfig, ConfigError, parse_duration, parse_time
-from gpuobs.core import log
+from gpuobs.core import httpd, log
 from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusUnavailable
 
 MAX_RUNS = 256
@@ -61,10 +60,9 @@ class Run:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class CanaryServer(ThreadingHTTPServer):
+class CanaryServer(httpd.Server):
     """HTTP server holding the Prometheus client, the config and the tracked runs."""
 
-    daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, addr: tuple[str, int], client: PromClient, config: CanaryConfig,
@@ -125,22 +123,17 @@ def _started(start: float, analyzer: Analyzer) -> dict[str, Any]:
             "time_fraction": 0.0, "final": False, "alpha": analyzer.config.alpha, "score": None, "exit_code": 3}
 
 
-class CanaryHandler(BaseHTTPRequestHandler):
-    """Routes of :class:`CanaryServer` (see the module docstring)."""
+class CanaryHandler(httpd.Handler):
+    """Routes of :class:`CanaryServer` (see the module docstring; HTTP plumbing: :mod:`gpuobs.core.httpd`)."""
 
     server: CanaryServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, fmt: str, *args: Any) -> None:  # route http.server's log to JSON logs
-        _log.debug(fmt % args)
+    server_version = "gpuobs-canary"
+    max_body_bytes = MAX_BODY_BYTES
+    methods = {"GET": "_get", "POST": "_post"}
+    logger = _log
 
     def _send(self, status: int, doc: Any) -> None:
-        body = (json.dumps(doc) + "\n").encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_json(status, doc)
 
     def _answer(self, params: dict[str, str], gate: str | None) -> None:
         try:
@@ -159,7 +152,7 @@ class CanaryHandler(BaseHTTPRequestHandler):
                                                       "status": status, "run": params.get("run", "")}})
         self._send(status, doc)
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+    def _get(self) -> None:
         url = urlsplit(self.path)
         if url.path == "/healthz":
             self._send(200, {"status": "ok", "runs": len(self.server.runs)})
@@ -168,26 +161,26 @@ class CanaryHandler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"error": f"no route {url.path}; try /api/v1/analysis"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def _post(self) -> None:
         url = urlsplit(self.path)
         gates = {"/flagger/rollback": "ROLLBACK", "/flagger/confirm-promotion": "PROMOTE"}
         if url.path not in gates:
+            self.discard_body()
             self._send(404, {"error": f"no route {url.path}; try /flagger/rollback or /flagger/confirm-promotion"})
             return
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if not 0 < length <= MAX_BODY_BYTES:
-            self._send(400 if length <= MAX_BODY_BYTES else 413, {"error": "expected a JSON body (Flagger payload)"})
+        raw = self.read_body()
+        if raw is None:  # 411/413 answered
+            return
+        if not raw:
+            self._send(400, {"error": "expected a JSON body (Flagger payload)"})
             return
         try:
-            payload = json.loads(self.rfile.read(length))
+            payload = json.loads(raw)
             meta = payload.get("metadata") or {}
             if not isinstance(meta, dict):
                 raise ValueError("metadata is not an object")
-        except (ValueError, AttributeError) as exc:
-            self._send(400, {"error": f"malformed Flagger payload: {exc}"})
+        except (ValueError, AttributeError, RecursionError) as exc:
+            self._send(400, {"error": f"malformed Flagger payload: {str(exc)[:200]}"})
             return
         params = {k: str(v) for k, v in meta.items() if k in ("canary", "baseline", "start", "window", "run")}
         params["run"] = "/".join(str(payload.get(k, "")) for k in ("namespace", "name", "checksum")) + params.get("run", "")

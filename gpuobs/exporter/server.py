@@ -20,26 +20,21 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
-import logging
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpuobs.core import log
+from gpuobs.core import httpd, log
 from gpuobs.exporter.exposition import CONTENT_TYPE, Family, label_string, render
 from gpuobs.exporter.sim import faults as faultmod
 from gpuobs.exporter.sim.node import Node
 
 MAX_BODY_BYTES = 64 * 1024
-INVALID = object()  # _read_json's "already answered with an error" marker
 _log = log.get("exporter")
 
 
-class NodeServer(ThreadingHTTPServer):
-    """A ThreadingHTTPServer bound to one node, with its collector, token and scrape counters."""
+class NodeServer(httpd.Server):
+    """An HTTP server bound to one node, with its collector, token and scrape counters."""
 
-    daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, addr: tuple[str, int], node: Node, token: str, collector, admin: bool = True,
@@ -74,110 +69,33 @@ class NodeServer(ThreadingHTTPServer):
         return body
 
 
-class Handler(BaseHTTPRequestHandler):
-    """Request handler; see the module docstring for the routes."""
+class Handler(httpd.Handler):
+    """Request handler; see the module docstring for the routes (HTTP plumbing: :mod:`gpuobs.core.httpd`)."""
 
     server: NodeServer
-    protocol_version = "HTTP/1.1"
     server_version = "gpuobs-exporter"
-    # TCP_NODELAY: headers and body go out as two writes; with Nagle a small body (/health, admin
-    # JSON) waits for the client's delayed ACK, ~40 ms per response on keep-alive connections.
-    disable_nagle_algorithm = True
-
-    def log_message(self, fmt: str, *args) -> None:  # route access logs to debug JSON logs
-        _log.debug(fmt % args, extra={"fields": {"client": self.client_address[0]}})
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        if _log.isEnabledFor(logging.DEBUG):  # skip formatting the access line on every scrape
-            super().log_request(code, size)
-
-    # ---- helpers ----------------------------------------------------------------------------
-    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _json(self, code: int, doc: dict) -> None:
-        self._send(code, (json.dumps(doc) + "\n").encode())
-
-    def _error(self, code: int, msg: str, field: str | None = None) -> None:
-        doc = {"error": msg}
-        if field:
-            doc["field"] = field
-        self._json(code, doc)
+    max_body_bytes = MAX_BODY_BYTES
+    methods = {"GET": "_get", "POST": "_post", "DELETE": "_delete"}
+    logger = _log
 
     def _authorized(self) -> bool:
+        """Loopback client with the right bearer token; otherwise answers 403/401 (body discarded) and False."""
         try:
             loopback = ipaddress.ip_address(self.client_address[0]).is_loopback
         except ValueError:
             loopback = False
         if not loopback:
-            self._error(403, "admin API accepts loopback clients only")
+            self.discard_body()
+            self.send_error_json(403, "admin API accepts loopback clients only")
             return False
         header = self.headers.get("Authorization", "")
         given = header[7:] if header.startswith("Bearer ") else ""
         if not given or not hmac.compare_digest(given.encode(), self.server.token.encode()):
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Bearer realm="gpuobs-admin"')
-            body = b'{"error": "missing or wrong bearer token"}\n'
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":  # a HEAD answer carries no body, or keep-alive breaks
-                self.wfile.write(body)
+            self.discard_body()
+            self.send_error_json(401, "missing or wrong bearer token",
+                                 headers={"WWW-Authenticate": 'Bearer realm="gpuobs-admin"'})
             return False
         return True
-
-    def _read_json(self) -> object:
-        """Read and decode the JSON body; answers the error itself and returns INVALID on failure
-        (a JSON ``null`` body is a value like any other and is rejected by the route's validation)."""
-        raw_len = self.headers.get("Content-Length")
-        try:
-            length = int(raw_len) if raw_len is not None else -1
-        except ValueError:
-            length = -1
-        if length < 0:
-            self._error(411, "Content-Length header required")
-            self.close_connection = True
-            return INVALID
-        if length > MAX_BODY_BYTES:
-            self._error(413, f"body is {length} bytes; the limit is {MAX_BODY_BYTES}")
-            self.close_connection = True
-            return INVALID
-        raw = self.rfile.read(length)
-        try:
-            return json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, huge integers, absurd nesting
-            self._error(400, f"body is not valid JSON: {str(exc)[:200]}", "body")
-            return INVALID
-
-    # ---- routes -------------------------------------------------------------------------------
-    def do_GET(self) -> None:
-        self._guard(self._get)
-
-    def do_HEAD(self) -> None:
-        self._guard(self._get)
-
-    def do_POST(self) -> None:
-        self._guard(self._post)
-
-    def do_DELETE(self) -> None:
-        self._guard(self._delete)
-
-    def _guard(self, fn) -> None:
-        try:
-            fn()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        except Exception:  # one bad request must never take the server down
-            _log.exception("request failed", extra={"fields": {"path": self.path}})
-            try:
-                self._error(500, "internal error; see exporter log")
-            except OSError:
-                pass
 
     def _get(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -186,34 +104,35 @@ class Handler(BaseHTTPRequestHandler):
             if node.down or (not self.server.admin and node.engine_down):  # the node / its engine is gone
                 self.close_connection = True
                 return
-            self._send(200, self.server.metrics_page(), CONTENT_TYPE)
+            self.send_body(200, self.server.metrics_page(), CONTENT_TYPE)
         elif path == "/health":
-            self._json(200, {"status": "ok", "hostname": node.hostname, "down": node.down})
+            self.send_json(200, {"status": "ok", "hostname": node.hostname, "down": node.down})
         elif not self.server.admin:
-            self._error(404, f"no route {path}")
+            self.send_error_json(404, f"no route {path}")
         elif path == "/admin/deploy":
             if self._authorized():
-                self._json(200, {"hostname": node.hostname, "version": node.version})
+                self.send_json(200, {"hostname": node.hostname, "version": node.version})
         elif path == "/admin/faults":
             if self._authorized():
-                self._json(200, {"hostname": node.hostname, "faults": node.list_faults()})
+                self.send_json(200, {"hostname": node.hostname, "faults": node.list_faults()})
         elif path == "/admin/kernel-log":
             if self._authorized():
                 with node.lock:
                     text = "".join(line + "\n" for line in node.kernel_log)
-                self._send(200, text.encode(), "text/plain; charset=utf-8")
+                self.send_body(200, text.encode(), "text/plain; charset=utf-8")
         else:
-            self._error(404, f"no route {path}")
+            self.send_error_json(404, f"no route {path}")
 
     def _post(self) -> None:
         path = self.path.split("?", 1)[0]
         if path not in ("/admin/faults", "/admin/deploy") or not self.server.admin:
-            self._error(404, f"no route {path}")
+            self.discard_body()
+            self.send_error_json(404, f"no route {path}")
             return
         if not self._authorized():
             return
-        body = self._read_json()
-        if body is INVALID:
+        body = self.read_json()
+        if body is httpd.INVALID:
             return
         node = self.server.node
         if path == "/admin/deploy":
@@ -222,39 +141,40 @@ class Handler(BaseHTTPRequestHandler):
         try:
             req = faultmod.validate(body, len(node.gpus))
         except faultmod.FaultError as exc:
-            self._error(400, str(exc), exc.field)
+            self.send_error_json(400, str(exc), exc.field)
             return
         fault = node.inject(req)
         _log.info("fault injected", extra={"fields": {"hostname": node.hostname, **fault.to_json()}})
-        self._json(201, fault.to_json())
+        self.send_json(201, fault.to_json())
 
     def _deploy(self, body: object) -> None:
         node = self.server.node
         known = ", ".join(node.releases.releases)
         if not isinstance(body, dict) or set(body) != {"version"} or not isinstance(body["version"], str):
-            self._error(400, f'body must be {{"version": "<one of {known}>"}}', "version")
+            self.send_error_json(400, f'body must be {{"version": "<one of {known}>"}}', "version")
             return
         try:
             previous = node.deploy(body["version"])
         except KeyError:
-            self._error(400, f"field 'version' must be one of {known}; got {body['version']!r}", "version")
+            self.send_error_json(400, f"field 'version' must be one of {known}; got {body['version']!r}", "version")
             return
         _log.info("deployed", extra={"fields": {"hostname": node.hostname, "version": body["version"],
                                                 "previous": previous}})
-        self._json(200, {"hostname": node.hostname, "version": body["version"], "previous": previous})
+        self.send_json(200, {"hostname": node.hostname, "version": body["version"], "previous": previous})
 
     def _delete(self) -> None:
         path = self.path.split("?", 1)[0]
         prefix = "/admin/faults/"
         if not self.server.admin or not path.startswith(prefix) or len(path) == len(prefix):
-            self._error(404, f"no route {path}")
+            self.discard_body()
+            self.send_error_json(404, f"no route {path}")
             return
         if not self._authorized():
             return
         node = self.server.node
         fault = node.clear(path[len(prefix):])
         if fault is None:
-            self._error(404, f"no active fault with id {path[len(prefix):]!r}", "id")
+            self.send_error_json(404, f"no active fault with id {path[len(prefix):]!r}", "id")
             return
         _log.info("fault cleared", extra={"fields": {"hostname": node.hostname, "id": fault.id}})
-        self._json(200, fault.to_json())
+        self.send_json(200, fault.to_json())

@@ -15,25 +15,22 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-import json
 import re
 import signal
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from gpuobs.core import log
+from gpuobs.core import httpd, log
 from gpuobs.pager.store import CHANNELS, STATUSES, PageStore, PayloadError, validate
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 _log = log.get("pager")
 
 
-class PagerServer(ThreadingHTTPServer):
+class PagerServer(httpd.Server):
     """HTTP server owning a :class:`PageStore`."""
 
-    daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, addr: tuple[str, int], store: PageStore, runbooks_dir: Path | None = None):
@@ -73,117 +70,68 @@ def render_html(pages: list[dict]) -> str:
         f"{body}</table></body></html>")
 
 
-class PagerHandler(BaseHTTPRequestHandler):
-    """Request handler; see the module docstring."""
-
-    disable_nagle_algorithm = True  # small responses: no ~40 ms delayed-ACK stall on keep-alive
+class PagerHandler(httpd.Handler):
+    """Request handler; see the module docstring (HTTP plumbing: :mod:`gpuobs.core.httpd`)."""
 
     server: PagerServer
-    protocol_version = "HTTP/1.1"
     server_version = "gpuobs-pager"
-
-    def log_message(self, fmt: str, *args) -> None:
-        _log.debug(fmt % args)
-
-    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if not getattr(self, "_head", False):
-            self.wfile.write(body)
-
-    def _json(self, code: int, doc: object) -> None:
-        self._send(code, (json.dumps(doc) + "\n").encode())
-
-    def do_GET(self) -> None:
-        try:
-            self._get()
-        except Exception:
-            _log.exception("GET failed", extra={"fields": {"path": self.path}})
-            self._json(500, {"error": "internal error"})
-
-    def do_HEAD(self) -> None:  # link checkers and prefetchers: same answer as GET, no body
-        self._head = True  # per request: the handler object lives for the whole keep-alive connection
-        try:
-            self.do_GET()
-        finally:
-            self._head = False
-
-    def do_POST(self) -> None:
-        try:
-            self._post()
-        except Exception:
-            _log.exception("POST failed", extra={"fields": {"path": self.path}})
-            self._json(500, {"error": "internal error"})
+    max_body_bytes = MAX_BODY_BYTES
+    methods = {"GET": "_get", "POST": "_post"}
+    logger = _log
 
     def _get(self) -> None:
         url = urlsplit(self.path)
         qs = parse_qs(url.query)
         store = self.server.store
         if url.path == "/health":
-            self._json(200, {"status": "ok", "notifications": store.count()})
+            self.send_json(200, {"status": "ok", "notifications": store.count()})
         elif url.path == "/api/pages":
             try:
                 limit = int(qs.get("limit", ["100"])[0])
                 if not 1 <= limit <= 10000:
                     raise ValueError
             except ValueError:
-                self._json(400, {"error": "limit must be an integer 1..10000", "field": "limit"})
+                self.send_json(400, {"error": "limit must be an integer 1..10000", "field": "limit"})
                 return
             status = qs.get("status", [None])[0]
             if status is not None and status not in STATUSES:
-                self._json(400, {"error": f"status must be one of {', '.join(STATUSES)}", "field": "status"})
+                self.send_json(400, {"error": f"status must be one of {', '.join(STATUSES)}", "field": "status"})
                 return
-            self._json(200, {"pages": store.list(limit, qs.get("alertname", [None])[0], status)})
+            self.send_json(200, {"pages": store.list(limit, qs.get("alertname", [None])[0], status)})
         elif url.path.startswith("/runbooks/"):
             name = url.path.removeprefix("/runbooks/")
             rb = self.server.runbooks_dir
             path = rb / name if rb and re.fullmatch(r"[a-z0-9][a-z0-9-]*\.md", name) else None
             if path is None or not path.is_file():
-                self._json(404, {"error": f"no runbook {name!r}"})
+                self.send_json(404, {"error": f"no runbook {name!r}"})
                 return
-            self._send(200, path.read_bytes(), "text/markdown; charset=utf-8")
+            self.send_body(200, path.read_bytes(), "text/markdown; charset=utf-8")
         elif url.path == "/":
-            self._send(200, render_html(store.list(200)).encode("utf-8", "backslashreplace"), "text/html; charset=utf-8")
+            self.send_body(200, render_html(store.list(200)).encode("utf-8", "backslashreplace"), "text/html; charset=utf-8")
         else:
-            self._json(404, {"error": f"no route {url.path}"})
+            self.send_json(404, {"error": f"no route {url.path}"})
 
     def _post(self) -> None:
         path = urlsplit(self.path).path
         channel = path.removeprefix("/hook/")
         if not path.startswith("/hook/") or channel not in CHANNELS:
-            self._json(404, {"error": f"no route {path}; POST to /hook/page or /hook/ticket"})
+            self.discard_body()
+            self.send_json(404, {"error": f"no route {path}; POST to /hook/page or /hook/ticket"})
             return
-        try:
-            length = int(self.headers.get("Content-Length", "-1"))
-        except ValueError:
-            length = -1
-        if length < 0:
-            self.close_connection = True
-            self._json(411, {"error": "Content-Length header required"})
-            return
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True
-            self._json(413, {"error": f"body over {MAX_BODY_BYTES} bytes"})
-            return
-        raw = self.rfile.read(length)
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, huge integers, absurd nesting
-            self._json(400, {"error": f"body is not valid JSON: {str(exc)[:200]}", "field": "body"})
+        doc = self.read_json()
+        if doc is httpd.INVALID:
             return
         try:
             payload = validate(doc)
         except PayloadError as exc:
             _log.warning("rejected payload", extra={"fields": {"field": exc.field, "error": str(exc)}})
-            self._json(400, {"error": str(exc), "field": exc.field})
+            self.send_json(400, {"error": str(exc), "field": exc.field})
             return
         nid = self.server.store.add(channel, payload)
         _log.info("notification stored", extra={"fields": {
             "id": nid, "channel": channel, "status": payload["status"],
             "alerts": [a["labels"]["alertname"] for a in payload["alerts"]]}})
-        self._json(200, {"stored": nid})
+        self.send_json(200, {"stored": nid})
 
 
 def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None) -> None:

@@ -15,10 +15,9 @@ import json
 import signal
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from gpuobs.core import log
+from gpuobs.core import httpd, log
 from gpuobs.core.errors import InputError
 from gpuobs.exporter.exposition import CONTENT_TYPE, Family, label_string, render
 from gpuobs.exporter.nvml.source import NvmlCollector, NvmlUnavailable
@@ -28,10 +27,9 @@ _log = log.get("exporter.nvml")
 XID_POLL_INTERVAL_S = 1.0
 
 
-class NvmlHTTPServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer around one collector (anything with ``collect() -> list[Family]``)."""
+class NvmlHTTPServer(httpd.Server):
+    """HTTP server around one collector (anything with ``collect() -> list[Family]``)."""
 
-    daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, addr: tuple[str, int], collector: Any):
@@ -59,37 +57,19 @@ class NvmlHTTPServer(ThreadingHTTPServer):
             return render(fams).encode()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    disable_nagle_algorithm = True  # small responses: no ~40 ms delayed-ACK stall on keep-alive
-    server: NvmlHTTPServer
-    protocol_version = "HTTP/1.1"
-    server_version = "gpuobs-nvml-exporter"
+class _Handler(httpd.Handler):
+    """``/metrics`` and ``/health`` (HTTP plumbing: :mod:`gpuobs.core.httpd`)."""
 
-    def log_message(self, fmt: str, *args: Any) -> None:
-        _log.debug(fmt % args, extra={"fields": {"client": self.client_address[0]}})
+    server: NvmlHTTPServer
+    server_version = "gpuobs-nvml-exporter"
+    methods = {"GET": "_get"}
+    logger = _log
 
     def _send(self, code: int, body: bytes, ctype: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        self.send_body(code, body, ctype)
 
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def do_GET(self) -> None:
-        try:
-            self._route(self.path.split("?", 1)[0])
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        except Exception:  # a bug in one request never stops the server
-            _log.exception("request failed", extra={"fields": {"path": self.path}})
-            try:
-                self._send(500, b"internal error; see exporter log\n", "text/plain; charset=utf-8")
-            except OSError:
-                pass
+    def _get(self) -> None:
+        self._route(self.path.split("?", 1)[0])
 
     def _route(self, path: str) -> None:
         if path == "/metrics":
