@@ -42,7 +42,7 @@ from prometheus_client.core import GaugeMetricFamily  # noqa: E402
 from prometheus_client.registry import Collector  # noqa: E402
 
 from gpuobs.exporter.collectors import dcgm as collmod  # noqa: E402
-from gpuobs.exporter.sim.fleet import Fleet, FleetConfig  # noqa: E402
+from gpuobs.exporter.fleet import Fleet, FleetConfig  # noqa: E402
 from gpuobs.exporter.sim.node import Node, NodeConfig  # noqa: E402
 from gpuobs.stack.ports import free_port_range  # noqa: E402
 

@@ -9,7 +9,7 @@ from gpuobs.cli.common import PORT, env, fail, int_range, pos_float, run_dir_def
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:
-    from gpuobs.exporter.sim.fleet import (
+    from gpuobs.exporter.fleet import (
         Fleet,
         FleetConfig,
         load_k8s_map,

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from gpuobs.exporter.collectors.dcgm import DcgmCollector, EngineCollector
+from gpuobs.exporter.collectors.dcgm import DcgmCollector
+from gpuobs.exporter.collectors.vllm import EngineCollector
 from gpuobs.exporter.exposition import (
     Family,
     Prerendered,

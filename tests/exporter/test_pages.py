@@ -9,7 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuobs.exporter.collectors import dcgm as collmod
-from gpuobs.exporter.collectors.dcgm import DcgmCollector, EngineCollector
+from gpuobs.exporter.collectors.dcgm import DcgmCollector
+from gpuobs.exporter.collectors.vllm import EngineCollector
 from gpuobs.exporter.exposition import render
 from gpuobs.exporter.sim.mig import parse_mig_spec
 from gpuobs.exporter.sim.node import Node, NodeConfig

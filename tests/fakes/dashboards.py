@@ -181,7 +181,8 @@ def exporter_inventory() -> dict[str, dict[str, set[str]]]:
     Covers a serving node (DCGM page with a GPU in MIG mode and one with an Xid in its window, and the
     vLLM engine page) and a training node; label names include the job's scrape-time target labels.
     """
-    from gpuobs.exporter.collectors.dcgm import DcgmCollector, EngineCollector
+    from gpuobs.exporter.collectors.dcgm import DcgmCollector
+    from gpuobs.exporter.collectors.vllm import EngineCollector
     from gpuobs.exporter.exposition import render
     from gpuobs.exporter.sim.faults import validate
     from gpuobs.exporter.sim.mig import parse_mig_spec

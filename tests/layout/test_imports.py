@@ -106,3 +106,11 @@ def _stdlib_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
     return names
+
+
+def test_simulator_state_never_formats_text():
+    """exporter/sim holds state; collectors turn it into families; only exposition writes text."""
+    bad = [f"{p.relative_to(PKG).as_posix()} imports {m}" for p in (PKG / "exporter" / "sim").rglob("*.py")
+           for m in imports_of(p) if m.startswith(("gpuobs.exporter.exposition", "gpuobs.exporter.collectors",
+                                                   "gpuobs.exporter.server"))]
+    assert bad == []

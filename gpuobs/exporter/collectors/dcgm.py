@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuobs.core import log
+from gpuobs.exporter.collectors.training import training_families
 from gpuobs.exporter.exposition import Family, Prerendered, Template, label_string
 from gpuobs.exporter.sim.gpu import GpuState
 from gpuobs.exporter.sim.mig import MigProfile
@@ -233,7 +234,7 @@ class DcgmCollector:
         tr = self.node.training
         if tr is None:
             return []
-        return tr.collect([self.identity_labels(g) for g in self.node.gpus])
+        return training_families(tr, [self.identity_labels(g) for g in self.node.gpus])
 
     def collect(self) -> list[Family]:
         """Families for the node's present GPUs plus node-level self metrics. Thread-safe."""
@@ -276,17 +277,3 @@ class DcgmCollector:
                 return fams
             self._dcgm_tmpl = Template(fams)
         return [Prerendered(self._dcgm_tmpl.fill(values))]
-
-
-class EngineCollector:
-    """The serving engine page of one node (job ``vllm``): vLLM V1 metrics + build info."""
-
-    def __init__(self, node: Node):
-        if node.engine is None:
-            raise ValueError(f"{node.hostname} has role {node.cfg.role!r}; only serving nodes have an engine page")
-        self.node = node
-
-    def collect(self) -> list[Family]:
-        """vLLM families for the node's engine. Thread-safe."""
-        with self.node.lock:
-            return self.node.engine.collect(self.node.version)

@@ -18,13 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuobs.exporter.exposition import Family, label_string
 from gpuobs.exporter.histogram import (
     ITL_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS,
     Histogram,
-    histogram_family,
 )
 from gpuobs.exporter.sim.behaviour import Profile
 from gpuobs.exporter.sim.latency import (
@@ -135,38 +133,3 @@ class Engine:
         self.finished["stop"] += int(n - errors.sum() - aborts.sum() - length.sum())
         self.prompt_tokens += int(prompt.sum())
         self.generation_tokens += int(gen[~errors].sum())
-
-    def collect(self, version: str, extra_labels: list[tuple[str, str]] | None = None) -> list[Family]:
-        """vLLM V1 metric families for this engine (labels ``model_name``, ``engine``)."""
-        base = [("model_name", self.cfg.model_name), ("engine", "0")] + (extra_labels or [])
-        ls = label_string(base)
-        fams = [
-            Family("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", None,
-                   [(ls, round(self.running))]),
-            Family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", None,
-                   [(ls, round(self.waiting))]),
-            Family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", None,
-                   [(ls, self.kv_usage)]),
-            Family("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", None,
-                   [(ls, self.preemptions)]),
-            Family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", None,
-                   [(ls, self.prompt_tokens)]),
-            Family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", None,
-                   [(ls, self.generation_tokens)]),
-            Family("vllm:request_success_total", "counter", "Count of successfully processed requests.", None,
-                   [(label_string(base + [("finished_reason", r)]), c)
-                    for r, c in self.finished.items()]),
-            histogram_family("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                             [(base, self.ttft)]),
-            histogram_family("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             [(base, self.itl)]),
-            histogram_family("vllm:request_time_per_output_token_seconds",
-                             "Histogram of time_per_output_token_seconds per request.", [(base, self.tpot)]),
-            histogram_family("vllm:e2e_request_latency_seconds",
-                             "Histogram of e2e request latency in seconds.", [(base, self.e2e)]),
-            histogram_family("vllm:request_queue_time_seconds",
-                             "Histogram of time spent in WAITING phase for request.", [(base, self.queue)]),
-            Family("gpuobs_engine_build_info", "gauge", "Serving engine release deployed on this node (value 1).",
-                   None, [(label_string(base + [("version", version)]), 1)]),
-        ]
-        return fams

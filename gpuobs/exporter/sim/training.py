@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuobs.exporter.exposition import Family, label_string
 from gpuobs.exporter.histogram import (
     COLLECTIVE_BUCKETS,
     STEP_BUCKETS,
     Histogram,
-    histogram_family,
 )
 
 #: MFU of a healthy step on H100 for a dense 70B model (typical large-scale pretraining: 35-45 %).
@@ -68,20 +66,3 @@ class TrainingShard:
             for i in range(len(self.ranks)):
                 self.step_hist[i].observe_many(own[i:i + 1])
                 self.coll_hist[i].observe_many(wait[i:i + 1])
-
-    def collect(self, gpu_labels: list[list[tuple[str, str]]]) -> list[Family]:
-        """Families for every local rank; ``gpu_labels[i]`` are the identity labels of rank i's GPU."""
-        per = [labels + [("training_job", self.job_name), ("rank", str(r))] for labels, r in zip(gpu_labels, self.ranks)]
-        coll = [labels + [("collective", "allreduce")] for labels in per]
-        return [
-            histogram_family("training_step_duration_seconds",
-                             "Per-rank busy time of a training step (compute + collective transfer), seconds.",
-                             list(zip(per, self.step_hist))),
-            Family("training_steps_total", "counter", "Training steps completed by the job.", None,
-                   [(label_string(labels), self.steps) for labels in per]),
-            Family("training_mfu_ratio", "gauge", "Model FLOPs utilisation of the rank, ratio 0..1.", None,
-                   [(label_string(labels), m) for labels, m in zip(per, self.mfu)]),
-            histogram_family("nccl_collective_duration_seconds",
-                             "Wall time inside NCCL collectives, including waiting for slower ranks, seconds.",
-                             list(zip(coll, self.coll_hist))),
-        ]

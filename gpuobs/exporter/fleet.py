@@ -20,7 +20,8 @@ from pathlib import Path
 import yaml
 
 from gpuobs.core import log
-from gpuobs.exporter.collectors.dcgm import DcgmCollector, EngineCollector, K8sMap
+from gpuobs.exporter.collectors.dcgm import DcgmCollector, K8sMap
+from gpuobs.exporter.collectors.vllm import EngineCollector
 from gpuobs.exporter.server import NodeServer
 from gpuobs.exporter.sim.behaviour import load as load_releases
 from gpuobs.exporter.sim.engine import EngineConfig
