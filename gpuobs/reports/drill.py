@@ -3,7 +3,7 @@
 Input is a saved drill result (``DrillResult.to_json()``, see :mod:`gpuobs.drills.runner`): drill name,
 hostname, faults (admin-API bodies, with ``gpu`` for per-GPU kinds), per-alert times in seconds since
 injection, ``injected_at`` (epoch s), ``cleared_s``, false alerts and problems. For the drill's fault,
-:data:`PANELS` names the metrics that fault moves; each is fetched from Prometheus over a window from
+the drill catalogue's panels (:data:`gpuobs.drills.catalogue.PANELS`) name the metrics that fault moves; each is fetched from Prometheus over a window from
 :data:`BEFORE_S` before the injection to shortly after the last alert resolved (or now, at most
 :data:`MAX_AFTER_S` after the injection), scoped to the drill's ``Hostname`` (and ``gpu``), and
 plotted with vertical lines at injected, firing, paged, cleared and resolved.
@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
 from gpuobs.core.files import atomic_write
+from gpuobs.drills.catalogue import panels_for
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reports import html as h
 from gpuobs.reports.plots import Marker, timeseries_png
@@ -28,112 +28,6 @@ BEFORE_S = 120.0
 AFTER_RESOLVED_S = 30.0
 MAX_AFTER_S = 6 * 3600.0
 RATE_WINDOW = "1m"
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One plot: title, y-axis unit, and ``(legend, expr)`` queries. Exprs are :class:`string.Template`
-    text: ``$gpu`` (Hostname and gpu matchers), ``$host`` (Hostname), ``$node`` (the scrape target's
-    ``node``), ``$w`` (rate window); a fleet-wide drill substitutes empty selectors."""
-
-    title: str
-    unit: str
-    queries: tuple[tuple[str, str], ...]
-
-
-def _p(title: str, unit: str, *queries: tuple[str, str]) -> Panel:
-    return Panel(title, unit, tuple(queries))
-
-
-_XID = _p("Xids in the exporter's sliding window (DCGM_EXP_XID_ERRORS_COUNT)", "Xids",
-          ("GPU {gpu} xid {xid}", "DCGM_EXP_XID_ERRORS_COUNT{$gpu}"))
-_SM_CLOCK = _p("SM clock", "MHz", ("GPU {gpu}", "DCGM_FI_DEV_SM_CLOCK{$gpu}"))
-_POWER = _p("Power draw", "W", ("GPU {gpu}", "DCGM_FI_DEV_POWER_USAGE{$gpu}"))
-
-#: The metrics each drill's fault moves (keyed by drill name, falling back to the fault's kind).
-PANELS: dict[str, tuple[Panel, ...]] = {
-    "xid": (_XID, _p("Last Xid seen (DCGM_FI_DEV_XID_ERRORS; never resets)", "Xid code",
-                     ("GPU {gpu}", "DCGM_FI_DEV_XID_ERRORS{$gpu}"))),
-    "gpu-missing": (
-        _p("GPUs reporting vs expected", "GPUs",
-           ("reporting", "count(count by (gpu) (DCGM_FI_DEV_GPU_TEMP{$host}))"),
-           ("expected", "max(gpuobs_node_expected_gpus{$host})")),
-        _p("Xids in the exporter's window (the GPU's series vanish with it)", "Xids",
-           ("GPU {gpu} xid {xid}", "DCGM_EXP_XID_ERRORS_COUNT{$host}")),
-        _p("Serving engine scrape health", "up", ("vLLM engine", 'up{job="vllm",$node}'))),
-    "thermal": (
-        _p("GPU temperature", "degrees C", ("GPU {gpu}", "DCGM_FI_DEV_GPU_TEMP{$gpu}")),
-        _SM_CLOCK,
-        _p("Fraction of time thermally throttled (rate of DCGM_FI_DEV_THERMAL_VIOLATION / 1e9)", "ratio",
-           ("GPU {gpu}", "rate(DCGM_FI_DEV_THERMAL_VIOLATION{$gpu}[$w]) / 1e9")),
-        _p("The node's TTFT p50 (vLLM histogram)", "s",
-           ("p50", "histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{$host}[$w])))"))),
-    "power-brake": (
-        _SM_CLOCK, _POWER,
-        _p("Fraction of time power-throttled (rate of DCGM_FI_DEV_POWER_VIOLATION / 1e9)", "ratio",
-           ("GPU {gpu}", "rate(DCGM_FI_DEV_POWER_VIOLATION{$gpu}[$w]) / 1e9"))),
-    "ecc-dbe": (
-        _p("Double-bit ECC errors", "errors", ("volatile", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{$gpu}"),
-           ("aggregate", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL{$gpu}")),
-        _p("Remapped rows", "rows", ("uncorrectable", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{$gpu}"),
-           ("correctable", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{$gpu}"),
-           ("remap failure", "DCGM_FI_DEV_ROW_REMAP_FAILURE{$gpu}")),
-        _XID),
-    "fragmentation": (
-        _p("PyTorch allocator: reserved vs allocated", "GiB",
-           ("reserved", "pytorch_cuda_memory_reserved_bytes{$gpu} / 2^30"),
-           ("allocated", "pytorch_cuda_memory_allocated_bytes{$gpu} / 2^30")),
-        _p("Fragmentation gap (reserved - allocated)", "GiB",
-           ("gap", "(pytorch_cuda_memory_reserved_bytes{$gpu} - pytorch_cuda_memory_allocated_bytes{$gpu}) / 2^30")),
-        _p("Allocator retries and OOMs", "per second",
-           ("alloc retries", "rate(pytorch_cuda_alloc_retries_total{$gpu}[$w])"),
-           ("OOMs", "rate(pytorch_cuda_ooms_total{$gpu}[$w])"))),
-    "kv-pressure": (
-        _p("KV-cache usage", "ratio", ("usage", "vllm:kv_cache_usage_perc{$host}")),
-        _p("Preemptions", "per second", ("preemptions", "sum(rate(vllm:num_preemptions_total{$host}[$w]))")),
-        _p("Queue time p50", "s",
-           ("p50", "histogram_quantile(0.5, sum by (le) (rate(vllm:request_queue_time_seconds_bucket{$host}[$w])))"))),
-    "collective-hang": (
-        _p("GPU utilisation vs SM active (why GPU util lies)", "ratio",
-           ("GPU_UTIL / 100", "avg(DCGM_FI_DEV_GPU_UTIL{$host}) / 100"),
-           ("SM_ACTIVE", "avg(DCGM_FI_PROF_SM_ACTIVE{$host})")),
-        _p("Power draw (node average per GPU)", "W", ("power", "avg(DCGM_FI_DEV_POWER_USAGE{$host})")),
-        _p("Training step rate", "steps per second", ("steps", "max(rate(training_steps_total{$host}[$w]))"))),
-    "straggler": (
-        _p("Mean step time per rank", "s",
-           ("rank {rank} (GPU {gpu})", "rate(training_step_duration_seconds_sum{$host}[$w]) "
-                                       "/ rate(training_step_duration_seconds_count{$host}[$w])")),
-        _p("MFU per rank", "ratio", ("rank {rank}", "training_mfu_ratio{$host}"))),
-    "driver-skew": (
-        _p("Driver versions in the fleet", "versions",
-           ("versions", "count(count by (DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP))")),
-        _p("GPUs per driver version", "GPUs",
-           ("{DCGM_FI_DRIVER_VERSION}", "count by (DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP)"))),
-    "node-down": (
-        _p("Scrape health of the node", "up", ("dcgm exporter", 'up{job="dcgm",$node}'),
-           ("vLLM engine", 'up{job="vllm",$node}')),),
-    "slo-burn": (
-        _p("Request error ratio (all serving nodes)", "ratio",
-           ("errors", 'sum(rate(vllm:request_success_total{finished_reason="error"}[$w])) '
-                      "/ sum(rate(vllm:request_success_total[$w]))")),
-        _p("Availability error-budget burn rate, every window the rules record", "x budget",
-           ("burn rate", '{__name__=~"slo:burn_rate:ratio_rate.+",slo="availability"}'))),
-}
-#: Fault kinds whose drill is named differently (``{"kind": "down"}`` is node-down, ...).
-_KIND_ALIASES = {"down": "node-down", "driver": "driver-skew"}
-GENERIC: tuple[Panel, ...] = (
-    _p("GPU temperature", "degrees C", ("GPU {gpu}", "DCGM_FI_DEV_GPU_TEMP{$gpu}")), _SM_CLOCK, _POWER)
-
-
-def panels_for(result: dict) -> tuple[Panel, ...]:
-    """The panels of a drill result: by drill name, else by its first fault's kind, else generic."""
-    if result.get("drill") in PANELS:
-        return PANELS[result["drill"]]
-    for fault in result.get("faults") or ():
-        kind = _KIND_ALIASES.get(str(fault.get("kind")), str(fault.get("kind")))
-        if kind in PANELS:
-            return PANELS[kind]
-    return GENERIC
 
 
 def _fault_gpu(result: dict) -> str | None:

@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from gpuobs.promapi.exporter_admin import AdminClient
+from gpuobs.stack.state import StackState
 from tests.conftest import live_stack
 
 pytestmark = pytest.mark.live
@@ -33,29 +34,29 @@ def stack(tmp_path_factory):
     yield from live_stack(tmp_path_factory, "rollout-run", nodes=4, gpus=2, training_nodes=0, timeout_s=120)
 
 
-def rollout(stack: dict, version: str) -> tuple[int, str]:
+def rollout(stack: StackState, version: str) -> tuple[int, str]:
     r = subprocess.run([sys.executable, "-m", "gpuobs", "rollout", "start", "--run-dir", stack.run_dir,
                         "--version", version, *FLAGS], capture_output=True, text=True, timeout=480)
     return r.returncode, r.stdout + r.stderr[-3000:]
 
 
-def versions(stack: dict) -> dict[str, str]:
+def versions(stack: StackState) -> dict[str, str]:
     token = stack.token()
     return {h: AdminClient(u.removesuffix("/metrics"), token).version()
             for h, u in zip(stack.hostnames, stack.urls.nodes)}
 
 
-def vllm_labels(stack: dict) -> list[dict]:
+def vllm_labels(stack: StackState) -> list[dict]:
     path = Path(stack.run_dir) / "prometheus" / "targets" / "vllm-nodes.json"
     return [g["labels"] for g in json.loads(path.read_text())]
 
 
-def prometheus_versions(stack: dict, want: str, timeout_s: float = 30) -> list[str]:
+def prometheus_versions(stack: StackState, want: str, timeout_s: float = 30) -> list[str]:
     """Versions Prometheus scraped from gpuobs_engine_build_info, once every node reports ``want``."""
     got: list[str] = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        r = requests.get(f"{stack['urls']['prometheus']}/api/v1/query",
+        r = requests.get(f"{stack.urls.prometheus}/api/v1/query",
                          params={"query": "gpuobs_engine_build_info"}, timeout=5).json()["data"]["result"]
         got = sorted(x["metric"]["version"] for x in r)
         if got == [want] * len(stack.hostnames):

@@ -98,13 +98,13 @@ def test_node_down_produces_exactly_one_page(stack, drills):
     results, t0 = drills
     res = results["node-down"]
     assert res.ok, (res.problems, res.unexpected)
-    pages = requests.get(f"{stack['urls']['pager']}/api/pages", params={"limit": 1000}, timeout=5).json()["pages"]
+    pages = requests.get(f"{stack.urls.pager}/api/pages", params={"limit": 1000}, timeout=5).json()["pages"]
     node1 = [p for p in pages if p["channel"] == "page" and p["status"] == "firing" and p["received_at"] >= t0
              and any(a["labels"].get("Hostname") == "gpu-node-01" for a in p["alerts"])]
     assert len(node1) == 1, node1
     assert [a["labels"]["alertname"] for a in node1[0]["alerts"]] == ["GpuExporterDown"]
     # Its serving engine went down with it; that alert fired in Prometheus but Alertmanager inhibited it.
-    r = requests.get(f"{stack['urls']['prometheus']}/api/v1/query",
+    r = requests.get(f"{stack.urls.prometheus}/api/v1/query",
                      params={"query": 'max_over_time(ALERTS{alertname="ServingEngineDown",alertstate="firing"}[15m])'},
                      timeout=5).json()["data"]["result"]
     assert [x["metric"]["Hostname"] for x in r] == ["gpu-node-01"]
@@ -113,7 +113,7 @@ def test_node_down_produces_exactly_one_page(stack, drills):
 def test_thermal_and_fragmentation_fire_only_on_the_faulted_gpus(stack, drills):
     res = drills[0]["scrape-and-alert"]
     assert res.ok, (res.problems, res.unexpected)
-    r = requests.get(f"{stack['urls']['prometheus']}/api/v1/query", params={
+    r = requests.get(f"{stack.urls.prometheus}/api/v1/query", params={
         "query": 'max_over_time(ALERTS{alertname=~"GPUThrottling|KVFragmentationRisk",alertstate="firing"}[15m])'},
         timeout=5).json()["data"]["result"]
     fired = sorted((x["metric"]["alertname"], x["metric"]["Hostname"], x["metric"]["gpu"]) for x in r)

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from gpuobs.cli.report import newest_result, register
-from gpuobs.drills.catalogue import DRILLS
+from gpuobs.drills.catalogue import DRILLS, PANELS
 from gpuobs.promapi.prometheus import PrometheusUnavailable
-from gpuobs.reports.drill import BEFORE_S, PANELS, write_drill_report
+from gpuobs.reports.drill import BEFORE_S, write_drill_report
 from gpuobs.reports.html import PNG_SIGNATURE
 from gpuobs.reports.rollout import (
     DISTRIBUTIONS,

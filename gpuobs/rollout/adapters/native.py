@@ -17,6 +17,7 @@ from typing import Any
 from gpuobs.promapi.exporter_admin import AdminClient, AdminError
 from gpuobs.rollout.interfaces import FleetError
 from gpuobs.stack.render import write_targets
+from gpuobs.stack.state import StackState
 
 JOBS = ("dcgm", "vllm")
 _HOST_LABELS = ("node", "Hostname", "track")  # written by write_targets itself, or by us
@@ -29,7 +30,7 @@ class StackFleet:
     ``urls.nodes[i]`` without ``/metrics``. Raises :class:`FleetError` (never AdminError/OSError).
     """
 
-    def __init__(self, stack: dict[str, Any], token: str | None = None, timeout_s: float = 5.0):
+    def __init__(self, stack: StackState, token: str | None = None, timeout_s: float = 5.0):
         self.run = Path(stack.run_dir)
         self.hosts: list[str] = list(stack.serving_hosts)
         try:
