@@ -45,3 +45,8 @@ def node_server():
     yield f"http://127.0.0.1:{srv.server_address[1]}", node
     srv.shutdown()
     srv.server_close()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite golden-output fixtures (tests/exporter/fixtures) instead of comparing")

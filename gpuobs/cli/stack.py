@@ -50,18 +50,18 @@ def _stack(args: argparse.Namespace) -> int:
         return fail(str(exc), exc.exit_code)
     u = state.urls
     print("gpuobs stack is up (native mode):")
-    print(f"  Prometheus    {u['prometheus']}")
-    print(f"  Alertmanager  {u['alertmanager']}  (no web UI in Debian's build: use amtool or the API)")
-    print(f"  Pager         {u['pager']}  (/api/pages, /runbooks/)")
-    if u.get("grafana"):
-        print(f"  Grafana       {u['grafana']}  (anonymous viewer; admin password in run dir grafana/admin-password)")
+    print(f"  Prometheus    {u.prometheus}")
+    print(f"  Alertmanager  {u.alertmanager}  (no web UI in Debian's build: use amtool or the API)")
+    print(f"  Pager         {u.pager}  (/api/pages, /runbooks/)")
+    if u.grafana:
+        print(f"  Grafana       {u.grafana}  (anonymous viewer; admin password in run dir grafana/admin-password)")
     else:
         print("  Grafana       not started: no `grafana`/`grafana-server` binary on PATH "
               "(dashboards: grafana/dashboards/*.json; compose mode runs Grafana)")
-    print(f"  GPU nodes     {u['nodes'][0]} .. {u['nodes'][-1]}  ({state['nodes']} nodes x {state['gpus']} GPUs, "
-          f"{state['training_nodes']} training)")
-    print(f"  vLLM engines  {u['engines'][0]} .. {u['engines'][-1]}")
-    print(f"  run dir       {state['run_dir']}  (logs/, stack.json, admin-token); rule profile {state['profile']}")
+    print(f"  GPU nodes     {u.nodes[0]} .. {u.nodes[-1]}  ({state.nodes} nodes x {state.gpus} GPUs, "
+          f"{state.training_nodes} training)")
+    print(f"  vLLM engines  {u.engines[0]} .. {u.engines[-1]}")
+    print(f"  run dir       {state.run_dir}  (logs/, stack.json, admin-token); rule profile {state.profile}")
     print("Try: make drill-xid    Stop: make down")
     return 0
 
