@@ -55,7 +55,7 @@ drill-%: venv
 	  echo "report: $$($(GPUOBS) report drill $* --run-dir $(RUN_DIR) | tail -n 1)"; exit $$rc
 
 # Every drill on a fresh stack of its own with the drill profile (shortened `for:`/windows, 1d SLO
-# period; see gpuobs/stack/render.py), lanes in parallel, then one table. Stops its stack afterwards.
+# period; see gpuobs/mixin/profile.py), lanes in parallel, then one table. Stops its stack afterwards.
 drills: venv binaries
 	@$(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR) >/dev/null 2>&1 || true
 	rm -rf $(DRILL_RUN_DIR)
@@ -84,6 +84,7 @@ lint: venv binaries
 rules: venv
 	$(GPUOBS) rules xid > prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo > prometheus/rules/slo.yml
+	$(GPUOBS) rules dashboards
 
 test: venv binaries
 	$(PY) -m pytest -q $(PYTEST_ARGS)

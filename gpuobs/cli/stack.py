@@ -93,6 +93,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--runbook-base", default=env("RUNBOOK_BASE"), help="runbook_url base (default: the pager)")
     s.add_argument("--profile", choices=["default", "drill"], default=env("PROFILE", "default"),
                    help="default: the rule files as they are; drill: `for:` capped at 20s and a 1d SLO period "
-                        "so every drill fires and resolves in minutes (see gpuobs/stack/render.py)")
+                        "so every drill fires and resolves in minutes (see gpuobs/mixin/profile.py)")
     s.add_argument("--timeout", type=pos_float, default=90.0, help="start-up deadline, seconds")
     s.set_defaults(func=cmd_stack)

@@ -8,7 +8,6 @@ absolute paths to rules and file_sd targets, the pager's webhook URLs and the ru
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,20 +15,7 @@ import yaml
 
 from gpuobs.core import assets
 from gpuobs.core.files import atomic_write
-from gpuobs.mixin.slo_rules import parse_duration, render_slo_rules
-from gpuobs.mixin.xid_rules import RUNBOOK_BASE
-
-#: Stack profiles. ``default`` loads the repository's rule files as they are (realistic ``for:``
-#: durations and windows, 30-day SLO). ``drill`` is for rehearsing every failure quickly
-#: (``make drills``): every ``for:`` longer than DRILL_MAX_FOR is cut to it, every range selector of
-#: 5 minutes or more is divided by DRILL_WINDOW_DIVISOR (10m -> 2m), and the SLO rules are
-#: regenerated for a DRILL_SLO_PERIOD SLO period, which shrinks the burn-rate windows proportionally
-#: (1d: 2m/30s x14.4 and 12m/1m x6 page; 144m/12m x1 ticket). Production rule files are never modified.
-PROFILES = ("default", "drill")
-DRILL_MAX_FOR = "20s"
-DRILL_WINDOW_DIVISOR = 5
-DRILL_SLO_PERIOD = "1d"
-
+from gpuobs.mixin.profile import PROFILES, profile_rules
 
 
 @dataclass(frozen=True)
@@ -61,41 +47,12 @@ def write_targets(run: Path, job: str, targets: list[tuple[str, int, dict[str, s
     return path
 
 
-def _cap_for(text: str, cap: str) -> str:
-    """Replace every ``for: <duration>`` longer than ``cap`` with ``cap`` (drill profile)."""
-    limit = parse_duration(cap)
-
-    def sub(m: re.Match) -> str:
-        return f"{m.group(1)}for: {cap}" if parse_duration(m.group(2)) > limit else m.group(0)
-    return re.sub(r"(?m)^(\s*)for: ([0-9dhms]+)\s*$", sub, text)
-
-
-def _shorten_windows(text: str, divisor: int) -> str:
-    """Divide every PromQL range selector of 5 minutes or more by ``divisor`` (drill profile)."""
-    def sub(m: re.Match) -> str:
-        secs = parse_duration(m.group(1))
-        return f"[{secs // divisor}s]" if secs >= 300 else m.group(0)
-    return re.sub(r"\[([0-9]+[dhms](?:[0-9]+[dhms])*)\]", sub, text)
-
-
 def render_rules(out: Path, runbook_base: str, profile: str = "default", repo: Path | None = None) -> list[Path]:
-    """Copy the rule files into ``out`` with the runbook base applied and, for ``drill``, shortened."""
-    repo = repo or assets.root()
-    if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    """Write the rule files of ``profile`` (:func:`gpuobs.mixin.profile.profile_rules`) into ``out``."""
     written = []
-    for rule_file in sorted((repo / "prometheus" / "rules").glob("*.yml")):
-        if profile == "drill" and rule_file.name == "slo.yml":
-            text = render_slo_rules(repo / "prometheus" / "slo.yaml", DRILL_SLO_PERIOD)
-        else:
-            text = rule_file.read_text()
-        if profile == "drill":
-            text = _cap_for(text, DRILL_MAX_FOR)
-            if rule_file.name != "slo.yml":  # the SLO file is regenerated for its own period instead
-                text = _shorten_windows(text, DRILL_WINDOW_DIVISOR)
-        text = text.replace(RUNBOOK_BASE, runbook_base.rstrip("/"))
-        atomic_write(out / rule_file.name, text)
-        written.append(out / rule_file.name)
+    for name, text in profile_rules(runbook_base, profile, repo or assets.root()).items():
+        atomic_write(out / name, text)
+        written.append(out / name)
     return written
 
 
