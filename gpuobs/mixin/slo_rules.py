@@ -29,7 +29,7 @@ from gpuobs.core.durations import DurationError
 from gpuobs.core.durations import format_duration as core_format_duration
 from gpuobs.core.durations import parse_duration as core_parse_duration
 from gpuobs.core.errors import InputError
-from gpuobs.mixin.xid_rules import runbook_url
+from gpuobs.mixin.runbooks import runbook_url
 from gpuobs.reference.buckets import ITL_BUCKETS, TTFT_BUCKETS
 
 #: (severity, fraction of the error budget spent, long window as a fraction of the period).

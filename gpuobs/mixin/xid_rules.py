@@ -9,18 +9,10 @@ from __future__ import annotations
 
 import yaml
 
-from gpuobs.reference import (
-    xid,  #: Default runbook base: the local pager serves runbooks/ (rewritten by the stack when configured).
-)
-
-RUNBOOK_BASE = "http://127.0.0.1:9097"
+from gpuobs.mixin.runbooks import runbook_url
+from gpuobs.reference import xid
 
 GPU_LABELS = "Hostname, gpu, UUID, pci_bus_id, modelName, DCGM_FI_DRIVER_VERSION, xid"
-
-
-def runbook_url(file: str, alertname: str) -> str:
-    """``<base>/runbooks/<file>.md#<alertname-lowercase>`` (design §6)."""
-    return f"{RUNBOOK_BASE}/runbooks/{file}.md#{alertname.lower()}"
 
 
 def _xid_alert(name: str, codes: list[int], severity: str, summary: str, lookback: str) -> dict:

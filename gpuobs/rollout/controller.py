@@ -3,8 +3,8 @@ with statistical analysis, automatic rollback, SQLite persistence after every tr
 
 :meth:`Controller.run` reads the persisted state and applies one handler per state until a terminal
 state; every handler commits its transition before acting on the next, and deploys are write-ahead
-logged (:mod:`rollout_state`), so a resumed controller never redeploys a node. States (with their
-Flagger/Argo names), gates, rollback policy and exit codes: :mod:`rollout_model` and docs/rollout.md.
+logged (:mod:`gpuobs.rollout.store`), so a resumed controller never redeploys a node. States (with their
+Flagger/Argo names), gates, rollback policy and exit codes: :mod:`gpuobs.rollout.model` and docs/rollout.md.
 Sources: Flagger's canary analysis (phases, webhooks), Argo Rollouts' analysis runs (Successful /
 Failed / Inconclusive / Error, consecutiveErrorLimit), the SRE workbook's error-budget policy.
 """

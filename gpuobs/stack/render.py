@@ -15,7 +15,7 @@ import yaml
 
 from gpuobs.core import assets
 from gpuobs.core.files import atomic_write
-from gpuobs.mixin.profile import PROFILES, profile_rules
+from gpuobs.mixin.profile import profile_rules
 
 
 @dataclass(frozen=True)
