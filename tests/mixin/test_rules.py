@@ -188,3 +188,12 @@ def test_xid_rules_file_is_generated_from_the_catalogue():
     expr = doc["groups"][0]["rules"][0]["expr"]
     assert "DCGM_FI_DEV_XID_ERRORS" not in expr  # never "last Xid gauge > 0"
     assert f'xid=~"{"|".join(map(str, crit))}"' in expr
+
+
+def test_every_alert_belongs_to_exactly_one_family():
+    from gpuobs.mixin.families import FAMILIES
+
+    alerts = [rule["alert"] for _, rule in all_rules() if "alert" in rule]
+    owners = {a: [f.name for f in FAMILIES if a in f.alerts] for a in alerts}
+    assert {a: o for a, o in owners.items() if len(o) != 1} == {}
+    assert {a for f in FAMILIES for a in f.alerts} == set(alerts)
