@@ -359,7 +359,7 @@ def _units(ctx: _Context, fam: Family) -> tuple[str, list[Target] | None]:
 
 def _missing_reason(ctx: _Context, s: Signal, path: str) -> str:
     snap = ctx.snap
-    text = f"{s.metric} missing ({path} path)"
+    text = f"{s.metric} missing ({path} path)" + (" in every job" if s.job == "app" else "")
     sel_jobs = {t.job for t in (snap.dcgm_targets if s.job == "dcgm" else snap.vllm_targets)}
     other = sorted(set(snap.anywhere.get(s.metric, {})) - sel_jobs) if s.job in ("dcgm", "vllm") else []
     if other:
@@ -374,9 +374,12 @@ def _signal_fixes(signals: list[Signal]) -> list[Fix]:
     fixes, csv = [], [s.metric for s in signals if s.metric in CSV_LINES]
     if csv:
         fixes.append(csv_fix(list(dict.fromkeys(csv))))
+    by_enable: dict[str, list[str]] = {}
     for s in signals:
         if s.metric not in CSV_LINES and s.enable:
-            fixes.append(Fix("instrument", f"{s.metric}: {s.enable}", s.enable))
+            by_enable.setdefault(s.enable, []).append(s.metric)
+    for enable, metrics in by_enable.items():
+        fixes.append(Fix("instrument", f"to get {' / '.join(metrics)}", enable))
     return fixes
 
 
@@ -431,18 +434,19 @@ def judge_family(ctx: _Context, fam: Family) -> FamilyVerdict:
             status, path = "blind", []
         if not enh_ok and (fam.enhanced or fam.alternatives):
             for s in enh_missing:
-                reasons[_missing_reason(ctx, s, "enhanced")].append(uname)
+                reasons[_missing_reason(ctx, s, "enhanced")].append("fleet" if s.job == "app" else uname)
             if fam.alternatives and not fam.enhanced:
                 reasons[f"none of {', '.join(s.metric for s in fam.alternatives)} (enhanced path)"].append(uname)
             want_enh += enh_missing + ([fam.alternatives[0]] if fam.alternatives else [])
         if stock_missing and not enh_ok:
             for s in stock_missing:
-                reasons[_missing_reason(ctx, s, "stock")].append(uname)
+                reasons[_missing_reason(ctx, s, "stock")].append("fleet" if s.job == "app" else uname)
             want_stock += stock_missing
         if presumed and not enh_ok:
             for s in presumed:
-                reasons[f"{s.metric} not seen: dcgm-exporter 4.4+ serves it only after the first Xid; presumed "
-                        f"(line in the stock CSV), check the counters file has it"].append(uname)
+                reasons[f"{s.metric} not seen {{where}}: dcgm-exporter 4.4+ serves it only after the first Xid, "
+                        f"so it is presumed on (its line is in the stock CSV; check your counters file keeps "
+                        f"it)"].append(uname)
         if fam.needs_driver_label and key in ctx.no_driver:
             status = "blind"
             reasons["DCGM_FI_DRIVER_VERSION label missing (the Helm chart's ConfigMap drops it)"].append(uname)
@@ -465,8 +469,8 @@ def judge_family(ctx: _Context, fam: Family) -> FamilyVerdict:
                 if (s.job == "dcgm" and s.metric != "up" and not s.sparse and total and have < total
                         and status != "blind"):
                     status = max(status, "degraded", key=RANK.get)
-                    reasons[f"{s.metric} absent on MIG instances ({total - have} of {total} per target; "
-                            f"dcgm-exporter #105, #512, #380)"].append(uname)
+                    reasons[f"{s.metric} absent on {total - have} of {total} MIG instances {{where}} "
+                            f"(dcgm-exporter #105, #512, #380): those instances are blind for this path"].append(uname)
         statuses.append(status)
 
     verdict.status = max(statuses, key=RANK.get) if statuses else "blind"
@@ -480,7 +484,11 @@ def judge_family(ctx: _Context, fam: Family) -> FamilyVerdict:
     n = len(units) if units else 1
     what = ("DCGM targets" if kind == "dcgm" else "vLLM targets")
     for text, names in reasons.items():
-        verdict.why.append(text if names == ["fleet"] else f"{text} {_where(names, n, what)}")
+        if set(names) == {"fleet"}:
+            verdict.why.append(text.replace(" {where}", ""))
+        else:
+            where = _where(list(dict.fromkeys(n for n in names if n != "fleet")), n, what)
+            verdict.why.append(text.replace("{where}", where) if "{where}" in text else f"{text} {where}")
     if verdict.status == "blind":
         verdict.fixes += _signal_fixes(list(dict.fromkeys(want_stock)) + list(dict.fromkeys(want_enh)))
     elif want_enh:
