@@ -102,6 +102,6 @@ def test_fake_answers_every_doctor_query_like_prometheus(prometheus, scenario):
                     for labels, v in ts.evaluate(q)]
         assert _rows(body["data"]["result"]) == _rows(expected), q
         answered += bool(expected)
-    assert answered >= 6  # the scenarios exercise the queries, not empty answers
+    assert answered >= 5  # the scenarios exercise the queries, not empty answers
     real_report = run(real, retries=0, **doctor_kw)
     assert real_report.as_dict() | {"prometheus": ""} == fake_report.as_dict() | {"prometheus": ""}
