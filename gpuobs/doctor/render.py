@@ -34,7 +34,8 @@ def text(report: Report, fixes: bool = True) -> str:
         if fixes:
             for fix in f.fixes:
                 out.append(f"  fix: {fix.title}" + (f"  [{fix.source}]" if fix.source else ""))
-                out.append(_indent(fix.text, "       "))
+                if fix.text:
+                    out.append(_indent(fix.text, "       "))
     if r.findings:
         out += ["", "== identity, selectors and labels"]
         for fd in r.findings:
@@ -42,7 +43,8 @@ def text(report: Report, fixes: bool = True) -> str:
             if fixes:
                 for fix in fd.fixes:
                     out.append(f"    fix: {fix.title}" + (f"  [{fix.source}]" if fix.source else ""))
-                    out.append(_indent(fix.text, "         "))
+                    if fix.text:
+                        out.append(_indent(fix.text, "         "))
     lines = r.csv_lines()
     if lines and fixes:
         out += ["", "== counters CSV lines to add (all families; deploy/dcgm-exporter/recommended.csv has them all)"]

@@ -225,6 +225,7 @@ def _selector_findings(ctx: _Context) -> list[Finding]:
 
 def _identity_findings(ctx: _Context) -> list[Finding]:
     snap, out, lab = ctx.snap, [], ctx.snap.identity_label
+    snippets_given = False
     for kind, targets in (("dcgm", snap.dcgm_targets), ("vllm", snap.vllm_targets)):
         label = "DCGM" if kind == "dcgm" else "vLLM"
         missing = [t.name for t in targets if not ctx.ident[t.key]]
@@ -233,8 +234,10 @@ def _identity_findings(ctx: _Context) -> list[Finding]:
             out.append(Finding(sev, f"{kind}-identity-missing",
                                f"identity label {lab!r} missing or empty {_where(missing, len(targets), label + ' targets')}: "
                                f"their alerts carry no node, per-node rules (GPU missing, KV-cache joins) skip them, "
-                               f"inhibitions never match them, dashboards merge them",
-                               missing, identity_fixes(lab)))
+                               f"inhibitions never match them, dashboards merge them"
+                               + (" (same relabelling as above, on this job's scrape)" if snippets_given else ""),
+                               missing, [] if snippets_given else identity_fixes(lab)))
+            snippets_given = True
     groups: dict[str, list[Target]] = defaultdict(list)
     for t in snap.dcgm_targets:
         if t.key in ctx.dup:
@@ -454,14 +457,14 @@ def judge_family(ctx: _Context, fam: Family) -> FamilyVerdict:
         if key is not None:
             if not ctx.ident.get(key):
                 status = "blind" if fam.identity_join else max(status, "degraded", key=RANK.get)
-                reasons[f"identity label {snap.identity_label!r} missing or empty"
+                reasons[f"identity label {snap.identity_label!r} missing or empty {{where}}"
                         + (": the family's rules compare series per node" if fam.identity_join
                            else ": pages carry no node")].append(uname)
                 identity_fix = True
             elif key in ctx.dup or key in ctx.unstable:
                 status = max(status, "degraded", key=RANK.get)
                 why = "shared with another target" if key in ctx.dup else "is the exporter pod's name (changes on rollout)"
-                reasons[f"identity {snap.identity_label}={ctx.ident[key]!r} {why}"].append(uname)
+                reasons[f"identity {snap.identity_label}={ctx.ident[key]!r} {why} {{where}}"].append(uname)
                 identity_fix = True
             total = snap.mig_total.get(key, 0)
             for s in path:
@@ -494,8 +497,8 @@ def judge_family(ctx: _Context, fam: Family) -> FamilyVerdict:
     elif want_enh:
         verdict.fixes += _signal_fixes(list(dict.fromkeys(want_enh)))
     if identity_fix:
-        verdict.fixes.append(Fix("relabel", f"give every target a unique {snap.identity_label!r} label",
-                                 "see the identity finding below for the snippet of your scrape kind"))
+        verdict.fixes.append(Fix("relabel", f"give every target a unique {snap.identity_label!r} label "
+                                 "(snippet per scrape kind: the identity finding below)", ""))
     return verdict
 
 

@@ -71,7 +71,9 @@ def test_stock_exporter_pages_on_stock_paths_and_names_what_is_missing():
     assert thr.text.splitlines() == [CSV_LINES["DCGM_FI_DEV_THERMAL_VIOLATION"], CSV_LINES["DCGM_FI_DEV_POWER_VIOLATION"],
                                      CSV_LINES["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]]
     assert "DCGM_FI_DEV_CLOCKS_EVENT_REASONS: in no shipped CSV" in thr.source
-    assert "instrument" in {f.kind for f in family(rep, "memory").fixes}  # allocator metrics come from the framework
+    mem = family(rep, "memory")
+    assert "pytorch_cuda_memory_reserved_bytes missing (enhanced path) in every job" in mem.why
+    assert "instrument" in {f.kind for f in mem.fixes}  # allocator metrics come from the framework
     assert not codes(rep) & {"dcgm-identity-missing", "dcgm-selector-matches-nothing", "driver-label-missing"}
 
 
@@ -172,6 +174,9 @@ def test_no_identity_label_blinds_per_node_families_and_exits_1():
     assert f.severity == "error" and "on all 4 DCGM targets" in f.message
     titles = " | ".join(fx.title for fx in f.fixes)
     assert "ServiceMonitor" in titles and "PodMonitor" in titles and "file_sd" in titles
+    assert any("identity label 'node' missing or empty on all 4 DCGM targets: the family's rules compare series per node"
+               == w for w in family(rep, "gpu-missing").why)
+    assert finding(rep, "vllm-identity-missing").fixes == []  # the snippets are given once
     sm = next(fx for fx in f.fixes if fx.title.startswith("ServiceMonitor"))
     assert "- sourceLabels: [__meta_kubernetes_pod_node_name]\n          targetLabel: node" in sm.text
 
