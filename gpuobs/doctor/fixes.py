@@ -58,7 +58,7 @@ CSV_LINES: dict[str, str] = {
     # in no shipped CSV (field ids 112 and 396); help texts are gpuobs's
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS, gauge, Current clock event reasons (bitmask).",
     "DCGM_FI_DEV_ROW_REMAP_PENDING":
-        "DCGM_FI_DEV_ROW_REMAP_PENDING, gauge, Whether remapping of rows is pending (a GPU reset applies it).",
+        "DCGM_FI_DEV_ROW_REMAP_PENDING, gauge, Whether remapping of rows is pending (a GPU reset applies it)",
 }
 #: Stock-file lines (uncommented upstream).
 STOCK_FIELDS = frozenset({

@@ -140,7 +140,7 @@ class _Context:
     vllm_anywhere: bool
 
 
-def _dcgm_jobs_anywhere(snap: Snapshot, metrics: Iterable[str]) -> set[str]:
+def _jobs_serving(snap: Snapshot, metrics: Iterable[str]) -> set[str]:
     return {job for m in metrics for job in snap.anywhere.get(m, {})}
 
 
@@ -179,9 +179,9 @@ def _context(snap: Snapshot, families: tuple[Family, ...]) -> _Context:
     vllm_jobs = {t.job for t in snap.vllm_targets}
     return _Context(
         snap, ident, dup, unstable, no_driver,
-        sorted(_dcgm_jobs_anywhere(snap, dcgm_metrics) - dcgm_jobs),
-        sorted(_dcgm_jobs_anywhere(snap, vllm_metrics) - vllm_jobs),
-        bool(_dcgm_jobs_anywhere(snap, vllm_metrics)) or bool(snap.vllm_targets))
+        sorted(_jobs_serving(snap, dcgm_metrics) - dcgm_jobs),
+        sorted(_jobs_serving(snap, vllm_metrics) - vllm_jobs),
+        bool(_jobs_serving(snap, vllm_metrics)) or bool(snap.vllm_targets))
 
 
 def _pod_named(hostname: str, target: Target) -> bool:

@@ -314,3 +314,58 @@ def test_doctor_sends_only_instant_queries():
 def test_text_report_without_fixes_is_short():
     rep = doctor(fleet("stock"))
     assert "fix:" in render.text(rep) and "fix:" not in render.text(rep, fixes=False)
+
+
+def test_wrong_vllm_selector_degrades_exporter_family_through_serving_engine_down():
+    rep = doctor(fleet("stock", scrape="servicemonitor"), dcgm_selector=SM)
+    exp = family(rep, "exporter")
+    assert exp.status == "degraded"
+    assert any("ServingEngineDown cannot fire" in w for w in exp.why)
+    assert any("job=\"vllm-engine\"" in fx.text for fx in exp.fixes)
+    assert family(rep, "slo").status == "blind" and rep.exit_code == 1
+
+
+def test_empty_prometheus_is_blind_everywhere_and_says_nothing_is_scraped():
+    from tests.fakes.prometheus import SeriesSet
+    rep = doctor(SeriesSet())
+    assert set(statuses(rep).values()) == {"blind"} and rep.exit_code == 1
+    assert "is the exporter scraped at all?" in finding(rep, "dcgm-selector-matches-nothing").message
+    assert finding(rep, "no-vllm").severity == "info"
+
+
+def test_fix_csv_lines_are_well_formed_counters_file_records():
+    """Each line parses as dcgm-exporter's counters format (3 comma-separated fields, a known type), names its
+    own metric, and every signal of every family with a DCGM field name has one."""
+    from gpuobs.doctor.fixes import NOT_IN_ANY_CSV, STOCK_FIELDS
+    from tests.doctor.labelsets import RECOMMENDED_EXTRA, STOCK_FIELDS as STOCK_METRICS
+    for metric, line in CSV_LINES.items():
+        name, typ, help_text = (p.strip() for p in line.split(",", 2))
+        assert name == metric and typ in ("gauge", "counter", "label") and help_text
+    for f in FAMILIES:
+        for s in (*f.stock, *f.enhanced):
+            if s.metric.startswith("DCGM_"):
+                assert s.metric in CSV_LINES, s.metric
+    assert STOCK_FIELDS - {"DCGM_FI_DRIVER_VERSION"} <= set(STOCK_METRICS)
+    assert NOT_IN_ANY_CSV <= set(RECOMMENDED_EXTRA)
+    assert not NOT_IN_ANY_CSV & set(STOCK_METRICS)
+
+
+#: Lines doctor prints that deploy/dcgm-exporter/recommended.csv words differently on purpose: doctor prints
+#: upstream's own (commented-out) default-counters.csv line, recommended.csv declares the windowed count a gauge.
+KNOWN_DIFFERENT = {"DCGM_EXP_XID_ERRORS_COUNT"}
+
+
+def test_fix_csv_lines_match_the_shipped_recommended_file():
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "deploy" / "dcgm-exporter" / "recommended.csv"
+    if not path.exists():
+        pytest.skip("deploy/dcgm-exporter/recommended.csv not in this checkout yet (issue 10 item 4)")
+    shipped = {}
+    for raw in path.read_text().splitlines():
+        if raw.strip() and not raw.lstrip().startswith("#"):
+            name, typ, help_text = (p.strip() for p in raw.split(",", 2))
+            shipped[name] = f"{name}, {typ}, {help_text}"
+    for metric, line in CSV_LINES.items():
+        assert metric in shipped, f"{metric}: doctor asks for it, recommended.csv lacks it"
+        if metric not in KNOWN_DIFFERENT:
+            assert shipped[metric] == line, metric
