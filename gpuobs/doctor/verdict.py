@@ -413,7 +413,9 @@ def judge_family(ctx: _Context, fam: Family) -> FamilyVerdict:
     identity_fix = False
     for unit in units if units is not None else [None]:
         key = unit.key if unit is not None else None
-        uname = (ctx.ident.get(key) or f"{key[0]}/{key[1]}") if key else "fleet"
+        uname = "fleet" if key is None else (ctx.ident.get(key) or f"{key[0]}/{key[1]}")
+        if key in ctx.dup:
+            uname += f" ({key[1]})"
         stock_missing, presumed = [], []
         for s in fam.stock:
             if _present(ctx, s, key):
@@ -484,13 +486,13 @@ def judge_family(ctx: _Context, fam: Family) -> FamilyVerdict:
             flag = "--vllm-selector"
             if ctx.vllm_jobs_elsewhere:
                 verdict.fixes.append(selector_fix("vllm", ctx.vllm_jobs_elsewhere, flag))
-    n = len(units) if units else 1
+    total = len(units) if units else 1
     what = ("DCGM targets" if kind == "dcgm" else "vLLM targets")
     for text, names in reasons.items():
         if set(names) == {"fleet"}:
             verdict.why.append(text.replace(" {where}", ""))
         else:
-            where = _where(list(dict.fromkeys(n for n in names if n != "fleet")), n, what)
+            where = _where(list(dict.fromkeys(u for u in names if u != "fleet")), total, what)
             verdict.why.append(text.replace("{where}", where) if "{where}" in text else f"{text} {where}")
     if verdict.status == "blind":
         verdict.fixes += _signal_fixes(list(dict.fromkeys(want_stock)) + list(dict.fromkeys(want_enh)))

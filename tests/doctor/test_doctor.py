@@ -369,3 +369,10 @@ def test_fix_csv_lines_match_the_shipped_recommended_file():
         assert metric in shipped, f"{metric}: doctor asks for it, recommended.csv lacks it"
         if metric not in KNOWN_DIFFERENT:
             assert shipped[metric] == line, metric
+
+
+def test_targets_sharing_an_identity_are_counted_apart():
+    rep = doctor(fleet("stock", same_node=(0, 1)))
+    gm = family(rep, "gpu-missing")
+    assert any("shared with another target on 2 of 4 DCGM targets: gpu-node-00 (10.0.0.11:9400), "
+               "gpu-node-00 (10.0.0.12:9400)" in w for w in gm.why), gm.why
