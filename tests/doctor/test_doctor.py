@@ -376,3 +376,11 @@ def test_targets_sharing_an_identity_are_counted_apart():
     gm = family(rep, "gpu-missing")
     assert any("shared with another target on 2 of 4 DCGM targets: gpu-node-00 (10.0.0.11:9400), "
                "gpu-node-00 (10.0.0.12:9400)" in w for w in gm.why), gm.why
+
+
+def test_docs_example_is_the_current_output_for_the_stock_label_set():
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "doctor.md").read_text()
+    with FakePrometheus(fleet("stock")) as prom:
+        text = render.text(run(prom.url, retries=0)).replace(prom.url, "http://prometheus.monitoring:9090")
+    assert text.rstrip("\n") in doc, "docs/doctor.md's stock example is stale: regenerate it"
