@@ -384,3 +384,9 @@ def test_docs_example_is_the_current_output_for_the_stock_label_set():
     with FakePrometheus(fleet("stock")) as prom:
         text = render.text(run(prom.url, retries=0)).replace(prom.url, "http://prometheus.monitoring:9090")
     assert text.rstrip("\n") in doc, "docs/doctor.md's stock example is stale: regenerate it"
+
+
+def test_bad_url_is_an_input_error():
+    with pytest.raises(InputError) as exc:
+        run("prometheus:9090")
+    assert "--prometheus" in str(exc.value) and exc.value.exit_code == 2
