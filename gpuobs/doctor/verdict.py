@@ -156,9 +156,14 @@ def _context(snap: Snapshot, families: tuple[Family, ...]) -> _Context:
     for t in snap.vllm_targets:
         ident[t.key] = t.identity
     dup: dict[TargetKey, str] = {}
+    for t in snap.dcgm_targets:  # identity read from the page with several values on one target
+        vals = page_idents.get(t.key, set())
+        if not t.identity and len(vals) > 1:
+            ident[t.key] = "|".join(sorted(vals))
+            dup[t.key] = ident[t.key]
     by_value: dict[str, list[TargetKey]] = defaultdict(list)
     for t in snap.dcgm_targets:
-        if ident[t.key]:
+        if ident[t.key] and t.key not in dup:
             by_value[ident[t.key]].append(t.key)
     for value, keys in by_value.items():
         if len(keys) > 1:

@@ -390,3 +390,17 @@ def test_bad_url_is_an_input_error():
     with pytest.raises(InputError) as exc:
         run("prometheus:9090")
     assert "--prometheus" in str(exc.value) and exc.value.exit_code == 2
+
+
+def test_host_label_identity_with_two_values_on_one_target_is_not_unique():
+    ts = fleet("stock", nodes=2)
+    ts.add("DCGM_FI_DEV_GPU_TEMP", {"job": "dcgm", "instance": "10.0.0.11:9400", "node": "gpu-node-00", "gpu": "5",
+                                    "Hostname": "nvidia-dcgm-exporter-b9mzt", "DCGM_FI_DRIVER_VERSION": "550.54.15"})
+    rep = doctor(ts, identity_label="Hostname")
+    xid = family(rep, "xid")
+    assert xid.status == "degraded"
+    assert any("identity Hostname='gpu-node-00|nvidia-dcgm-exporter-b9mzt' shared with another target" in w
+               for w in xid.why), xid.why
+    assert family(doctor(fleet("stock", nodes=2), identity_label="Hostname"), "xid").status == "degraded"
+    assert not any("identity" in w for w in family(doctor(fleet("stock", nodes=2), identity_label="Hostname"),
+                                                   "xid").why)
