@@ -470,7 +470,9 @@ def judge_family(ctx: _Context, fam: Family) -> FamilyVerdict:
                 identity_fix = True
             elif key in ctx.dup or key in ctx.unstable:
                 status = max(status, "degraded", key=RANK.get)
-                why = "shared with another target" if key in ctx.dup else "is the exporter pod's name (changes on rollout)"
+                why = ("is the exporter pod's name (changes on rollout)" if key not in ctx.dup else
+                       "has several values on one target" if "|" in ctx.dup[key] and not unit.identity else
+                       "shared with another target")
                 reasons[f"identity {snap.identity_label}={ctx.ident[key]!r} {why} {{where}}"].append(uname)
                 identity_fix = True
             total = snap.mig_total.get(key, 0)

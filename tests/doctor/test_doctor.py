@@ -399,7 +399,7 @@ def test_host_label_identity_with_two_values_on_one_target_is_not_unique():
     rep = doctor(ts, identity_label="Hostname")
     xid = family(rep, "xid")
     assert xid.status == "degraded"
-    assert any("identity Hostname='gpu-node-00|nvidia-dcgm-exporter-b9mzt' shared with another target" in w
+    assert any("identity Hostname='gpu-node-00|nvidia-dcgm-exporter-b9mzt' has several values on one target" in w
                for w in xid.why), xid.why
     assert family(doctor(fleet("stock", nodes=2), identity_label="Hostname"), "xid").status == "degraded"
     assert not any("identity" in w for w in family(doctor(fleet("stock", nodes=2), identity_label="Hostname"),
