@@ -116,3 +116,8 @@ rollout-bad: venv
 
 rollout-incompatible: venv
 	$(call rollout_demo,2.0.0,Rejected)
+
+# Which alert families work on the running stack's Prometheus (or GPUOBS_PROMETHEUS_URL): docs/doctor.md.
+.PHONY: doctor
+doctor: venv
+	$(GPUOBS) doctor --prometheus $${GPUOBS_PROMETHEUS_URL:-http://127.0.0.1:$${GPUOBS_PROMETHEUS_PORT:-9090}}

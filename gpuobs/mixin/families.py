@@ -29,11 +29,16 @@ IDENTITY_LABEL = "node"
 @dataclass(frozen=True)
 class Signal:
     """A series a path needs: ``metric`` (a metric name) on ``job`` (``dcgm``, ``vllm``, ``app``: the
-    framework or training job, ``agent``: gpuobs's node agents), and how to enable it when missing."""
+    framework or training job, ``agent``: gpuobs's node agents), and how to enable it when missing.
+
+    ``sparse``: the exporter serves the series only after an event (the Xid gauge of dcgm-exporter
+    4.4+ is absent until the first Xid), so its absence on a healthy fleet is not evidence that the
+    field is disabled; ``gpuobs doctor`` presumes it when the target serves the default field set."""
 
     metric: str
     job: str = "dcgm"
     enable: str = ""
+    sparse: bool = False
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,11 @@ class Family:
 
     ``alternatives``: signals any one of which satisfies the enhanced path (e.g. the clock-event field
     under its legacy name). ``blind_on_stock``: the family has no stock path at all (say why in
-    ``note``). ``needs_driver_label``: the family reads the ``DCGM_FI_DRIVER_VERSION`` label."""
+    ``note``). ``needs_driver_label``: the family reads the ``DCGM_FI_DRIVER_VERSION`` label.
+    ``identity_join``: the family's rules compare or join series on the identity label (guarded with
+    ``=~".+"``), so a target without it is blind for the family, not merely paged without a host.
+    ``optional``: signals only some of the family's alerts read (e.g. ServingEngineDown's ``up`` of
+    the vLLM targets); without them the family is degraded, never blind."""
 
     name: str
     alerts: tuple[str, ...]
@@ -52,6 +61,8 @@ class Family:
     alternatives: tuple[Signal, ...] = ()
     blind_on_stock: bool = False
     needs_driver_label: bool = False
+    identity_join: bool = False
+    optional: tuple[Signal, ...] = ()
     runbook: str = ""
     note: str = ""
 
@@ -61,7 +72,7 @@ APP = "instrument the framework (PyTorch allocator metrics, design §4.2)"
 
 FAMILIES: tuple[Family, ...] = (
     Family("xid", ("GpuXidCritical", "GpuXidWarning"), True,
-           stock=(Signal("DCGM_FI_DEV_XID_ERRORS"),),
+           stock=(Signal("DCGM_FI_DEV_XID_ERRORS", sparse=True),),
            enhanced=(Signal("DCGM_EXP_XID_ERRORS_COUNT", enable=CSV),),
            alternatives=(Signal("gpuobs_xid_events_total", "agent", "run `gpuobs logwatch` on every GPU node"),),
            runbook="xid.md",
@@ -71,7 +82,7 @@ FAMILIES: tuple[Family, ...] = (
            stock=(Signal("DCGM_FI_DEV_GPU_TEMP"),),
            enhanced=(Signal("gpuobs_node_expected_gpus", "agent", "run the gpuobs NVML exporter or logwatch"),),
            alternatives=(Signal("gpuobs_gpu_fallen_off_bus", "agent", "run `gpuobs logwatch` on every GPU node"),),
-           runbook="xid.md",
+           identity_join=True, runbook="xid.md",
            note="stock: fewer GPUs reporting than the node had in the last hour (DCGM cannot report Xid 79)"),
     Family("ecc", ("GpuEccDoubleBitError", "GpuRowRemapFailure", "GpuRowRemapPending"), True,
            stock=(Signal("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"), Signal("DCGM_FI_DEV_ROW_REMAP_FAILURE")),
@@ -113,14 +124,14 @@ FAMILIES: tuple[Family, ...] = (
                 "allocated gap. FB_* are absent on H100 MIG instances"),
     Family("exporter", ("GpuExporterDown", "GpuTelemetryStale", "ServingEngineDown", "Watchdog"), True,
            stock=(Signal("up"), Signal("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")),
-           runbook="exporter.md"),
+           optional=(Signal("up", "vllm"),), runbook="exporter.md"),
     Family("driver-skew", ("GpuDriverSkew",), False,
            stock=(Signal("DCGM_FI_DEV_GPU_TEMP"),), needs_driver_label=True, runbook="driver-skew.md",
            note="needs the DCGM_FI_DRIVER_VERSION label, which the dcgm-exporter Helm chart's ConfigMap drops "
                 "(chart 4.0.0-4.4.2, 4.5.3-4.8.2): restore the `DCGM_FI_DRIVER_VERSION, label` CSV line"),
     Family("kv-cache", ("ServingKVCachePressure",), False,
            stock=(Signal("vllm:kv_cache_usage_perc", "vllm"), Signal("vllm:num_preemptions_total", "vllm")),
-           runbook="kv-cache.md"),
+           identity_join=True, runbook="kv-cache.md"),
     Family("slo", ("ServingErrorBudgetBurn",), True,
            stock=(Signal("vllm:request_success_total", "vllm"), Signal("vllm:time_to_first_token_seconds_bucket", "vllm")),
            runbook="slo.md"),

@@ -174,3 +174,75 @@ def fleet(seed: int = 1, n_c: int = 600, n_b: int = 11_400, ttft_mult: float = 1
             data.series[track] = {name: list(level + 0.01 * rng.standard_normal(20)) for name, level in
                                   (("kv_cache_usage_perc", 0.5), ("DCGM_FI_DEV_POWER_USAGE", 2.0), ("SM_ACTIVE", 0.7))}
     return data
+
+
+# ---- a fake TSDB of label sets, for instant queries of the shapes gpuobs doctor sends -------------------
+_SEL_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_AGG = re.compile(r"^\s*(count|group)\s+by\s*\(([^)]*)\)\s*\((.*)\)\s*$", re.S)
+_SELECTOR = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)?\s*\{(.*)\}\s*$", re.S)
+
+
+class UnsupportedQuery(ValueError):
+    """The fake does not understand the query (a test bug, not a Prometheus answer)."""
+
+
+@dataclass
+class SeriesSet:
+    """A responder holding the TSDB's current samples as ``(labels, value)`` (labels include ``__name__``).
+
+    It answers only what ``gpuobs doctor`` asks: instant vector selectors with ``=``, ``!=``, ``=~``,
+    ``!~`` matchers (regexes fully anchored, as in Prometheus) and ``count by``/``group by`` around them,
+    nested. A label with an empty value is the same as no label, as in Prometheus. Anything else answers
+    HTTP 400 ``bad_data`` naming the query, so a test cannot pass on a query the fake misread.
+    Tests that prove the fake agrees with real Prometheus on these shapes: tests/doctor/test_fake_vs_prometheus.py.
+    """
+
+    samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+    at: float = 1000.0
+
+    def add(self, name: str, labels: dict[str, str], value: float = 1.0) -> None:
+        self.samples.append(({"__name__": name, **{k: v for k, v in labels.items() if v != ""}}, value))
+
+    def __call__(self, endpoint: str, params: dict[str, list[str]]) -> tuple[int, Any]:
+        if endpoint != "query":
+            return 400, {"status": "error", "errorType": "bad_data", "error": f"fake: endpoint {endpoint} unsupported"}
+        q = params["query"][0]
+        try:
+            rows = self.evaluate(q)
+        except UnsupportedQuery as exc:
+            return 400, {"status": "error", "errorType": "bad_data", "error": f"fake: {exc}"}
+        return ok(vector(rows, self.at))
+
+    def evaluate(self, q: str) -> list[tuple[dict[str, str], float]]:
+        m = _AGG.match(q)
+        if m:
+            op, by, inner = m.group(1), [x.strip() for x in m.group(2).split(",") if x.strip()], m.group(3)
+            groups: dict[tuple, int] = {}
+            for labels, _ in self.evaluate(inner):
+                key = tuple((k, labels[k]) for k in by if labels.get(k, "") != "")
+                groups[key] = groups.get(key, 0) + 1
+            return [(dict(k), float(n if op == "count" else 1)) for k, n in groups.items()]
+        m = _SELECTOR.match(q)
+        if not m:
+            raise UnsupportedQuery(f"cannot parse {q!r}")
+        matchers = []
+        if m.group(1):
+            matchers.append(("__name__", "=", m.group(1)))
+        body, pos = m.group(2), 0
+        while pos < len(body.strip()):
+            mm = _SEL_MATCHER.match(body, pos)
+            if not mm:
+                raise UnsupportedQuery(f"cannot parse matchers {body!r}")
+            matchers.append((mm.group(1), mm.group(2), mm.group(3).replace('\\"', '"')))
+            pos = mm.end()
+        return [(dict(labels), v) for labels, v in self.samples if all(_match(labels, *mt) for mt in matchers)]
+
+
+def _match(labels: dict[str, str], name: str, op: str, value: str) -> bool:
+    have = labels.get(name, "")
+    if op == "=":
+        return have == value
+    if op == "!=":
+        return have != value
+    hit = re.fullmatch(value, have) is not None
+    return hit if op == "=~" else not hit

@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[2] / "gpuobs"
 
 #: Lowest first. A module in layer i may import gpuobs.<layer j> only for j <= i.
 LAYERS = ["core", "reference", "promapi", "exporter", "mixin", "compat", "canary", "rollout", "stack", "pager",
-          "drills", "reports", "cli"]
+          "drills", "doctor", "reports", "cli"]
 #: Where a concept must not reach, whatever the layer order says (the adapters wire the rollout to a stack).
 FORBIDDEN = {
     "compat": ("gpuobs.stack", "gpuobs.exporter"),
@@ -22,6 +22,7 @@ FORBIDDEN = {
     "reports": ("gpuobs.stack", "gpuobs.exporter"),
     "mixin": ("gpuobs.exporter",),
     "reference": ("gpuobs.exporter",),
+    "doctor": ("gpuobs.stack", "gpuobs.exporter"),
 }
 EXEMPT = {"rollout/adapters"}  # adapters may import the dev stack and the exporter admin client
 
