@@ -274,6 +274,12 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from gpuobs.stack.supervisor import load_state
 
     state = load_state(Path(args.run_dir))
+    if not state:  # `make up` in compose mode records the stack in compose.json instead
+        from gpuobs.stack.compose import ComposeError, load_state as load_compose_state
+        try:
+            state = load_compose_state(Path(args.run_dir))
+        except ComposeError as exc:
+            return _fail(str(exc))
     if not state or not state["components"]:
         return _fail(f"no running stack in {args.run_dir}; start one with `make up`")
     progress = None if args.json else (lambda m: print(f"  .. {m}", flush=True))

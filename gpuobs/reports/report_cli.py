@@ -56,6 +56,8 @@ def _prometheus_url(args: argparse.Namespace, run_dir: Path) -> str:
     if args.prometheus:
         return args.prometheus
     state_file = run_dir / "stack.json"
+    if not state_file.exists() and (run_dir / "compose.json").exists():  # compose mode (`make up`)
+        state_file = run_dir / "compose.json"
     try:
         url = json.loads(state_file.read_text())["urls"]["prometheus"]
     except (OSError, ValueError, KeyError, TypeError):

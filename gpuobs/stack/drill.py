@@ -132,6 +132,10 @@ class _Session:
 
     def __init__(self, state: dict):
         self.urls = state["urls"]
+        if state.get("mode") == "compose":  # node admin APIs are inside the containers
+            from gpuobs.stack.compose import ComposeAdmin
+            self.admin = [ComposeAdmin(c) for c in state["containers"]]
+            return
         token = Path(state["token_file"]).read_text().strip()
         self.admin = [AdminClient(u.removesuffix("/metrics"), token) for u in self.urls["nodes"]]
 
