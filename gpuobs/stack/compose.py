@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"  Pager         {u['pager']}  (/api/pages, /runbooks/)")
             for p in ("grafana", "jaeger"):
                 print(f"  {p.capitalize():<13} " + ("started" if p in st["profiles"] else
-                      f"not started: its image is not loaded (docs/compose.md, docker load)"))
+                      "not started: its image is not loaded (docs/compose.md, docker load)"))
             print("Try: make drill-xid    Stop: make down")
             return 0
         if args.action == "down":
