@@ -82,6 +82,6 @@ if ! DOCKER_BUILDKIT=0 docker build --network none -f compose/Dockerfile \
   cat "$log" >&2; rm -f "$log"; echo "build-images: gpuobs:$VERSION failed to build (above)" >&2; exit 1
 fi
 rm -f "$log"
-docker image prune -f --filter label=gpuobs.stage=build >/dev/null
+for l in gpuobs.stage=build gpuobs.image=gpuobs; do docker image prune -f --filter "label=$l" >/dev/null; done
 echo "gpuobs:$VERSION: built in $(( $(date +%s) - t0 )) s"
 echo "images ready in $(( $(date +%s) - t_start )) s"
