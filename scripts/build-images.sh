@@ -24,7 +24,7 @@ t_start=$(date +%s)
 command -v mmdebstrap >/dev/null || {
   [ "$(id -u)" = 0 ] || { echo "build-images: mmdebstrap is missing; apt-get install mmdebstrap (as root)" >&2; exit 2; }
   echo "Installing mmdebstrap (apt-get)..."
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
+  DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
 }
 
 # rootfs IMAGE "PACKAGES" "CUSTOMIZE-HOOK" IMPORT-CHANGE...
@@ -55,15 +55,24 @@ rootfs() {
 }
 
 PATHS='ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
-rootfs gpuobs-python:$SUITE python3,python3-venv,iproute2 'true' "$PATHS" 'CMD ["python3"]'
+# The three root filesystems build in parallel (mostly download and unpack time), each into its log.
+logs=$(mktemp -d --tmpdir gpuobs-rootfs-logs.XXXXXX)
+rootfs gpuobs-python:$SUITE python3,python3-venv,iproute2 'true' "$PATHS" 'CMD ["python3"]' >"$logs/python" 2>&1 &
 # Storage directories owned by the package's own `prometheus` user (its postinst creates it), so the
 # named volumes mounted there start with that ownership, as the upstream images do with /prometheus.
 rootfs gpuobs-prometheus:$SUITE prometheus,wget \
   'chroot "$1" install -d -o prometheus -g prometheus -m 0750 /prometheus' \
-  "$PATHS" 'USER prometheus' 'WORKDIR /prometheus' 'EXPOSE 9090' 'ENTRYPOINT ["/usr/bin/prometheus"]'
+  "$PATHS" 'USER prometheus' 'WORKDIR /prometheus' 'EXPOSE 9090' 'ENTRYPOINT ["/usr/bin/prometheus"]' \
+  >"$logs/prometheus" 2>&1 &
 rootfs gpuobs-alertmanager:$SUITE prometheus-alertmanager,wget \
   'chroot "$1" install -d -o prometheus -g prometheus -m 0750 /alertmanager' \
-  "$PATHS" 'USER prometheus' 'WORKDIR /alertmanager' 'EXPOSE 9093' 'ENTRYPOINT ["/usr/bin/prometheus-alertmanager"]'
+  "$PATHS" 'USER prometheus' 'WORKDIR /alertmanager' 'EXPOSE 9093' 'ENTRYPOINT ["/usr/bin/prometheus-alertmanager"]' \
+  >"$logs/alertmanager" 2>&1 &
+failed=0
+for job in $(jobs -p); do wait "$job" || failed=1; done
+cat "$logs/python" "$logs/prometheus" "$logs/alertmanager"
+rm -rf "$logs"
+[ "$failed" = 0 ] || { echo "build-images: a root filesystem failed to build (above)" >&2; exit 1; }
 
 # The wheelhouse: gpuobs and every dependency as wheels for the image's Python (bookworm: 3.11).
 img_py=$(docker run --rm --network none gpuobs-python:$SUITE python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -71,17 +80,28 @@ host_py=$($PY -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 [ "$img_py" = "$host_py" ] || { echo "build-images: the wheelhouse is built with Python $host_py, the image has $img_py; run with PY=python$img_py" >&2; exit 2; }
 t0=$(date +%s)
 rm -rf "$WHEELS"
-$PY -m pip wheel -q --disable-pip-version-check -w "$WHEELS" . 2>&1 | grep -v "^WARNING: Location" || true
+# A fixed SOURCE_DATE_EPOCH (the last commit's time) makes the gpuobs wheel byte-for-byte reproducible,
+# so an unchanged tree gives an unchanged wheelhouse and the image is not rebuilt.
+SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || echo 315532800) \
+  $PY -m pip wheel -q --disable-pip-version-check -w "$WHEELS" . 2>&1 | grep -v "^WARNING: Location" || true
 ls "$WHEELS"/gpuobs-"$VERSION"-*.whl >/dev/null
 echo "wheelhouse: $(ls "$WHEELS" | wc -l) wheels in $(( $(date +%s) - t0 )) s"
 
-t0=$(date +%s)
-log=$(mktemp --tmpdir gpuobs-build.XXXXXX.log)
-if ! DOCKER_BUILDKIT=0 docker build --network none -f compose/Dockerfile \
-    --build-arg BASE_IMAGE=gpuobs-python:$SUITE -t "gpuobs:$VERSION" . >"$log" 2>&1; then
-  cat "$log" >&2; rm -f "$log"; echo "build-images: gpuobs:$VERSION failed to build (above)" >&2; exit 1
+# The image records a digest of everything it is built from; the same digest means nothing to rebuild.
+inputs=$( { (cd "$WHEELS" && sha256sum -- *.whl); sha256sum compose/Dockerfile compose/node-entrypoint.sh;
+            docker image inspect -f '{{.Id}}' gpuobs-python:$SUITE; } | sha256sum | cut -c1-64)
+have=$(docker image inspect -f '{{index .Config.Labels "gpuobs.inputs"}}' "gpuobs:$VERSION" 2>/dev/null || true)
+if [ "${GPUOBS_REBUILD:-0}" != 1 ] && [ "$have" = "$inputs" ]; then
+  echo "gpuobs:$VERSION: up to date (same wheelhouse, Dockerfile and base)"
+else
+  t0=$(date +%s)
+  log=$(mktemp --tmpdir gpuobs-build.XXXXXX.log)
+  if ! DOCKER_BUILDKIT=0 docker build --network none -f compose/Dockerfile --label "gpuobs.inputs=$inputs" \
+      --build-arg BASE_IMAGE=gpuobs-python:$SUITE -t "gpuobs:$VERSION" . >"$log" 2>&1; then
+    cat "$log" >&2; rm -f "$log"; echo "build-images: gpuobs:$VERSION failed to build (above)" >&2; exit 1
+  fi
+  rm -f "$log"
+  for l in gpuobs.stage=build gpuobs.image=gpuobs; do docker image prune -f --filter "label=$l" >/dev/null; done
+  echo "gpuobs:$VERSION: built in $(( $(date +%s) - t0 )) s"
 fi
-rm -f "$log"
-for l in gpuobs.stage=build gpuobs.image=gpuobs; do docker image prune -f --filter "label=$l" >/dev/null; done
-echo "gpuobs:$VERSION: built in $(( $(date +%s) - t0 )) s"
 echo "images ready in $(( $(date +%s) - t_start )) s"

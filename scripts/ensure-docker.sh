@@ -23,7 +23,7 @@ root=$([ "$(id -u)" = 0 ] && echo yes || echo no)
 if ! have dockerd || ! have docker; then
   [ "$root" = yes ] && have apt-get || die "no Docker engine; install Debian's docker.io as root (apt-get install docker.io)"
   echo "Installing Debian's docker.io (engine, CLI, containerd, runc, tini)..."
-  export DEBIAN_FRONTEND=noninteractive
+  export DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends docker.io iptables tini >/dev/null
 fi
