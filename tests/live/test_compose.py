@@ -167,7 +167,7 @@ def test_backend_is_internal_and_nodes_have_no_route_out(stack, drills):
         assert list(attached) == [f"{project}_backend"], name
         routes = docker("exec", name, "cat", "/proc/net/route").splitlines()[1:]
         assert routes and not [r for r in routes if r.split()[1] == "00000000"], f"{name} has a default route: {routes}"
-        v6 = docker("exec", name, "cat", "/proc/net/ipv6_route").splitlines()
+        v6 = docker("exec", name, "sh", "-c", "cat /proc/net/ipv6_route 2>/dev/null || true").splitlines()
         assert not [r for r in v6 if r.split()[0] == "0" * 32 and r.split()[1] == "00" and r.split()[9] != "lo"], name
         # A route lookup only: no packet is sent. 192.0.2.1 is TEST-NET-1 (RFC 5737).
         proc = subprocess.run(["docker", "exec", name, "ip", "-4", "route", "get", "192.0.2.1"],
