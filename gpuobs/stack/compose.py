@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,8 @@ def image_present(image: str) -> bool:
 
 def check(env: dict | None = None) -> tuple[bool, str, list[str]]:
     """(usable, one-line reason, optional profiles whose images are present)."""
+    if not shutil.which("docker"):
+        return False, "no Docker engine (no docker command)", []
     if _run(["docker", "info"], check=False, timeout=30).returncode != 0:
         return False, "no Docker engine answers", []
     if _run(["docker", "compose", "version"], check=False).returncode != 0:

@@ -44,6 +44,11 @@ def fake_docker(tmp_path, monkeypatch):
     return monkeypatch
 
 
+def test_no_docker_command_means_native(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert compose.check() == (False, "no Docker engine (no docker command)", [])
+
+
 def test_no_engine_means_native(fake_docker):
     fake_docker.setenv("FAKE_INFO_RC", "1")
     assert compose.check() == (False, "no Docker engine answers", [])
