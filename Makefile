@@ -37,7 +37,7 @@ up: venv binaries
 	@if why=$$($(COMPOSE_PY) check 2>&1); then \
 	  echo compose > $(RUN_DIR)/mode; $(COMPOSE_PY) up --run-dir $(RUN_DIR); \
 	else \
-	  echo "$$why: starting the native stack (prometheus + alertmanager from PATH)."; \
+	  echo "$$why; starting the native stack (prometheus + alertmanager from PATH)."; \
 	  echo native > $(RUN_DIR)/mode; $(GPUOBS) stack up --run-dir $(RUN_DIR); \
 	fi
 

@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "check":
             ok, reason, extras = check()
-            print(reason + (f"; optional services: {', '.join(extras) or 'none'} (images loaded)" if ok else ""))
+            print(reason + (f"; optional services with their image loaded: {', '.join(extras) or 'none'}" if ok else ""))
             return 0 if ok else 1
         if args.action == "up":
             args.run_dir.mkdir(parents=True, exist_ok=True)
