@@ -24,6 +24,7 @@ t_start=$(date +%s)
 command -v mmdebstrap >/dev/null || {
   [ "$(id -u)" = 0 ] || { echo "build-images: mmdebstrap is missing; apt-get install mmdebstrap (as root)" >&2; exit 2; }
   echo "Installing mmdebstrap (apt-get)..."
+  apt-get update -qq
   DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
 }
 
