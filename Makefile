@@ -10,10 +10,10 @@ PYTEST_ARGS ?=
 DRILL_RUN_DIR ?= .run-drills
 DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --base-port 19400 --engine-base-port 18000
 
-.PHONY: help venv binaries up down status test lint rules drills bench bench-canary bench-latency clean
+.PHONY: help venv binaries up down status images test-compose test lint rules drills bench bench-canary bench-latency clean
 
 help:
-	@echo "make up | down | status | test | lint | drill-<name> | drills | rollout-good | rollout-bad |"
+	@echo "make up | down | status | images | test | test-compose | lint | drill-<name> | drills | rollout-good | rollout-bad |"
 	@echo "     rollout-incompatible | bench | bench-canary | bench-latency | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
@@ -27,27 +27,39 @@ venv: $(VENV)/.installed
 binaries:
 	@scripts/ensure-binaries.sh
 
-COMPOSE := docker compose -f compose/docker-compose.yml
+COMPOSE_PY := $(GPUOBS) compose
 
-# Compose when a Docker engine and the compose plugin answer, else the native stack; the choice is
+# Compose mode when the Docker engine, the Compose plugin and every image are there (`make images`
+# builds the images, air-gapped), else one line saying why and the native stack. The choice is
 # recorded in $(RUN_DIR)/mode so down/status act on the same one.
 up: venv binaries
 	@mkdir -p $(RUN_DIR)
-	@if docker info >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; then \
-	  echo "Docker engine found: starting the compose stack (compose/docker-compose.yml)."; \
-	  echo compose > $(RUN_DIR)/mode; $(COMPOSE) up -d --build; \
+	@if why=$$($(COMPOSE_PY) check 2>&1); then \
+	  echo compose > $(RUN_DIR)/mode; $(COMPOSE_PY) up --run-dir $(RUN_DIR); \
 	else \
-	  echo "No Docker engine answers: starting the native stack (prometheus + alertmanager from PATH)."; \
+	  echo "$$why; starting the native stack (prometheus + alertmanager from PATH)."; \
 	  echo native > $(RUN_DIR)/mode; $(GPUOBS) stack up --run-dir $(RUN_DIR); \
 	fi
 
 down: venv
-	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE) down; \
+	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE_PY) down --run-dir $(RUN_DIR); \
 	else $(GPUOBS) stack down --run-dir $(RUN_DIR); fi
 
 status: venv
-	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE) ps; \
+	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE_PY) status --run-dir $(RUN_DIR); \
 	else $(GPUOBS) stack status --run-dir $(RUN_DIR); fi
+
+# The compose stack's images, with no container registry: Debian root filesystems (mmdebstrap) and the
+# gpuobs image from a local wheelhouse (scripts/build-images.sh). Installs and starts the Docker engine
+# and the Compose plugin first if needed (as root; scripts/ensure-docker.sh).
+images: venv
+	@scripts/ensure-docker.sh
+	@scripts/build-images.sh
+
+# The compose stack for real (tests/live/test_compose.py): engine (started if needed, stopped again if
+# started here), images, stack up, Xid and node-down drills across containers, network checks, teardown.
+test-compose: venv
+	@scripts/test-compose.sh $(PYTEST_ARGS)
 
 # One drill against the stack `make up` started (realistic rule timings: some drills take minutes).
 drill-%: venv

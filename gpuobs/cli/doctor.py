@@ -9,8 +9,7 @@ from __future__ import annotations
 import argparse
 
 from gpuobs.cli.common import env, pos_float
-from gpuobs.doctor import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, run
-from gpuobs.doctor import render
+from gpuobs.doctor import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, render, run
 from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL
 
 EPILOG = f"""examples:

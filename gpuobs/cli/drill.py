@@ -15,6 +15,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
     from gpuobs.stack.supervisor import load_state
 
     state = load_state(Path(args.run_dir))
+    if not state:  # `make up` in compose mode records the stack in compose.json instead
+        from gpuobs.stack.compose import load_stack_state
+
+        state = load_stack_state(Path(args.run_dir))
     if not state or not state.running:
         return fail(f"no running stack in {args.run_dir}; start one with `make up`")
     progress = None if args.json else (lambda m: print(f"  .. {m}", flush=True))

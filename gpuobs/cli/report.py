@@ -62,6 +62,13 @@ def _prometheus_url(args: argparse.Namespace, run_dir: Path) -> str:
         state = stack_state.load(run_dir)
     except stack_state.StateError as exc:
         raise ValueError(f"no Prometheus URL: {exc}; pass --prometheus URL") from None
+    if state is None:  # compose mode (`make up`) records the stack in compose.json
+        from gpuobs.stack.compose import ComposeError, load_stack_state
+
+        try:
+            state = load_stack_state(run_dir)
+        except ComposeError as exc:
+            raise ValueError(f"no Prometheus URL: {exc}; pass --prometheus URL") from None
     if state is None:
         raise ValueError(f"no Prometheus URL: {run_dir / 'stack.json'} is missing; pass --prometheus URL")
     return state.urls.prometheus

@@ -15,8 +15,14 @@ from __future__ import annotations
 from typing import Iterable
 
 from gpuobs.core.errors import InputError
-from gpuobs.doctor.snapshot import (DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, Snapshot, check_label_name, collect,
-                                    parse_selector)
+from gpuobs.doctor.snapshot import (
+    DEFAULT_DCGM_SELECTOR,
+    DEFAULT_VLLM_SELECTOR,
+    Snapshot,
+    check_label_name,
+    collect,
+    parse_selector,
+)
 from gpuobs.doctor.verdict import STATUSES, FamilyVerdict, Finding, Report, diagnose
 from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL
 from gpuobs.promapi.prometheus import PromClient

@@ -28,8 +28,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from gpuobs.doctor.fixes import (CSV_LINES, LEGACY_NAMES, POD_SUFFIX_ALPHABET, Fix, csv_fix, identity_fixes,
-                                 node_name_fix, selector_fix)
+from gpuobs.doctor.fixes import (
+    CSV_LINES,
+    LEGACY_NAMES,
+    POD_SUFFIX_ALPHABET,
+    Fix,
+    csv_fix,
+    identity_fixes,
+    node_name_fix,
+    selector_fix,
+)
 from gpuobs.doctor.snapshot import HOST_LABELS, Snapshot, Target, TargetKey
 from gpuobs.mixin.families import FAMILIES, Family, Signal
 
@@ -211,9 +219,9 @@ def _selector_findings(ctx: _Context) -> list[Finding]:
                                    f"the {label} selector {{{sel}}} matches no target and no {label} metric is in "
                                    f"this Prometheus: is the exporter scraped at all?"))
             else:
-                out.append(Finding("info", "no-vllm", f"no vLLM target and no vLLM metric in this Prometheus: the "
-                                   f"serving families are blind (skip them with --skip kv-cache,slo if this fleet "
-                                   f"serves no models)"))
+                out.append(Finding("info", "no-vllm", "no vLLM target and no vLLM metric in this Prometheus: the "
+                                   "serving families are blind (skip them with --skip kv-cache,slo if this fleet "
+                                   "serves no models)"))
             continue
         if elsewhere:
             out.append(Finding("warning", f"{kind}-selector-partial",

@@ -132,9 +132,14 @@ class _Session:
 
     def __init__(self, state: StackState):
         self.urls = state.urls
+        self._alerts, self._pager = AlertsClient(self.urls.prometheus), PagerClient(self.urls.pager)
+        if state.mode == "compose":  # node admin APIs are inside the containers
+            from gpuobs.stack.compose import ComposeAdmin
+
+            self.admin = [ComposeAdmin(c) for c in state.containers]
+            return
         token = state.token()
         self.admin = [AdminClient(u, token) for u in self.urls.node_bases]
-        self._alerts, self._pager = AlertsClient(self.urls.prometheus), PagerClient(self.urls.pager)
 
     def alerts(self) -> list[dict]:
         return self._alerts.alerts()

@@ -17,7 +17,7 @@ Status, as ``gpuobs doctor`` reports it:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 #: The one node-identity label every rule, inhibition and dashboard groups by. The scrape config
 #: guarantees it (file_sd target label, static label, or ServiceMonitor relabelling from

@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 from gpuobs.core import assets
-from gpuobs.mixin.slo_rules import parse_duration, render_slo_rules
 from gpuobs.mixin.runbooks import RUNBOOK_BASE
+from gpuobs.mixin.slo_rules import parse_duration, render_slo_rules
 
 #: Stack profiles. ``default`` loads the repository's rule files as they are (realistic ``for:``
 #: durations and windows, 30-day SLO). ``drill`` is for rehearsing every failure quickly

@@ -70,11 +70,15 @@ class StackState:
     started_at: float = 0.0
     ports: dict[str, int] = field(default_factory=dict)
     components: dict[str, Component] = field(default_factory=dict)
+    #: ``native`` (processes this supervisor started) or ``compose`` (containers; see gpuobs.stack.compose).
+    mode: str = "native"
+    #: compose mode: the node containers, in node order (their admin APIs are reached with docker exec).
+    containers: list[str] = field(default_factory=list)
 
     @property
     def running(self) -> bool:
-        """Whether any component is recorded (``down`` clears them)."""
-        return bool(self.components)
+        """Whether any component (or, in compose mode, container) is recorded (``down`` clears them)."""
+        return bool(self.components or self.containers)
 
     @property
     def serving_hosts(self) -> list[str]:

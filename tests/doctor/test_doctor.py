@@ -337,7 +337,8 @@ def test_fix_csv_lines_are_well_formed_counters_file_records():
     """Each line parses as dcgm-exporter's counters format (3 comma-separated fields, a known type), names its
     own metric, and every signal of every family with a DCGM field name has one."""
     from gpuobs.doctor.fixes import NOT_IN_ANY_CSV, STOCK_FIELDS
-    from tests.doctor.labelsets import RECOMMENDED_EXTRA, STOCK_FIELDS as STOCK_METRICS
+    from tests.doctor.labelsets import RECOMMENDED_EXTRA
+    from tests.doctor.labelsets import STOCK_FIELDS as STOCK_METRICS
     for metric, line in CSV_LINES.items():
         name, typ, help_text = (p.strip() for p in line.split(",", 2))
         assert name == metric and typ in ("gauge", "counter", "label") and help_text

@@ -252,3 +252,20 @@ def test_fragmentation_ticket_silences_the_same_gpus_oom():
     frag = {"alertname": "KVFragmentationRisk", "severity": "warning", **gpu(0)}
     assert inhibits(frag, {"alertname": "GpuFrameworkOom", "severity": "warning", **gpu(0)})
     assert not inhibits(frag, {"alertname": "GpuFrameworkOom", "severity": "warning", **gpu(1)})
+
+
+def test_engine_down_waits_long_enough_for_its_nodes_exporter_down_to_inhibit_it():
+    """Both fire when a node dies, in either order: the engine's first notification must wait longer
+    than the worst gap (a scrape interval plus an evaluation interval, plus the inhibitor's own
+    group_wait) so GpuExporterDown is active in Alertmanager when the engine's group flushes."""
+    import yaml
+    from gpuobs.core.durations import parse_duration
+
+    cfg = yaml.safe_load(CONFIG.read_text())
+    prom = yaml.safe_load((ROOT / "prometheus" / "prometheus.yml").read_text())["global"]
+    engine = next(r for r in cfg["route"]["routes"] if r.get("matchers") == ['alertname="ServingEngineDown"'])
+    assert engine["receiver"] == "page"
+    gap = parse_duration(prom["scrape_interval"]) + parse_duration(prom["evaluation_interval"])
+    assert parse_duration(engine["group_wait"]) > gap + parse_duration(cfg["route"]["group_wait"])
+    r = route(["alertname=ServingEngineDown", "severity=critical", "Hostname=gpu-node-01"], "page")
+    assert r.returncode == 0 and r.stdout.strip() == "page", r.stdout + r.stderr

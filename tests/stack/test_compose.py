@@ -1,7 +1,7 @@
 """Offline checks of the compose stack (compose/docker-compose.yml, compose/Dockerfile, compose/prometheus.yml).
 
 No Docker engine is needed: the file is validated against the Compose Specification's JSON schema
-(compose/compose-spec.json), its mounts, networks, ports, images and healthchecks are checked as data,
+(compose/compose-spec.json) as Compose reads it with no GPUOBS_* override set, its mounts, networks, ports, images and healthchecks are checked as data,
 the compose Prometheus config goes through the real promtool, and both modes are shown to load the
 same rule files and the same Alertmanager config. ``docker compose config`` runs too where the compose
 plugin exists.
@@ -15,8 +15,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
-import tarfile
 import tomllib
 from pathlib import Path
 
@@ -41,9 +39,29 @@ ALL_SERVICES = set(NODES) | UI_SERVICES | {"alertmanager"}
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
+#: ``${NAME:-default}``: a GPUOBS_* override with its default (Compose interpolation).
+INTERPOLATION_RE = re.compile(r"\$\{(GPUOBS_[A-Z_]+):-([^}]*)\}")
+
+
+def interpolated(text: str) -> str:
+    """The compose file as Compose reads it with no GPUOBS_* variable set: every ``${VAR:-default}``
+    becomes its default. Any other ``$`` use (``$$`` escapes aside) fails, so none slips in."""
+    out = INTERPOLATION_RE.sub(lambda m: m.group(2), text)
+    assert not re.search(r"(?<!\$)\$(?!\$)\{", out.replace("$$", "")), "interpolation without a default"
+    return out
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return yaml.safe_load(COMPOSE_FILE.read_text())
+    return yaml.safe_load(interpolated(COMPOSE_FILE.read_text()))
+
+
+def test_every_override_is_a_gpuobs_variable_with_a_default():
+    names = INTERPOLATION_RE.findall(COMPOSE_FILE.read_text())
+    assert {n for n, _ in names} == {
+        "GPUOBS_BASE_IMAGE", "GPUOBS_PAGER_PORT", "GPUOBS_ALERTMANAGER_PORT", "GPUOBS_PROMETHEUS_PORT",
+        "GPUOBS_ALERTMANAGER_IMAGE", "GPUOBS_PROMETHEUS_IMAGE", "GPUOBS_RULES_DIR", "GPUOBS_GRAFANA_PORT",
+        "GPUOBS_JAEGER_PORT", "GPUOBS_OTLP_GRPC_PORT", "GPUOBS_OTLP_HTTP_PORT", "GPUOBS_FRONT_BRIDGE"}
 
 
 @pytest.fixture(scope="module")
@@ -245,31 +263,57 @@ IMAGE_RE = re.compile(r"^(?P<repo>[a-z0-9][a-z0-9._/-]*):(?P<tag>[A-Za-z0-9_][A-
                       r"(@sha256:(?P<digest>[0-9a-f]{64}))?$")
 
 
-def test_images_are_pinned_to_exact_versions(services):
-    expected_repos = {"prometheus": "prom/prometheus", "alertmanager": "prom/alertmanager",
-                      "grafana": "grafana/grafana-oss", "jaeger": "jaegertracing/all-in-one"}
+def test_images_are_local_or_pinned_and_never_pulled(services):
+    """Air-gapped: every image is built locally (`make images`) or loaded (Grafana, Jaeger), and
+    `pull_policy: never` keeps Compose from ever asking a registry."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    local = {"prometheus": "gpuobs-prometheus:bookworm", "alertmanager": "gpuobs-alertmanager:bookworm"}
+    local.update({n: f"gpuobs:{version}" for n in [*NODES, "pager"]})
     for name, svc in services.items():
+        assert svc.get("pull_policy") == "never", name
         m = IMAGE_RE.match(svc.get("image", ""))
-        assert m, f"{name}: image {svc.get('image')!r} has no explicit tag"
-        tag = m["tag"]
-        assert tag != "latest" and re.search(r"\d+\.\d+\.\d+", tag), f"{name}: {tag!r} is not an exact version"
-        if name in expected_repos:
-            assert m["repo"] == expected_repos[name]
-    assert re.fullmatch(r"v2\.\d+\.\d+", IMAGE_RE.match(services["prometheus"]["image"])["tag"])
-    assert int(services["prometheus"]["image"].split(":")[1].split(".")[1]) >= 42  # Debian's 2.42 or newer
-    assert re.fullmatch(r"v0\.(25|27)\.\d+", IMAGE_RE.match(services["alertmanager"]["image"])["tag"])
-    assert re.fullmatch(r"1[01]\.\d+\.\d+", IMAGE_RE.match(services["grafana"]["image"])["tag"])
-    assert re.fullmatch(r"1\.\d+\.\d+", IMAGE_RE.match(services["jaeger"]["image"])["tag"])
+        assert m and m["tag"] != "latest", f"{name}: image {svc.get('image')!r} has no explicit tag"
+        if name in local:
+            assert svc["image"] == local[name], name
+    # The loaded ones are pinned to exact upstream releases.
+    assert re.fullmatch(r"grafana/grafana-oss:1[01]\.\d+\.\d+", services["grafana"]["image"])
+    assert re.fullmatch(r"jaegertracing/all-in-one:1\.\d+\.\d+", services["jaeger"]["image"])
+
+
+def test_the_images_script_builds_every_local_image(services):
+    script = (ROOT / "scripts" / "build-images.sh").read_text()
+    for name in ("prometheus", "alertmanager"):
+        repo, tag = services[name]["image"].split(":")
+        assert f"rootfs {repo}:$SUITE" in script and tag == "bookworm"
+    assert "rootfs gpuobs-python:$SUITE" in script and "--variant=minbase" in script
+    assert "--network none" in script and "-f compose/Dockerfile" in script
+
+
+def test_grafana_and_jaeger_are_optional_profiles_the_rest_always_runs(services):
+    from gpuobs.stack.compose import OPTIONAL_PROFILES
+
+    profiles = {name: svc.get("profiles") for name, svc in services.items()}
+    assert profiles == {**{n: None for n in services}, "grafana": ["grafana"], "jaeger": ["jaeger"]}
+    assert set(OPTIONAL_PROFILES) == {"grafana", "jaeger"}
 
 
 def test_the_local_image_is_built_from_compose_dockerfile_and_tagged_with_the_package_version(services):
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     for name in [*NODES, "pager"]:
         svc = services[name]
-        assert svc["build"] == {"context": "..", "dockerfile": "compose/Dockerfile"}, name
+        assert svc["build"] == {"context": "..", "dockerfile": "compose/Dockerfile", "network": "none",
+                                "args": {"BASE_IMAGE": "gpuobs-python:bookworm"}}, name
         assert svc["image"] == f"gpuobs:{version}", name
         assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"], name
+        assert svc["security_opt"] == ["no-new-privileges:true"], name
     assert (COMPOSE_DIR / ".." / "compose" / "Dockerfile").resolve().is_file()
+    # The pager runs as the image's unprivileged user; the nodes start as root with the three
+    # capabilities their entry point needs (drop the default route, then setpriv to uid 10001).
+    assert "user" not in services["pager"] and "cap_add" not in services["pager"]
+    for name in NODES:
+        assert services[name]["user"] == "0:0"
+        assert services[name]["cap_add"] == ["NET_ADMIN", "SETUID", "SETGID"]
+        assert services[name]["entrypoint"] == ["/usr/local/bin/gpuobs-node-entrypoint"]
 
 
 def test_every_service_has_a_healthcheck_probing_its_own_port(services):
@@ -299,41 +343,38 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return out
 
 
-def test_dockerfile_is_pinned_minimal_and_non_root(services):
+def test_dockerfile_builds_from_a_local_base_and_the_wheelhouse_only(services):
     ins = dockerfile_instructions()
+    args = [rest for word, rest in ins if word == "ARG"]
+    assert args == ["BASE_IMAGE=gpuobs-python:bookworm"]
     froms = [rest for word, rest in ins if word == "FROM"]
-    assert len(froms) == 1 and re.fullmatch(r"python:3\.11\.\d+-slim(-bookworm)?(@sha256:[0-9a-f]{64})?", froms[0])
+    assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
     copied = [rest.split()[:-1] for word, rest in ins if word == "COPY"]
-    assert sorted(sum(copied, [])) == ["MANIFEST.in", "README.md", "gpuobs/", "pyproject.toml", "setup.py"]
-    for src in sum(copied, []):
-        assert (ROOT / src).exists(), src
-    assert any("pip install --no-cache-dir ." in rest for word, rest in ins if word == "RUN")
+    assert sorted(sum(copied, [])) == ["--from=build", "/opt/gpuobs", "build/wheelhouse/", "compose/node-entrypoint.sh"]
+    # The build context holds exactly what the Dockerfile copies from it (nothing else can leak in).
+    ignore = [ln for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert ignore == ["*", "!build/wheelhouse/", "!compose/node-entrypoint.sh"]
+    assert any("pip install --no-index" in rest and "--find-links /wheels gpuobs" in rest
+               for word, rest in ins if word == "RUN")
     user = [rest for word, rest in ins if word == "USER"][-1]
     uid = user.split(":")[0]
     assert uid not in ("0", "root") and int(uid) >= 1000
     assert json.loads([rest for word, rest in ins if word == "ENTRYPOINT"][-1]) == ["gpuobs"]
-    # The node tmpfs that receives the admin token belongs to that same uid.
+    # The node tmpfs that receives the admin token belongs to that same uid, and the entry point
+    # drops to it.
     tmpfs = [t for t in services["node-0"]["tmpfs"] if t.startswith("/run/gpuobs")]
     assert tmpfs == [f"/run/gpuobs:uid={uid},gid={uid},mode=0700"]
+    assert f"--reuid={uid} --regid={uid}" in (COMPOSE_DIR / "node-entrypoint.sh").read_text()
 
 
-def test_the_dockerfile_copy_set_is_enough_to_build_the_package(tmp_path):
-    """Builds an sdist from exactly the files the Dockerfile copies: a missing one fails here, not in a
-    Docker build on someone else's machine."""
-    pytest.importorskip("setuptools")
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "gpuobs", src / "gpuobs", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    r = subprocess.run([sys.executable, "-c", "import setuptools.build_meta as b; print(b.build_sdist('dist'))"],
-                       cwd=src, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    sdist = src / "dist" / r.stdout.strip().splitlines()[-1]
-    with tarfile.open(sdist) as tf:
-        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
-    assert "gpuobs/cli/__init__.py" in names and "gpuobs/exporter/server.py" in names
-    assert any(n.startswith("gpuobs/") and n.endswith(".csv") for n in names), "package data missing"
+def test_node_entrypoint_is_valid_sh_and_drops_the_default_route_before_dropping_root():
+    path = COMPOSE_DIR / "node-entrypoint.sh"
+    assert path.stat().st_mode & 0o111, "must be executable (COPY keeps the mode)"
+    r = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    text = path.read_text()
+    assert text.index("route del default") < text.index("exec setpriv")
+    assert "set -eu" in text  # a failed route deletion stops the container instead of running on
 
 
 # ---- commands ------------------------------------------------------------------------------------------------
