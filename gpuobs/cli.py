@@ -454,6 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_rollout(sub)
     from gpuobs.reports.report_cli import register as register_report
     register_report(sub)
+    from gpuobs.logwatch.cli import register as register_logwatch
+    register_logwatch(sub)
     return p
 
 

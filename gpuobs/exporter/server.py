@@ -6,7 +6,8 @@ Admin API (loopback clients only, ``Authorization: Bearer <token>``):
 * ``POST /admin/faults`` with ``{"kind": ..., "gpu": ..., <params>}`` -> 201 with the fault;
   400 ``{"error": ..., "field": ...}`` for bad JSON or parameters; 413 over 64 KiB
 * ``DELETE /admin/faults/<id>`` -> 200 with the cleared fault, 404 if unknown
-* ``GET /admin/kernel-log`` -> 200 text, the node's simulated dmesg lines (Xid lines)
+* ``GET /admin/kernel-log[?from=N]`` -> 200 text, the node's simulated dmesg lines (NVRM Xid lines in
+  the driver's formats) from line N on, with ``X-Boot-Id`` and ``X-Kernel-Log-Lines`` headers
 * ``GET /admin/deploy`` -> ``{"version": ...}``; ``POST /admin/deploy`` with ``{"version": "1.5.0"}``
   -> 200 ``{"version": ..., "previous": ...}``; unknown version -> 400 naming the known ones
 
@@ -25,6 +26,7 @@ import logging
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
 from gpuobs import log
 from gpuobs.exporter import faults as faultmod
@@ -199,11 +201,29 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(200, {"hostname": node.hostname, "faults": node.list_faults()})
         elif path == "/admin/kernel-log":
             if self._authorized():
-                with node.lock:
-                    text = "".join(line + "\n" for line in node.kernel_log)
-                self._send(200, text.encode(), "text/plain; charset=utf-8")
+                self._kernel_log(node)
         else:
             self._error(404, f"no route {path}")
+
+    def _kernel_log(self, node: Node) -> None:
+        """``?from=N``: lines N.. (0-based; default 0). Headers ``X-Boot-Id`` (new per node start) and
+        ``X-Kernel-Log-Lines`` (lines in the log) let a follower resume without loss or duplicates."""
+        query = parse_qs(self.path.split("?", 1)[1]) if "?" in self.path else {}
+        raw = query.get("from", ["0"])[-1]
+        if not raw.isdigit():
+            self._error(400, f"query parameter 'from' must be a line number >= 0, got {raw!r}", "from")
+            return
+        with node.lock:
+            lines, total, boot = node.kernel_log[int(raw):], len(node.kernel_log), node.boot_id
+        body = "".join(line + "\n" for line in lines).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Boot-Id", boot)
+        self.send_header("X-Kernel-Log-Lines", str(total))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _post(self) -> None:
         path = self.path.split("?", 1)[0]
