@@ -265,6 +265,7 @@ class JournalSource:
         self._q: queue.Queue = queue.Queue(maxsize=100000)
         self._cursor: str | None = None
         self._boot: str | None = None
+        self._exited: str | None = None
 
     def describe(self) -> str:
         return f"journal ({self.journalctl} -k)"
@@ -303,6 +304,9 @@ class JournalSource:
 
     def read_batch(self, max_lines: int = 10000) -> Batch:
         b = Batch()
+        if self._exited and self._q.empty():
+            msg, self._exited, self._proc = self._exited, None, None
+            raise SourceError(f"{self.describe()}: {msg}")
         if self._proc is None:
             self._spawn()
         for _ in range(max_lines):
@@ -310,18 +314,15 @@ class JournalSource:
                 raw = self._q.get_nowait()
             except queue.Empty:
                 break
-            if raw is None:  # journalctl exited: restart after the last processed cursor next time
+            if raw is None:  # journalctl exited: report it, then restart after the last processed cursor
                 rc = self._proc.poll() if self._proc is not None else None
                 err = b""
                 try:
                     err = self._proc.stderr.read() if self._proc is not None and self._proc.stderr else b""
                 except (OSError, ValueError):
                     pass
-                self._proc = None
-                if b.lines:
-                    return b
-                raise SourceError(f"{self.describe()}: exited with status {rc}: "
-                                  f"{err.decode('utf-8', 'replace').strip()[:300]}")
+                self._exited = f"exited with status {rc}: {err.decode('utf-8', 'replace').strip()[:300]}"
+                break
             try:
                 doc = json.loads(raw)
                 msg = doc.get("MESSAGE", "")
