@@ -1,0 +1,143 @@
+"""Generate ``prometheus/rules/gpu-kernel-log.yml``: alerts on logwatch's kernel-log counters.
+
+``python -m gpuobs.logwatch.rules`` prints the file; ``--check FILE`` exits 1 if FILE differs. Code
+lists come from the Xid catalogue (:mod:`gpuobs.exporter.xid`, the same split as ``gpu-xid.yml``).
+
+One page per incident, with the DCGM path (design §6):
+
+* ``GpuKernelLogWatching`` (info, never routed) fires while a node's logwatch reads its source;
+  Alertmanager inhibits that node's DCGM ``GpuXidCritical``/``GpuXidWarning`` with it, so where the
+  kernel log is read it is the one Xid path (it sees every event; DCGM's window count does not see
+  Xid 79/119/120 and a stock exporter has no count at all). Where logwatch is absent or broken the
+  source resolves and the DCGM alerts page as before. The source fires all the time, so the
+  inhibition does not depend on which path is faster.
+* ``GpuKernelXidCritical``/``Warning`` wait ``for: 1m`` so the DCGM hardware-counter alerts of the
+  same fault (``GpuEccDoubleBitError`` for Xid 48/63, ``GpuRowRemapFailure`` for Xid 64; DCGM's
+  default collect interval is 30 s) fire first and inhibit them.
+* ``GpuFallenOffBus`` (Xid 79 / "GPU has fallen off the bus", and the GPU absent from DCGM's page)
+  pages at once and inhibits ``GpuMissing`` (``for: 30s``) on its node.
+* ``GpuKernelXidRepeated`` pages again when one GPU logs the same paging code 3 times within an
+  hour (gpuobs policy: a repeat is RMA evidence, NVIDIA's Xid 48/13 workflows escalate on repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from gpuobs.exporter import xid
+from gpuobs.rulegen import runbook_url
+
+GPU = "Hostname, gpu, UUID, pci_bus_id"
+#: Seconds an Xid stays "recent" after logwatch counted it (like dcgm-exporter's 5-minute Xid window).
+RECENT_S = 300
+REPEAT_THRESHOLD = 3
+REPEAT_WINDOW = "1h"
+
+DESCRIPTION = ("GPU {{ $labels.gpu }} ({{ $labels.UUID }}, PCI {{ $labels.pci_bus_id }}) on {{ $labels.Hostname }} "
+               "logged Xid {{ $labels.xid }} in the last 5 minutes ({{ $value }} such kernel-log line(s) since "
+               "logwatch's state began). Save the NVRM lines (`journalctl -k | grep -E 'NVRM: (Xid|GPU)'`) "
+               "and follow the runbook for this code.")
+
+
+def _recent_xid(codes: list[int]) -> str:
+    regex = "|".join(map(str, codes))
+    return (f'max by ({GPU}, xid) (gpuobs_xid_events_total{{xid=~"{regex}"}} '
+            f"and (time() - gpuobs_xid_last_event_timestamp_seconds) < {RECENT_S})")
+
+
+def kernel_log_rules() -> dict:
+    """The ``gpu-kernel-log`` rule group as a YAML-ready dict."""
+    crit = [c for c in xid.critical_codes() if c != 79]  # 79 is GpuFallenOffBus
+    crit_re = "|".join(map(str, crit))
+    total = f'gpuobs_xid_events_total{{xid=~"{crit_re}"}}'
+    rules = [
+        {"alert": "GpuKernelLogWatching",
+         "expr": 'max by (Hostname) (gpuobs_logwatch_source_up{Hostname!=""}) == 1',
+         "labels": {"severity": "info", "family": "xid"},
+         "annotations": {
+             "summary": "logwatch reads this node's kernel log; the node's DCGM Xid alerts are inhibited in its favour.",
+             "description": "logwatch on {{ $labels.Hostname }} is reading its kernel-log source, so Xid pages for "
+                            "this node come from the kernel log (every event, exact counts) and Alertmanager "
+                            "inhibits the DCGM window-count alerts GpuXidCritical/GpuXidWarning.",
+             "runbook_url": runbook_url("xid", "GpuKernelLogWatching")}},
+        {"alert": "GpuKernelXidCritical", "expr": _recent_xid(crit), "for": "1m",
+         "labels": {"severity": "critical", "family": "xid"},
+         "annotations": {
+             "summary": "The kernel log shows an Xid whose NVIDIA action is reset the GPU, reboot the node or RMA.",
+             "description": DESCRIPTION, "runbook_url": runbook_url("xid", "GpuKernelXidCritical")}},
+        {"alert": "GpuKernelXidWarning", "expr": _recent_xid(xid.ticket_codes()), "for": "1m",
+         "labels": {"severity": "warning", "family": "xid"},
+         "annotations": {
+             "summary": "The kernel log shows an application-class or recoverable Xid; the owning team should look.",
+             "description": DESCRIPTION, "runbook_url": runbook_url("xid", "GpuKernelXidWarning")}},
+        {"alert": "GpuKernelXidRepeated",
+         # A series younger than the window compares against 0 (`or ... * 0`): its whole count is recent.
+         "expr": (f"max by ({GPU}, xid) ({total} - ({total} offset {REPEAT_WINDOW} or {total} * 0)) "
+                  f">= {REPEAT_THRESHOLD}"),
+         "labels": {"severity": "critical", "family": "xid"},
+         "annotations": {
+             "summary": f"One GPU logged the same paging Xid {REPEAT_THRESHOLD}+ times within {REPEAT_WINDOW}: "
+                        "take it out of service and collect RMA evidence.",
+             "description": "GPU {{ $labels.gpu }} ({{ $labels.UUID }}, PCI {{ $labels.pci_bus_id }}) on "
+                            "{{ $labels.Hostname }} logged Xid {{ $labels.xid }} {{ $value }} times in the last "
+                            f"{REPEAT_WINDOW}. Drain the node, save the kernel log lines and a "
+                            "`nvidia-bug-report.sh` archive, run field diagnostics and open the RMA.",
+             "runbook_url": runbook_url("xid", "GpuKernelXidRepeated")}},
+        {"alert": "GpuFallenOffBus",
+         # The log says the GPU fell off the bus this boot, and DCGM does not see it (any more): a GPU
+         # that was reset and is back on DCGM's page resolves the alert.
+         "expr": (f"max by ({GPU}) (gpuobs_gpu_fallen_off_bus == 1) "
+                  "unless on (Hostname, pci_bus_id) DCGM_FI_DEV_GPU_TEMP"),
+         "labels": {"severity": "critical", "family": "gpu-missing"},
+         "annotations": {
+             "summary": "The kernel log says a GPU fell off the bus (Xid 79) and it is gone from DCGM's page.",
+             "description": "GPU {{ $labels.gpu }} ({{ $labels.UUID }}, PCI {{ $labels.pci_bus_id }}) on "
+                            "{{ $labels.Hostname }} fell off the bus (NVRM Xid 79 / 'GPU has fallen off the bus.'). "
+                            "Its jobs have failed; DCGM cannot report this Xid (DCGM #162). Drain and reboot the node.",
+             "runbook_url": runbook_url("xid", "GpuFallenOffBus")}},
+        {"alert": "GpuNvSwitchSXidFatal",
+         "expr": ('max by (Hostname, device, pci_bus_id, sxid) (gpuobs_sxid_events_total{sxid_fatal="fatal"} '
+                  f"and (time() - gpuobs_sxid_last_event_timestamp_seconds) < {RECENT_S})"),
+         "labels": {"severity": "critical", "family": "interconnect"},
+         "annotations": {
+             "summary": "An NVSwitch logged a fatal SXid: NVLink traffic through it is broken until it is reset.",
+             "description": "{{ $labels.device }} (PCI {{ $labels.pci_bus_id }}) on {{ $labels.Hostname }} logged "
+                            "fatal SXid {{ $labels.sxid }} in the last 5 minutes.",
+             "runbook_url": runbook_url("interconnect", "GpuNvSwitchSXidFatal")}},
+    ]
+    return {"groups": [{"name": "gpu-kernel-log", "rules": rules}]}
+
+
+def render() -> str:
+    head = ("# GENERATED by `python -m gpuobs.logwatch.rules` from gpuobs/exporter/data/xid_catalog.csv -- do not\n"
+            "# edit by hand. Alerts on logwatch's kernel-log counters (docs/logwatch.md); how they avoid double\n"
+            "# pages with the DCGM path: gpuobs/logwatch/rules.py and alertmanager/alertmanager.yml.\n")
+    return head + yaml.safe_dump(kernel_log_rules(), sort_keys=False, width=4096)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gpuobs.logwatch.rules", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated rules")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        try:
+            same = Path(args.check).read_text() == text
+        except OSError as exc:
+            print(f"--check {args.check}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        if not same:
+            print(f"{args.check} is out of date; regenerate it with `python -m gpuobs.logwatch.rules > {args.check}`",
+                  file=sys.stderr)
+            return 1
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

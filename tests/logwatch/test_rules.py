@@ -1,0 +1,88 @@
+"""gpu-kernel-log.yml is generated from the Xid catalogue; its Alertmanager inhibitions give one page
+per incident with the DCGM path. (promtool tests of the rules run in tests/unit/test_rules.py with
+every other rule file; inhibition semantics are evaluated with that module's Alertmanager matcher model.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuobs.exporter import xid
+from gpuobs.logwatch import rules
+from tests.unit.test_alertmanager import inhibits, inhibit_rules
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_rule_file_is_generated_and_check_mode_works(tmp_path, capsys):
+    path = ROOT / "prometheus" / "rules" / "gpu-kernel-log.yml"
+    assert path.read_text() == rules.render()
+    assert rules.main(["--check", str(path)]) == 0
+    stale = tmp_path / "old.yml"
+    stale.write_text(rules.render().replace(">= 3", ">= 2"))
+    assert rules.main(["--check", str(stale)]) == 1
+    assert "out of date" in capsys.readouterr().err
+
+
+def test_code_lists_come_from_the_catalogue():
+    doc = {r["alert"]: r for r in rules.kernel_log_rules()["groups"][0]["rules"]}
+    crit = [c for c in xid.critical_codes() if c != 79]
+    assert f'xid=~"{"|".join(map(str, crit))}"' in doc["GpuKernelXidCritical"]["expr"]
+    assert f'xid=~"{"|".join(map(str, xid.ticket_codes()))}"' in doc["GpuKernelXidWarning"]["expr"]
+    assert "79" not in doc["GpuKernelXidCritical"]["expr"].split('xid=~"')[1].split('"')[0].split("|")
+
+
+NODE1 = {"Hostname": "gpu-node-01"}
+WATCHING = {"alertname": "GpuKernelLogWatching", "severity": "info", "family": "xid", **NODE1}
+
+
+def gpu(n: int, host: str = "gpu-node-01", bus: str | None = None) -> dict[str, str]:
+    return {"Hostname": host, "gpu": str(n), "UUID": f"GPU-{host}-{n}", "pci_bus_id": bus or f"00000000:{0x18 + n:02X}:00.0"}
+
+
+FALLEN = {"alertname": "GpuFallenOffBus", "severity": "critical", "family": "gpu-missing", **gpu(6)}
+
+
+@pytest.mark.parametrize("name", ["GpuXidCritical", "GpuXidWarning"])
+def test_watching_node_mutes_dcgm_xid_alerts_there_only(name):
+    target = {"alertname": name, "severity": "critical", "xid": "48", **gpu(0)}
+    assert inhibits(WATCHING, target)
+    assert not inhibits(WATCHING, {**target, **gpu(0, "gpu-node-02")})
+    # an empty host label is never a match (design §4.6)
+    assert not inhibits({**WATCHING, "Hostname": ""}, {**target, "Hostname": ""})
+    # the kernel-log alerts themselves are not muted by it
+    assert not inhibits(WATCHING, {**target, "alertname": "GpuKernelXidCritical"})
+
+
+def test_fallen_off_bus_mutes_gpu_missing_engine_and_that_gpus_alerts():
+    assert inhibits(FALLEN, {"alertname": "GpuMissing", "severity": "critical", **NODE1})
+    assert inhibits(FALLEN, {"alertname": "ServingEngineDown", "severity": "critical", **NODE1})
+    assert inhibits(FALLEN, {"alertname": "GpuKernelXidCritical", "severity": "critical", "xid": "48", **gpu(6)})
+    assert not inhibits(FALLEN, {"alertname": "GpuKernelXidCritical", "severity": "critical", "xid": "48", **gpu(5)})
+    assert not inhibits(FALLEN, {"alertname": "GpuMissing", "severity": "critical", "Hostname": "gpu-node-02"})
+    assert not inhibits(FALLEN, {**FALLEN, **gpu(6, "gpu-node-02")})  # another node's GPU off the bus pages
+
+
+def test_dcgm_hardware_alerts_mute_the_kernel_log_xid_of_the_same_fault():
+    dbe = {"alertname": "GpuEccDoubleBitError", "severity": "critical", **gpu(3)}
+    k48 = {"alertname": "GpuKernelXidCritical", "severity": "critical", "xid": "48", **gpu(3)}
+    assert inhibits(dbe, k48)
+    assert inhibits(dbe, {**k48, "alertname": "GpuKernelXidWarning", "xid": "63"})
+    assert not inhibits(dbe, {**k48, "alertname": "GpuKernelXidRepeated"})  # repeats page again
+    assert not inhibits(dbe, {**k48, **gpu(4)})
+    remap = {"alertname": "GpuRowRemapFailure", "severity": "critical", **gpu(3)}
+    assert inhibits(remap, {**k48, "xid": "64"}) and not inhibits(remap, k48)
+
+
+def test_critical_kernel_xid_mutes_warning_kernel_xids_of_the_same_gpu():
+    crit = {"alertname": "GpuKernelXidCritical", "severity": "critical", "xid": "48", **gpu(0)}
+    warn = {"alertname": "GpuKernelXidWarning", "severity": "warning", "xid": "13", **gpu(0)}
+    assert inhibits(crit, warn)
+    assert not inhibits(crit, {**warn, **gpu(1)})
+    assert not inhibits({**crit, "pci_bus_id": ""}, {**warn, "pci_bus_id": ""})
+
+
+def test_new_inhibitions_are_disjoint():
+    names = {"GpuKernelLogWatching", "GpuFallenOffBus", "GpuKernelXidCritical", "GpuRowRemapFailure"}
+    assert sum(any(m.name == "alertname" and m.value in names for m in r.source) for r in inhibit_rules()) >= 5
