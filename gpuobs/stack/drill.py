@@ -20,7 +20,7 @@ from pathlib import Path
 import requests
 
 from gpuobs.exporter.admin_client import AdminClient
-from gpuobs.stack.drills import DRILLS, FINAL, LANES, DrillSpec, Expect
+from gpuobs.stack.drills import DRILLS, FINAL, LANES, DrillSpec, Expect, kernel_log_variant
 
 
 class DrillError(RuntimeError):
@@ -152,6 +152,8 @@ def run_drill(state: dict, name: str, claims: Claims | None = None, progress=Non
         if name not in DRILLS:
             raise DrillError(f"unknown drill {name!r}; drills: {', '.join(DRILLS)}")
         spec = DRILLS[name]
+    if state.get("logwatch"):  # the nodes run logwatch: kernel-log alerts page, DCGM's are inhibited
+        spec = kernel_log_variant(spec)
     idx = _nodes_for(state, spec)
     host = state["hostnames"][idx[0]] if spec.role != "fleet" else None
     profile = state.get("profile", "default")

@@ -110,3 +110,29 @@ def xid_drill(code: int) -> DrillSpec:
         raise ValueError(f"Xid {code} is info-class ({xidcat.message(code)}): no alert is expected; choose a "
                          f"critical code ({', '.join(map(str, xidcat.critical_codes()[:8]))}, ...) or a ticket code")
     return replace(base, expect=(exp,), faults=({"kind": "xid", "gpu": 0, "code": code},))
+
+
+def kernel_log_variant(spec: DrillSpec) -> DrillSpec:
+    """The drill as it plays on a stack whose nodes run logwatch (``state["logwatch"]``).
+
+    There the kernel-log alerts page and the DCGM ones they replace fire but are inhibited
+    (prometheus/rules/gpu-kernel-log.yml, alertmanager/alertmanager.yml): an Xid pages as
+    ``GpuKernelXid*`` (``for: 1m``, recent for 5 minutes after the last line, so it resolves later),
+    Xid 79 as ``GpuFallenOffBus`` (at once; ``GpuMissing`` inhibited), and an ECC DBE still pages once,
+    for the DBE, with the kernel-log Xid 48/63 inhibited.
+    """
+    kernel = {"GpuXidCritical": "GpuKernelXidCritical", "GpuXidWarning": "GpuKernelXidWarning",
+              "GpuMissing": "GpuFallenOffBus"}
+    expect = tuple(replace(e, alertname=kernel.get(e.alertname, e.alertname)) for e in spec.expect)
+    allowed = set(spec.allowed) | {e.alertname for e in spec.expect if e.alertname in kernel}
+    if any(e.alertname.startswith("GpuXid") for e in spec.expect) or "GpuXidCritical" in spec.allowed:
+        allowed |= {"GpuKernelXidCritical", "GpuKernelXidWarning"} - {e.alertname for e in expect}
+    if any(e.alertname == "GpuMissing" for e in spec.expect):
+        gpu = next((f["gpu"] for f in spec.faults if f.get("kind") == "xid"), None)
+        expect = tuple(replace(e, labels={**e.labels, "gpu": str(gpu)}) if e.alertname == "GpuFallenOffBus"
+                       and gpu is not None else e for e in expect)
+    slow = any(e.alertname.startswith("GpuKernelXid") for e in expect)
+    return replace(spec, expect=expect, allowed=frozenset(allowed),
+                   fire_deadline_s=max(spec.fire_deadline_s, 120.0) if slow else spec.fire_deadline_s,
+                   resolve_deadline_s=max(spec.resolve_deadline_s, 420.0) if slow else spec.resolve_deadline_s)
+
