@@ -65,6 +65,7 @@ drills: venv binaries
 
 bench: venv binaries
 	$(PY) bench/bench_exporter.py
+	$(PY) bench/bench_logwatch.py
 
 bench-canary: venv
 	$(PY) bench/bench_canary.py
@@ -79,11 +80,13 @@ lint: venv binaries
 	amtool check-config alertmanager/alertmanager.yml
 	$(GPUOBS) rules xid --check prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo --check prometheus/rules/slo.yml
+	$(PY) -m gpuobs.logwatch.rules --check prometheus/rules/gpu-kernel-log.yml
 	$(PY) grafana/generate.py --check
 
 rules: venv
 	$(GPUOBS) rules xid > prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo > prometheus/rules/slo.yml
+	$(PY) -m gpuobs.logwatch.rules > prometheus/rules/gpu-kernel-log.yml
 
 test: venv binaries
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -44,6 +44,7 @@ kernel lines are ``IGNORED``.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -74,7 +75,7 @@ _SXID_RE = re.compile(
     r"(?P<dev>[A-Za-z0-9_.-]+): SXid \(PCI:(?P<bus>" + _HEX_BUS + r")(?:\.[0-7])?\): (?P<sxid>\d{1,5}), (?P<msg>.*)$")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: frozen dataclasses pay object.__setattr__ per field
 class Event:
     """One parsed line.
 
@@ -104,6 +105,7 @@ IGNORED_EVENT = Event(IGNORED)
 UNPARSED_EVENT = Event(UNPARSED)
 
 
+@functools.lru_cache(maxsize=1024)
 def dcgm_bus_id(bus: str) -> str:
     """``0000:2b:00`` / ``0000:2b:00.0`` / ``00000000:2B:00.0`` -> ``00000000:2B:00.0``.
 
