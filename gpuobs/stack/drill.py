@@ -74,6 +74,8 @@ class DrillResult:
     cleared_s: float | None = None
     unexpected: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: The other detection path's alerts (DrillSpec.observe): first firing time on the node, or None.
+    observed: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -168,6 +170,7 @@ def run_drill(state: dict, name: str, claims: Claims | None = None, progress=Non
     claims.add(name, mine)
     res = DrillResult(name, host or "fleet", profile)
     res.alerts = [AlertOutcome(e.alertname, e.receiver) for e in spec.expect]
+    res.observed = {name: None for name in spec.observe}
     seen_unexpected: set[str] = set()
 
     def check_false(alerts: list[dict], pages: list[dict], t0: float) -> None:
@@ -239,7 +242,14 @@ def run_drill(state: dict, name: str, claims: Claims | None = None, progress=Non
                             out.runbook_url = hit["annotations"].get("runbook_url")
                             say(f"{name}: {exp.alertname} reached '{p['channel']}' after {out.paged_s:.1f}s")
                             break
-            return all(o.fired_s is not None and o.paged_s is not None for o in res.alerts)
+            for name in res.observed:
+                if res.observed[name] is None and any(
+                        a["state"] == "firing" and a["labels"].get("alertname") == name
+                        and (host is None or a["labels"].get("Hostname") == host) for a in alerts):
+                    res.observed[name] = now
+                    say(f"{name}: firing after {now:.1f}s (other path)")
+            return (all(o.fired_s is not None and o.paged_s is not None for o in res.alerts)
+                    and all(v is not None for v in res.observed.values()))
 
         poll(t0 + spec.fire_deadline_s * scale_fire, fired_and_paged, t0)
     finally:
@@ -309,11 +319,15 @@ def format_timeline(res: DrillResult) -> str:
         lines.append(f"  {_t(a.fired_s)}s  firing    {a.alertname} in Prometheus")
         lines.append(f"  {_t(a.paged_s)}s  paged     {a.alertname} -> {a.receiver or '-'} "
                      f"(expected {a.expected_receiver}) {hop}")
+    for name, t in res.observed.items():
+        lines.append(f"  {_t(t)}s  firing    {name} in Prometheus (other detection path; inhibited)")
     lines.append(f"  {_t(res.cleared_s)}s  cleared")
     for a in res.alerts:
         lines.append(f"  {_t(a.resolved_s)}s  resolved  {a.alertname}")
         lines.append(f"  runbook: {a.runbook_url or '-'}")
     lines.append(f"  fault-to-page: {res.paged_s:.1f}s" if res.paged_s is not None else "  fault-to-page: not paged")
+    for name, t in res.observed.items():
+        lines.append(f"  other path: {name} firing after {t:.1f}s" if t is not None else f"  other path: {name} did not fire")
     lines.append(f"  false alerts: {', '.join(res.unexpected) or 'none'}")
     lines.append("  result: PASS" if res.ok else "  result: FAIL\n" + "\n".join(f"    - {p}" for p in res.problems))
     return "\n".join(lines)
@@ -329,4 +343,6 @@ def format_table(results: list[DrillResult]) -> str:
         rows.append(f"{r.drill:<16} {exp[:34]:<34} {'y' if r.firing_s is not None else 'n':<5} "
                     f"{_t(r.firing_s):>11} {_t(r.paged_s):>9}  {(','.join(r.unexpected) or 'none')[:24]:<24} "
                     f"{'y' if r.resolved else 'n':<8} {'PASS' if r.ok else 'FAIL'}")
-    return "\n".join(rows)
+    other = [f"  {r.drill}: other path {name} firing after {_t(t).strip()}s (inhibited)"
+             for r in results for name, t in r.observed.items()]
+    return "\n".join(rows + other)

@@ -41,6 +41,9 @@ class DrillSpec:
     fire_deadline_s: float = 150.0
     resolve_deadline_s: float = 240.0
     about: str = ""
+    #: Alerts of the other detection path whose firing time on the drill's node is recorded next to
+    #: the expected ones (they fire but are inhibited; e.g. DCGM's GpuXidCritical where logwatch pages).
+    observe: tuple[str, ...] = ()
 
 
 DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
@@ -132,7 +135,8 @@ def kernel_log_variant(spec: DrillSpec) -> DrillSpec:
         expect = tuple(replace(e, labels={**e.labels, "gpu": str(gpu)}) if e.alertname == "GpuFallenOffBus"
                        and gpu is not None else e for e in expect)
     slow = any(e.alertname.startswith("GpuKernelXid") for e in expect)
-    return replace(spec, expect=expect, allowed=frozenset(allowed),
+    observe = tuple(e.alertname for e in spec.expect if e.alertname in kernel)
+    return replace(spec, expect=expect, allowed=frozenset(allowed), observe=spec.observe or observe,
                    fire_deadline_s=max(spec.fire_deadline_s, 120.0) if slow else spec.fire_deadline_s,
                    resolve_deadline_s=max(spec.resolve_deadline_s, 420.0) if slow else spec.resolve_deadline_s)
 
