@@ -189,13 +189,14 @@ class KmsgSource:
         try:
             self._boot = self.ops.boot_id()
             self._fd = self.ops.open(self.path)
-            if position and position.get("boot_id") == self._boot and position.get("seq") is not None:
+            same_boot = bool(position) and position.get("boot_id") == self._boot
+            if same_boot and position.get("seq") is not None:
                 self.ops.seek_start(self._fd)  # skip what we already counted by seq
                 self._last = int(position["seq"])
-            elif position:
+            elif position and not same_boot:
                 self.ops.seek_start(self._fd)  # a new boot: everything in the buffer is new to us
                 self._new_boot = True
-            elif self.start_at == "end":
+            elif self.start_at == "end":  # first start, or same boot before any record was read
                 self.ops.seek_end(self._fd)
             else:
                 self.ops.seek_start(self._fd)

@@ -163,6 +163,10 @@ def test_kmsg_restart_same_boot_no_loss_no_duplicates_new_boot_rereads():
     s = src.KmsgSource(start_at="end", ops=k)
     s.start(None)
     assert drain(s) == []  # started at the end
+    s0 = src.KmsgSource(start_at="end", ops=k)  # restarted before reading any record: same boot, not a new one
+    s0.start(s.position)
+    b0 = s0.read_batch()
+    assert b0.lines == [] and not b0.new_boot
     k.log("line 3")
     assert drain(s) == ["line 3"]
     pos = s.position
