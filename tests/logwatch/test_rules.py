@@ -62,6 +62,9 @@ def test_fallen_off_bus_mutes_gpu_missing_engine_and_that_gpus_alerts():
     assert not inhibits(FALLEN, {"alertname": "GpuKernelXidCritical", "severity": "critical", "xid": "48", **gpu(5)})
     assert not inhibits(FALLEN, {"alertname": "GpuMissing", "severity": "critical", "Hostname": "gpu-node-02"})
     assert not inhibits(FALLEN, {**FALLEN, **gpu(6, "gpu-node-02")})  # another node's GPU off the bus pages
+    # identical HGX boards share bus ids: with no host label, one node's GPU never mutes another's
+    assert not inhibits({**FALLEN, "Hostname": ""},
+                        {"alertname": "GpuKernelXidCritical", "severity": "critical", "xid": "48", **gpu(6, "")})
 
 
 def test_dcgm_hardware_alerts_mute_the_kernel_log_xid_of_the_same_fault():
