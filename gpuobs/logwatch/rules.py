@@ -11,9 +11,11 @@ One page per incident, with the DCGM path (design §6):
   Xid 79/119/120 and a stock exporter has no count at all). Where logwatch is absent or broken the
   source resolves and the DCGM alerts page as before. The source fires all the time, so the
   inhibition does not depend on which path is faster.
-* ``GpuKernelXidCritical``/``Warning`` wait ``for: 1m`` so the DCGM hardware-counter alerts of the
-  same fault (``GpuEccDoubleBitError`` for Xid 48/63, ``GpuRowRemapFailure`` for Xid 64; DCGM's
-  default collect interval is 30 s) fire first and inhibit them.
+* ``GpuKernelXidCritical``/``Warning`` fire at the first evaluation that sees the line, except for
+  the memory codes in :data:`HOLD_OFF_XIDS`: DCGM's ECC and row-remap counters raise their own alerts
+  for the same fault (``GpuEccDoubleBitError``, ``GpuRowRemapFailure``, ``GpuRowRemapPending``; DCGM's
+  default collect interval is 30 s), so for those codes the kernel-log alert waits ``for: 1m`` and is
+  inhibited by the hardware alert that fired first.
 * ``GpuFallenOffBus`` (Xid 79 / "GPU has fallen off the bus", and the GPU absent from DCGM's page)
   pages at once and inhibits ``GpuMissing`` (``for: 30s``) on its node.
 * ``GpuKernelXidRepeated`` pages again when one GPU logs the same paging code 3 times within an
@@ -35,6 +37,10 @@ GPU = "Hostname, gpu, UUID, pci_bus_id"
 #: Seconds an Xid stays "recent" after logwatch counted it (like dcgm-exporter's 5-minute Xid window).
 RECENT_S = 300
 REPEAT_THRESHOLD = 3
+#: Uncorrectable memory errors and row remapping (48 DBE, 63 remap pending, 64 remap failure,
+#: 94/95 contained/uncontained): DCGM's ECC/row-remap counters alert on the same fault.
+HOLD_OFF_XIDS = frozenset({48, 63, 64, 94, 95})
+HOLD_OFF_FOR = "1m"
 REPEAT_WINDOW = "1h"
 
 DESCRIPTION = ("GPU {{ $labels.gpu }} ({{ $labels.UUID }}, PCI {{ $labels.pci_bus_id }}) on {{ $labels.Hostname }} "
@@ -47,6 +53,23 @@ def _recent_xid(codes: list[int]) -> str:
     regex = "|".join(map(str, codes))
     return (f'max by ({GPU}, xid) (gpuobs_xid_events_total{{xid=~"{regex}"}} '
             f"and (time() - gpuobs_xid_last_event_timestamp_seconds) < {RECENT_S})")
+
+
+def _split(name: str, codes: list[int], severity: str, summary: str) -> list[dict]:
+    """One alert name as two rules: the codes DCGM's counters do not pair with (no ``for``), and the
+    :data:`HOLD_OFF_XIDS` among ``codes`` (``for: 1m``)."""
+    now = [c for c in codes if c not in HOLD_OFF_XIDS]
+    held = [c for c in codes if c in HOLD_OFF_XIDS]
+    out = []
+    # The held rule carries xid_class="memory": the two rules must differ in labels (promtool rejects
+    # duplicate rules), and the label says why this page waited.
+    for group, extra, more in ((now, {}, {}), (held, {"for": HOLD_OFF_FOR}, {"xid_class": "memory"})):
+        if group:
+            out.append({"alert": name, "expr": _recent_xid(group), **extra,
+                        "labels": {"severity": severity, "family": "xid", **more},
+                        "annotations": {"summary": summary, "description": DESCRIPTION,
+                                        "runbook_url": runbook_url("xid", name)}})
+    return out
 
 
 def kernel_log_rules() -> dict:
@@ -64,16 +87,10 @@ def kernel_log_rules() -> dict:
                             "this node come from the kernel log (every event, exact counts) and Alertmanager "
                             "inhibits the DCGM window-count alerts GpuXidCritical/GpuXidWarning.",
              "runbook_url": runbook_url("xid", "GpuKernelLogWatching")}},
-        {"alert": "GpuKernelXidCritical", "expr": _recent_xid(crit), "for": "1m",
-         "labels": {"severity": "critical", "family": "xid"},
-         "annotations": {
-             "summary": "The kernel log shows an Xid whose NVIDIA action is reset the GPU, reboot the node or RMA.",
-             "description": DESCRIPTION, "runbook_url": runbook_url("xid", "GpuKernelXidCritical")}},
-        {"alert": "GpuKernelXidWarning", "expr": _recent_xid(xid.ticket_codes()), "for": "1m",
-         "labels": {"severity": "warning", "family": "xid"},
-         "annotations": {
-             "summary": "The kernel log shows an application-class or recoverable Xid; the owning team should look.",
-             "description": DESCRIPTION, "runbook_url": runbook_url("xid", "GpuKernelXidWarning")}},
+        *_split("GpuKernelXidCritical", crit, "critical",
+                "The kernel log shows an Xid whose NVIDIA action is reset the GPU, reboot the node or RMA."),
+        *_split("GpuKernelXidWarning", xid.ticket_codes(), "warning",
+                "The kernel log shows an application-class or recoverable Xid; the owning team should look."),
         {"alert": "GpuKernelXidRepeated",
          # A series younger than the window compares against 0 (`or ... * 0`): its whole count is recent.
          "expr": (f"max by ({GPU}, xid) ({total} - ({total} offset {REPEAT_WINDOW} or {total} * 0)) "

@@ -120,7 +120,8 @@ def kernel_log_variant(spec: DrillSpec) -> DrillSpec:
 
     There the kernel-log alerts page and the DCGM ones they replace fire but are inhibited
     (prometheus/rules/gpu-kernel-log.yml, alertmanager/alertmanager.yml): an Xid pages as
-    ``GpuKernelXid*`` (``for: 1m``, recent for 5 minutes after the last line, so it resolves later),
+    ``GpuKernelXid*`` (``for: 1m`` for memory codes such as 48; recent for 5 minutes after the last
+    line, so it resolves later),
     Xid 79 as ``GpuFallenOffBus`` (at once; ``GpuMissing`` inhibited), and an ECC DBE still pages once,
     for the DBE, with the kernel-log Xid 48/63 inhibited.
     """

@@ -26,11 +26,20 @@ def test_rule_file_is_generated_and_check_mode_works(tmp_path, capsys):
 
 
 def test_code_lists_come_from_the_catalogue():
-    doc = {r["alert"]: r for r in rules.kernel_log_rules()["groups"][0]["rules"]}
-    crit = [c for c in xid.critical_codes() if c != 79]
-    assert f'xid=~"{"|".join(map(str, crit))}"' in doc["GpuKernelXidCritical"]["expr"]
-    assert f'xid=~"{"|".join(map(str, xid.ticket_codes()))}"' in doc["GpuKernelXidWarning"]["expr"]
-    assert "79" not in doc["GpuKernelXidCritical"]["expr"].split('xid=~"')[1].split('"')[0].split("|")
+    def codes(name: str) -> dict[str | None, set[int]]:
+        out: dict[str | None, set[int]] = {}
+        for r in rules.kernel_log_rules()["groups"][0]["rules"]:
+            if r["alert"] == name:
+                regex = r["expr"].split('xid=~"')[1].split('"')[0]
+                out[r.get("for")] = set(map(int, regex.split("|")))
+        return out
+
+    crit = codes("GpuKernelXidCritical")
+    assert set.union(*crit.values()) == set(xid.critical_codes()) - {79}  # 79 is GpuFallenOffBus
+    assert crit["1m"] == {48, 64, 95} and 62 in crit[None]  # only memory codes wait for DCGM's counters
+    warn = codes("GpuKernelXidWarning")
+    assert set.union(*warn.values()) == set(xid.ticket_codes())
+    assert warn["1m"] == {63, 94}
 
 
 NODE1 = {"Hostname": "gpu-node-01"}
