@@ -35,6 +35,9 @@ from gpuobs.rulegen import runbook_url
 
 GPU = "Hostname, gpu, UUID, pci_bus_id"
 #: Seconds an Xid stays "recent" after logwatch counted it (like dcgm-exporter's 5-minute Xid window).
+#: It must not outlast the DCGM alerts that inhibit the memory codes (GpuEccDoubleBitError looks 10
+#: minutes back), or a held kernel-log page would go out when they resolve. The stack's drill profile
+#: divides both by the same factor (gpuobs.stack.render).
 RECENT_S = 300
 REPEAT_THRESHOLD = 3
 #: Uncorrectable memory errors and row remapping (48 DBE, 63 remap pending, 64 remap failure,
@@ -44,18 +47,22 @@ HOLD_OFF_FOR = "1m"
 REPEAT_WINDOW = "1h"
 
 DESCRIPTION = ("GPU {{ $labels.gpu }} ({{ $labels.UUID }}, PCI {{ $labels.pci_bus_id }}) on {{ $labels.Hostname }} "
-               "logged Xid {{ $labels.xid }} in the last 5 minutes ({{ $value }} such kernel-log line(s) since "
+               "logged Xid {{ $labels.xid }} in the last %s ({{ $value }} such kernel-log line(s) since "
                "logwatch's state began). Save the NVRM lines (`journalctl -k | grep -E 'NVRM: (Xid|GPU)'`) "
                "and follow the runbook for this code.")
 
 
-def _recent_xid(codes: list[int]) -> str:
+def _span(seconds: int) -> str:
+    return f"{seconds // 60} minutes" if seconds % 60 == 0 and seconds >= 120 else f"{seconds} seconds"
+
+
+def _recent_xid(codes: list[int], recent_s: int) -> str:
     regex = "|".join(map(str, codes))
     return (f'max by ({GPU}, xid) (gpuobs_xid_events_total{{xid=~"{regex}"}} '
-            f"and (time() - gpuobs_xid_last_event_timestamp_seconds) < {RECENT_S})")
+            f"and (time() - gpuobs_xid_last_event_timestamp_seconds) < {recent_s})")
 
 
-def _split(name: str, codes: list[int], severity: str, summary: str) -> list[dict]:
+def _split(name: str, codes: list[int], severity: str, summary: str, recent_s: int) -> list[dict]:
     """One alert name as two rules: the codes DCGM's counters do not pair with (no ``for``), and the
     :data:`HOLD_OFF_XIDS` among ``codes`` (``for: 1m``)."""
     now = [c for c in codes if c not in HOLD_OFF_XIDS]
@@ -65,15 +72,18 @@ def _split(name: str, codes: list[int], severity: str, summary: str) -> list[dic
     # duplicate rules), and the label says why this page waited.
     for group, extra, more in ((now, {}, {}), (held, {"for": HOLD_OFF_FOR}, {"xid_class": "memory"})):
         if group:
-            out.append({"alert": name, "expr": _recent_xid(group), **extra,
+            out.append({"alert": name, "expr": _recent_xid(group, recent_s), **extra,
                         "labels": {"severity": severity, "family": "xid", **more},
-                        "annotations": {"summary": summary, "description": DESCRIPTION,
+                        "annotations": {"summary": summary, "description": DESCRIPTION % _span(recent_s),
                                         "runbook_url": runbook_url("xid", name)}})
     return out
 
 
-def kernel_log_rules() -> dict:
-    """The ``gpu-kernel-log`` rule group as a YAML-ready dict."""
+def kernel_log_rules(recent_s: int = RECENT_S) -> dict:
+    """The ``gpu-kernel-log`` rule group as a YAML-ready dict; ``recent_s``: how long an Xid or SXid
+    line keeps its alert firing (seconds > 0)."""
+    if recent_s <= 0:
+        raise ValueError(f"recent_s must be > 0 seconds, got {recent_s}")
     crit = [c for c in xid.critical_codes() if c != 79]  # 79 is GpuFallenOffBus
     crit_re = "|".join(map(str, crit))
     total = f'gpuobs_xid_events_total{{xid=~"{crit_re}"}}'
@@ -88,9 +98,9 @@ def kernel_log_rules() -> dict:
                             "inhibits the DCGM window-count alerts GpuXidCritical/GpuXidWarning.",
              "runbook_url": runbook_url("xid", "GpuKernelLogWatching")}},
         *_split("GpuKernelXidCritical", crit, "critical",
-                "The kernel log shows an Xid whose NVIDIA action is reset the GPU, reboot the node or RMA."),
+                "The kernel log shows an Xid whose NVIDIA action is reset the GPU, reboot the node or RMA.", recent_s),
         *_split("GpuKernelXidWarning", xid.ticket_codes(), "warning",
-                "The kernel log shows an application-class or recoverable Xid; the owning team should look."),
+                "The kernel log shows an application-class or recoverable Xid; the owning team should look.", recent_s),
         {"alert": "GpuKernelXidRepeated",
          # A series younger than the window compares against 0 (`or ... * 0`): its whole count is recent.
          "expr": (f"max by ({GPU}, xid) ({total} - ({total} offset {REPEAT_WINDOW} or {total} * 0)) "
@@ -118,22 +128,22 @@ def kernel_log_rules() -> dict:
              "runbook_url": runbook_url("xid", "GpuFallenOffBus")}},
         {"alert": "GpuNvSwitchSXidFatal",
          "expr": ('max by (Hostname, device, pci_bus_id, sxid) (gpuobs_sxid_events_total{sxid_fatal="fatal"} '
-                  f"and (time() - gpuobs_sxid_last_event_timestamp_seconds) < {RECENT_S})"),
+                  f"and (time() - gpuobs_sxid_last_event_timestamp_seconds) < {recent_s})"),
          "labels": {"severity": "critical", "family": "interconnect"},
          "annotations": {
              "summary": "An NVSwitch logged a fatal SXid: NVLink traffic through it is broken until it is reset.",
              "description": "{{ $labels.device }} (PCI {{ $labels.pci_bus_id }}) on {{ $labels.Hostname }} logged "
-                            "fatal SXid {{ $labels.sxid }} in the last 5 minutes.",
+                            "fatal SXid {{ $labels.sxid }} in the last " + _span(recent_s) + ".",
              "runbook_url": runbook_url("interconnect", "GpuNvSwitchSXidFatal")}},
     ]
     return {"groups": [{"name": "gpu-kernel-log", "rules": rules}]}
 
 
-def render() -> str:
+def render(recent_s: int = RECENT_S) -> str:
     head = ("# GENERATED by `python -m gpuobs.logwatch.rules` from gpuobs/exporter/data/xid_catalog.csv -- do not\n"
             "# edit by hand. Alerts on logwatch's kernel-log counters (docs/logwatch.md); how they avoid double\n"
             "# pages with the DCGM path: gpuobs/logwatch/rules.py and alertmanager/alertmanager.yml.\n")
-    return head + yaml.safe_dump(kernel_log_rules(), sort_keys=False, width=4096)
+    return head + yaml.safe_dump(kernel_log_rules(recent_s), sort_keys=False, width=4096)
 
 
 def main(argv: list[str] | None = None) -> int:

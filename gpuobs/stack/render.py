@@ -98,6 +98,10 @@ def render_rules(out: Path, runbook_base: str, profile: str = "default", repo: P
     for rule_file in sorted((repo / "prometheus" / "rules").glob("*.yml")):
         if profile == "drill" and rule_file.name == "slo.yml":
             text = render_slo_rules(repo / "prometheus" / "slo.yaml", DRILL_SLO_PERIOD)
+        elif profile == "drill" and rule_file.name == "gpu-kernel-log.yml":
+            # Its "recent Xid" span is a constant, not a range selector: shorten it like the windows.
+            from gpuobs.logwatch.rules import RECENT_S, render as render_kernel_log
+            text = render_kernel_log(RECENT_S // DRILL_WINDOW_DIVISOR)
         else:
             text = rule_file.read_text()
         if profile == "drill":

@@ -98,3 +98,25 @@ def test_critical_kernel_xid_mutes_warning_kernel_xids_of_the_same_gpu():
 def test_new_inhibitions_are_disjoint():
     names = {"GpuKernelLogWatching", "GpuFallenOffBus", "GpuKernelXidCritical", "GpuRowRemapFailure"}
     assert sum(any(m.name == "alertname" and m.value in names for m in r.source) for r in inhibit_rules()) >= 5
+
+
+@pytest.mark.parametrize("profile", ["default", "drill"])
+def test_held_kernel_log_page_never_outlasts_the_dcgm_alert_that_inhibits_it(tmp_path, profile):
+    """The memory codes' kernel-log alert is inhibited by GpuEccDoubleBitError only while that fires:
+    its "recent" span must end before the DBE alert's window does, in both stack profiles (the drill
+    profile shortens windows; it must shorten the span too), or a late second page goes out."""
+    import re
+
+    import yaml
+
+    from gpuobs.slo_rules import parse_duration
+    from gpuobs.stack.render import render_rules
+
+    by_file = {p.name: yaml.safe_load(p.read_text()) for p in render_rules(tmp_path, "http://x", profile)}
+    rules_ = [r for doc in by_file.values() for g in doc["groups"] for r in g["rules"]]
+    dbe = next(r for r in rules_ if r.get("alert") == "GpuEccDoubleBitError")
+    window = parse_duration(re.search(r"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL\[([0-9a-z]+)\]", dbe["expr"]).group(1))
+    held = next(r for r in rules_ if r.get("alert") == "GpuKernelXidCritical" and "for" in r)
+    recent = int(re.search(r"gpuobs_xid_last_event_timestamp_seconds\) < ([0-9]+)", held["expr"]).group(1))
+    assert recent + 30 <= window, (profile, recent, window)  # 30 s: scrape + evaluation slack
+    assert parse_duration(held["for"]) < recent
