@@ -77,6 +77,7 @@ drills: venv binaries
 
 bench: venv binaries
 	$(PY) bench/bench_exporter.py
+	$(PY) bench/bench_logwatch.py
 
 bench-canary: venv
 	$(PY) bench/bench_canary.py
@@ -91,11 +92,13 @@ lint: venv binaries
 	amtool check-config alertmanager/alertmanager.yml
 	$(GPUOBS) rules xid --check prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo --check prometheus/rules/slo.yml
-	$(PY) gpuobs/mixin/dashboards.py --check
+	$(GPUOBS) rules kernel-log --check prometheus/rules/gpu-kernel-log.yml
+	$(GPUOBS) rules dashboards --check
 
 rules: venv
 	$(GPUOBS) rules xid > prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo > prometheus/rules/slo.yml
+	$(GPUOBS) rules kernel-log > prometheus/rules/gpu-kernel-log.yml
 	$(GPUOBS) rules dashboards
 
 test: venv binaries

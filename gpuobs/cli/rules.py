@@ -15,12 +15,14 @@ def cmd_rules(args: argparse.Namespace) -> int:
     """Print (or ``--check``) the Xid or SLO rule file; write (or ``--check``) the dashboards."""
     if args.which == "dashboards":
         return _dashboards(args)
+    from gpuobs.mixin.kernel_log_rules import render as render_kernel_log_rules
     from gpuobs.mixin.slo_rules import render_slo_rules
     from gpuobs.mixin.xid_rules import render_xid_rules
 
     slo_config = Path(args.slo_config) if args.slo_config else assets.path("prometheus/slo.yaml")
     try:
-        text = render_xid_rules() if args.which == "xid" else render_slo_rules(slo_config, args.period)
+        text = {"xid": render_xid_rules, "kernel-log": render_kernel_log_rules,
+                "slo": lambda: render_slo_rules(slo_config, args.period)}[args.which]()
     except OSError as exc:
         return fail(f"--slo-config {slo_config}: {exc.strerror}")
     if args.check:
@@ -52,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``rules`` group to ``sub``."""
     r = sub.add_parser("rules", help="generate rule files and dashboards derived from reference data",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("which", choices=["xid", "slo", "dashboards"],
-                   help="xid/slo: print the rule file; dashboards: write grafana/dashboards/*.json")
+    r.add_argument("which", choices=["xid", "kernel-log", "slo", "dashboards"],
+                   help="xid/kernel-log/slo: print the rule file; dashboards: write grafana/dashboards/*.json")
     r.add_argument("--slo-config", default=None, help="SLO definitions for `slo` (default: the shipped prometheus/slo.yaml)")
     r.add_argument("--period", default=None, help="override the SLO period, e.g. 3d (for `slo`)")
     r.add_argument("--out", default=None, help="dashboards: output directory (default: grafana/dashboards)")

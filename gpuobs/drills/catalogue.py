@@ -42,6 +42,9 @@ class DrillSpec:
     fire_deadline_s: float = 150.0
     resolve_deadline_s: float = 240.0
     about: str = ""
+    #: Alerts of the other detection path whose firing time on the drill's node is recorded next to
+    #: the expected ones (they fire but are inhibited; e.g. DCGM's GpuXidCritical where logwatch pages).
+    observe: tuple[str, ...] = ()
 
 
 DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
@@ -218,3 +221,30 @@ def panels_for(result: dict) -> tuple[Panel, ...]:
         if kind in PANELS:
             return PANELS[kind]
     return GENERIC
+
+
+def kernel_log_variant(spec: DrillSpec) -> DrillSpec:
+    """The drill as it plays on a stack whose nodes run logwatch (``state["logwatch"]``).
+
+    There the kernel-log alerts page and the DCGM ones they replace fire but are inhibited
+    (prometheus/rules/gpu-kernel-log.yml, alertmanager/alertmanager.yml): an Xid pages as
+    ``GpuKernelXid*`` (``for: 1m`` for memory codes such as 48; firing while the line is recent: 5
+    minutes, 1 minute in the drill profile),
+    Xid 79 as ``GpuFallenOffBus`` (at once; ``GpuMissing`` inhibited), and an ECC DBE still pages once,
+    for the DBE, with the kernel-log Xid 48/63 inhibited.
+    """
+    kernel = {"GpuXidCritical": "GpuKernelXidCritical", "GpuXidWarning": "GpuKernelXidWarning",
+              "GpuMissing": "GpuFallenOffBus"}
+    expect = tuple(replace(e, alertname=kernel.get(e.alertname, e.alertname)) for e in spec.expect)
+    allowed = set(spec.allowed) | {e.alertname for e in spec.expect if e.alertname in kernel}
+    if any(e.alertname.startswith("GpuXid") for e in spec.expect) or "GpuXidCritical" in spec.allowed:
+        allowed |= {"GpuKernelXidCritical", "GpuKernelXidWarning"} - {e.alertname for e in expect}
+    if any(e.alertname == "GpuMissing" for e in spec.expect):
+        gpu = next((f["gpu"] for f in spec.faults if f.get("kind") == "xid"), None)
+        expect = tuple(replace(e, labels={**e.labels, "gpu": str(gpu)}) if e.alertname == "GpuFallenOffBus"
+                       and gpu is not None else e for e in expect)
+    slow = any(e.alertname.startswith("GpuKernelXid") for e in expect)
+    observe = tuple(e.alertname for e in spec.expect if e.alertname in kernel)
+    return replace(spec, expect=expect, allowed=frozenset(allowed), observe=spec.observe or observe,
+                   fire_deadline_s=max(spec.fire_deadline_s, 120.0) if slow else spec.fire_deadline_s)
+

@@ -6,7 +6,8 @@ Admin API (loopback clients only, ``Authorization: Bearer <token>``):
 * ``POST /admin/faults`` with ``{"kind": ..., "gpu": ..., <params>}`` -> 201 with the fault;
   400 ``{"error": ..., "field": ...}`` for bad JSON or parameters; 413 over 64 KiB
 * ``DELETE /admin/faults/<id>`` -> 200 with the cleared fault, 404 if unknown
-* ``GET /admin/kernel-log`` -> 200 text, the node's simulated dmesg lines (Xid lines)
+* ``GET /admin/kernel-log[?from=N]`` -> 200 text, the node's simulated dmesg lines (NVRM Xid lines in
+  the driver's formats) from line N on, with ``X-Boot-Id`` and ``X-Kernel-Log-Lines`` headers
 * ``GET /admin/deploy`` -> ``{"version": ...}``; ``POST /admin/deploy`` with ``{"version": "1.5.0"}``
   -> 200 ``{"version": ..., "previous": ...}``; unknown version -> 400 naming the known ones
 
@@ -22,6 +23,7 @@ import hmac
 import ipaddress
 import threading
 import time
+from urllib.parse import parse_qs
 
 from gpuobs.core import httpd, log
 from gpuobs.exporter.exposition import CONTENT_TYPE, Family, label_string, render
@@ -117,11 +119,23 @@ class Handler(httpd.Handler):
                 self.send_json(200, {"hostname": node.hostname, "faults": node.list_faults()})
         elif path == "/admin/kernel-log":
             if self._authorized():
-                with node.lock:
-                    text = "".join(line + "\n" for line in node.kernel_log)
-                self.send_body(200, text.encode(), "text/plain; charset=utf-8")
+                self._kernel_log(node)
         else:
             self.send_error_json(404, f"no route {path}")
+
+    def _kernel_log(self, node: Node) -> None:
+        """``?from=N``: lines N.. (0-based; default 0). Headers ``X-Boot-Id`` (new per node start) and
+        ``X-Kernel-Log-Lines`` (lines in the log) let a follower resume without loss or duplicates."""
+        query = parse_qs(self.path.split("?", 1)[1]) if "?" in self.path else {}
+        raw = query.get("from", ["0"])[-1]
+        if not raw.isdigit():
+            self.send_error_json(400, f"query parameter 'from' must be a line number >= 0, got {raw!r}", "from")
+            return
+        with node.lock:
+            lines, total, boot = node.kernel_log[int(raw):], len(node.kernel_log), node.boot_id
+        body = "".join(line + "\n" for line in lines).encode()
+        self.send_body(200, body, "text/plain; charset=utf-8",
+                       headers={"X-Boot-Id": boot, "X-Kernel-Log-Lines": str(total)})
 
     def _post(self) -> None:
         path = self.path.split("?", 1)[0]

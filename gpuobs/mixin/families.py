@@ -71,14 +71,15 @@ CSV = "add to the dcgm-exporter counters CSV (deploy/dcgm-exporter/recommended.c
 APP = "instrument the framework (PyTorch allocator metrics, design §4.2)"
 
 FAMILIES: tuple[Family, ...] = (
-    Family("xid", ("GpuXidCritical", "GpuXidWarning"), True,
+    Family("xid", ("GpuXidCritical", "GpuXidWarning", "GpuKernelXidCritical", "GpuKernelXidWarning",
+                   "GpuKernelXidRepeated", "GpuKernelLogWatching"), True,
            stock=(Signal("DCGM_FI_DEV_XID_ERRORS", sparse=True),),
            enhanced=(Signal("DCGM_EXP_XID_ERRORS_COUNT", enable=CSV),),
            alternatives=(Signal("gpuobs_xid_events_total", "agent", "run `gpuobs logwatch` on every GPU node"),),
            runbook="xid.md",
            note="stock: a (GPU, err_code) series that was not there minutes ago (the gauge holds the last code); "
                 "enhanced: repeats of a code within the exporter's window, or every kernel-log Xid"),
-    Family("gpu-missing", ("GpuMissing",), True,
+    Family("gpu-missing", ("GpuMissing", "GpuFallenOffBus"), True,
            stock=(Signal("DCGM_FI_DEV_GPU_TEMP"),),
            enhanced=(Signal("gpuobs_node_expected_gpus", "agent", "run the gpuobs NVML exporter or logwatch"),),
            alternatives=(Signal("gpuobs_gpu_fallen_off_bus", "agent", "run `gpuobs logwatch` on every GPU node"),),
@@ -99,12 +100,13 @@ FAMILIES: tuple[Family, ...] = (
            runbook="throttling.md",
            note="stock: SM clock far below its recent maximum while busy, with temperature at the slowdown "
                 "point or power collapsed; enhanced: violation counters and clock-event bits"),
-    Family("interconnect", ("GpuNvlinkErrors", "GpuPcieReplays"), False,
+    Family("interconnect", ("GpuNvlinkErrors", "GpuPcieReplays", "GpuNvSwitchSXidFatal"), False,
            stock=(Signal("DCGM_FI_DEV_PCIE_REPLAY_COUNTER"),),
            enhanced=(Signal("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", enable=CSV),),
            runbook="interconnect.md",
            note="NVLink error counters are commented out in every shipped CSV: NVLink degradation is invisible "
-                "on stock (PCIe replays are covered)"),
+                "on stock (PCIe replays are covered); NVSwitch SXid errors reach only the kernel log "
+                "(gpuobs logwatch's gpuobs_sxid_events_total)"),
     Family("collective-hang", ("TrainingCollectiveHang",), True,
            stock=(Signal("DCGM_FI_DEV_GPU_UTIL"), Signal("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
                   Signal("DCGM_FI_DEV_POWER_USAGE")),

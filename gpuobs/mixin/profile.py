@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 
 from gpuobs.core import assets
+from gpuobs.mixin.kernel_log_rules import RECENT_S
+from gpuobs.mixin.kernel_log_rules import render as render_kernel_log
 from gpuobs.mixin.runbooks import RUNBOOK_BASE
 from gpuobs.mixin.slo_rules import parse_duration, render_slo_rules
 
@@ -51,6 +53,9 @@ def profile_rules(runbook_base: str, profile: str = "default", repo: Path | None
     for rule_file in sorted((repo / "prometheus" / "rules").glob("*.yml")):
         if profile == "drill" and rule_file.name == "slo.yml":
             text = render_slo_rules(repo / "prometheus" / "slo.yaml", DRILL_SLO_PERIOD)
+        elif profile == "drill" and rule_file.name == "gpu-kernel-log.yml":
+            # Its "recent Xid" span is a constant, not a range selector: shorten it like the windows.
+            text = render_kernel_log(RECENT_S // DRILL_WINDOW_DIVISOR)
         else:
             text = rule_file.read_text()
         if profile == "drill":

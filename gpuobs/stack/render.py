@@ -28,10 +28,12 @@ class Ports:
     node_base: int = 9400
     engine_base: int = 8000
     grafana: int = 3000
+    #: First port of the per-node logwatch agents; 0 = free loopback ports chosen at start-up.
+    logwatch_base: int = 0
 
 
 def write_targets(run: Path, job: str, targets: list[tuple[str, int, dict[str, str]]]) -> Path:
-    """Write the file_sd file of ``job`` (``dcgm`` or ``vllm``): ``[(hostname, port, extra labels)]``.
+    """Write the file_sd file of ``job`` (``dcgm``, ``vllm`` or ``logwatch``): ``[(hostname, port, extra labels)]``.
 
     Each target is labelled ``node=<hostname>`` plus the extra labels (e.g. ``track``). Written
     atomically, so Prometheus never reads half a file.
@@ -69,7 +71,7 @@ def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], eng
     cfg["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]
     cfg["rule_files"] = [str(out / "rules" / "*.yml")]
     for sc in cfg["scrape_configs"]:
-        if sc["job_name"] in ("dcgm", "vllm"):
+        if sc["job_name"] in ("dcgm", "vllm", "logwatch"):
             sc["file_sd_configs"] = [{"files": [str(out / "targets" / f"{sc['job_name']}-*.json")],
                                       "refresh_interval": "5s"}]
         elif sc["job_name"] == "prometheus":

@@ -35,6 +35,8 @@ class Component:
     pid: int
     argv: list[str]
     log: str = ""
+    #: The component's own /metrics URL where it has one of its own (a logwatch agent).
+    url: str = ""
 
 
 @dataclass
@@ -47,6 +49,8 @@ class StackUrls:
     nodes: list[str]
     engines: list[str] = field(default_factory=list)
     grafana: str | None = None
+    #: One kernel-log agent per node (``gpuobs logwatch``), /metrics URLs in node order; empty without them.
+    logwatch: list[str] = field(default_factory=list)
 
     @property
     def node_bases(self) -> list[str]:
@@ -72,6 +76,8 @@ class StackState:
     components: dict[str, Component] = field(default_factory=dict)
     #: ``native`` (processes this supervisor started) or ``compose`` (containers; see gpuobs.stack.compose).
     mode: str = "native"
+    #: Whether every node runs a logwatch agent (then the kernel-log alerts page; drills expect them).
+    logwatch: bool = False
     #: compose mode: the node containers, in node order (their admin APIs are reached with docker exec).
     containers: list[str] = field(default_factory=list)
 
@@ -105,17 +111,19 @@ class StackState:
             if (not isinstance(c, dict) or not isinstance(c.get("pid"), int) or not isinstance(c.get("argv"), list)
                     or not c["argv"] or not all(isinstance(a, str) for a in c["argv"])):
                 raise StateError(f"component {name!r} has no valid pid/argv")
-            components[name] = Component(c["pid"], list(c["argv"]), str(c.get("log", "")))
+            components[name] = Component(c["pid"], list(c["argv"]), str(c.get("log", "")), str(c.get("url", "")))
         u = doc["urls"]
         try:
             urls = StackUrls(prometheus=str(u["prometheus"]), alertmanager=str(u["alertmanager"]), pager=str(u["pager"]),
                              nodes=[str(x) for x in u["nodes"]], engines=[str(x) for x in u.get("engines") or []],
-                             grafana=u.get("grafana"))
+                             grafana=u.get("grafana"), logwatch=[str(x) for x in u.get("logwatch") or []])
             return cls(run_dir=str(doc["run_dir"]), urls=urls, hostnames=[str(h) for h in doc["hostnames"]],
                        token_file=str(doc["token_file"]), nodes=int(doc["nodes"]), gpus=int(doc.get("gpus", 8)),
                        training_nodes=int(doc.get("training_nodes", 0)), seed=int(doc.get("seed", 1)),
                        profile=str(doc.get("profile", "default")), started_at=float(doc.get("started_at", 0.0)),
-                       ports={str(k): int(v) for k, v in (doc.get("ports") or {}).items()}, components=components)
+                       ports={str(k): int(v) for k, v in (doc.get("ports") or {}).items()}, components=components,
+                       mode=str(doc.get("mode", "native")), logwatch=bool(doc.get("logwatch", False)),
+                       containers=[str(c) for c in doc.get("containers") or []])
         except KeyError as exc:
             raise StateError(f"missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:

@@ -22,12 +22,18 @@ import requests
 
 from gpuobs.core import assets
 from gpuobs.core.errors import Failure
+from gpuobs.core.files import atomic_write
 from gpuobs.exporter.sim.identity import hostname
 from gpuobs.stack import state as state_file
 from gpuobs.stack.grafana import find_grafana
 from gpuobs.stack.grafana import render as render_grafana
 from gpuobs.stack.ports import port_free
-from gpuobs.stack.render import Ports, render_alertmanager, render_prometheus
+from gpuobs.stack.render import (
+    Ports,
+    render_alertmanager,
+    render_prometheus,
+    write_targets,
+)
 from gpuobs.stack.state import Component, StackState, StackUrls
 
 APT_HINT = ("install them with: apt-get install -y --no-install-recommends prometheus prometheus-alertmanager "
@@ -57,6 +63,8 @@ class StackConfig:
     profile: str = "default"
     runbook_base: str | None = None
     timeout_s: float = 60.0
+    #: One ``gpuobs logwatch`` per node on the node's simulated kernel log (job ``logwatch``).
+    logwatch: bool = True
 
 
 def find_binaries() -> dict[str, str]:
@@ -135,7 +143,7 @@ def _ok(url: str) -> bool:
 
 def _all_targets_up(prom: str, expected: int) -> bool:
     resp = requests.get(f"{prom}/api/v1/targets", params={"state": "active"}, timeout=2).json()
-    nodes = [t for t in resp["data"]["activeTargets"] if t["labels"].get("job") in ("dcgm", "vllm")]
+    nodes = [t for t in resp["data"]["activeTargets"] if t["labels"].get("job") in ("dcgm", "vllm", "logwatch")]
     return len(nodes) == expected and all(t["health"] == "up" for t in nodes)
 
 
@@ -171,6 +179,7 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
     pager_url = f"http://127.0.0.1:{p.pager}"
     runbook_base = cfg.runbook_base or pager_url
     prom_cfg = render_prometheus(run, p, nodes, engines, runbook_base, cfg.profile)
+    lw_specs, lw_checks, lw_urls = _logwatch_specs(cfg, run, nodes) if cfg.logwatch else ({}, {}, [])
     am_cfg = render_alertmanager(run, p)
     py = [sys.executable, "-m", "gpuobs"]
     specs = {
@@ -190,7 +199,9 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
                        # Alertmanager's start-up is repeated quickly (the Watchdog shows up at once).
                        "--rules.alert.resend-delay=15s"],
     }
+    specs = {"exporter": specs.pop("exporter"), **lw_specs, **specs}  # the agents follow their nodes
     checks = {
+        **lw_checks,
         "exporter": lambda: all(_ok(f"http://127.0.0.1:{port}/health") for port in node_ports + engine_ports),
         "pager": lambda: _ok(f"{pager_url}/health"),
         "alertmanager": lambda: _ok(f"http://127.0.0.1:{p.alertmanager}/-/ready"),
@@ -208,10 +219,11 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
     urls = StackUrls(prometheus=f"http://127.0.0.1:{p.prometheus}", alertmanager=f"http://127.0.0.1:{p.alertmanager}",
                      pager=pager_url, grafana=f"http://127.0.0.1:{p.grafana}" if grafana_cmd else None,
                      nodes=[f"http://127.0.0.1:{port}/metrics" for port in node_ports],
-                     engines=[f"http://127.0.0.1:{port}/metrics" for port in engine_ports])
+                     engines=[f"http://127.0.0.1:{port}/metrics" for port in engine_ports], logwatch=lw_urls)
     state = StackState(run_dir=str(run), started_at=time.time(), ports=asdict(p), nodes=cfg.nodes, gpus=cfg.gpus,
                        seed=cfg.seed, training_nodes=cfg.training_nodes, profile=cfg.profile,
-                       hostnames=[h for h, _ in nodes], token_file=str(run / "admin-token"), urls=urls)
+                       hostnames=[h for h, _ in nodes], token_file=str(run / "admin-token"), urls=urls,
+                       logwatch=cfg.logwatch)
     deadline = time.monotonic() + cfg.timeout_s
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
@@ -220,16 +232,52 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
             with open(log, "ab") as fh:
                 proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True, env=envs.get(name, env), cwd=run)
-            state.components[name] = Component(proc.pid, argv, str(log))
+            state.components[name] = Component(proc.pid, argv, str(log),
+                                               lw_urls[int(name.rsplit("-", 1)[1])] if name.startswith("logwatch-") else "")
             state_file.save(state)
             print(f"started {name:<12} pid {proc.pid}", file=out, flush=True)
             _wait(name, checks[name], deadline, proc, log)
         _wait("Prometheus to report every node target up",
-              lambda: _all_targets_up(state.urls.prometheus, cfg.nodes + serving), deadline)
+              lambda: _all_targets_up(state.urls.prometheus, cfg.nodes * (2 if cfg.logwatch else 1) + serving),
+              deadline)
     except BaseException:
         down(cfg.run_dir, out=out)
         raise
     return state
+
+
+def _logwatch_specs(cfg: StackConfig, run: Path, nodes: list[tuple[str, int]]):
+    """argv, health checks and /metrics URLs of one ``gpuobs logwatch`` per node.
+
+    Each follows its node's ``/admin/kernel-log`` (state under ``run/logwatch/``) and maps bus ids with
+    a ``--gpu-map`` file in nvidia-smi's ``index, pci.bus_id, uuid`` form, written here from the
+    simulated identities (what ``nvidia-smi --query-gpu`` prints on a real node without NVML access).
+    Ports: ``ports.logwatch_base + i``, or free loopback ports chosen now when it is 0. Prometheus
+    scrapes them as job ``logwatch`` (file_sd, label ``node``).
+    """
+    from gpuobs.exporter.sim.gpu import H100_SXM
+    from gpuobs.exporter.sim.identity import gpu_identity
+    from gpuobs.stack.ports import free_port_range
+
+    base = cfg.ports.logwatch_base or free_port_range(len(nodes), start=20000)
+    lw_ports = [base + i for i in range(len(nodes))]
+    busy = [str(x) for x in lw_ports if not port_free(x)]
+    if busy:
+        raise StackError(f"logwatch ports already in use on 127.0.0.1: {', '.join(busy)}", 2)
+    py = [sys.executable, "-m", "gpuobs"]
+    specs, checks, urls = {}, {}, []
+    for i, ((host, node_port), port) in enumerate(zip(nodes, lw_ports)):
+        gmap = run / "logwatch" / f"{host}-gpus.csv"
+        rows = [gpu_identity(cfg.seed, i, g, H100_SXM.name) for g in range(cfg.gpus)]
+        atomic_write(gmap, "index, pci.bus_id, uuid\n" + "".join(f"{r.index}, {r.pci_bus_id}, {r.uuid}\n" for r in rows))
+        specs[f"logwatch-{i}"] = py + ["logwatch", "--source", "sim", "--url", f"http://127.0.0.1:{node_port}",
+                                       "--token-file", str(run / "admin-token"), "--state-file",
+                                       str(run / "logwatch" / f"{host}.state.json"), "--port", str(port),
+                                       "--hostname", host, "--gpu-map", str(gmap), "--no-nvml", "--interval", "0.5"]
+        checks[f"logwatch-{i}"] = (lambda u: lambda: _ok(u))(f"http://127.0.0.1:{port}/health")
+        urls.append(f"http://127.0.0.1:{port}/metrics")
+    write_targets(run, "logwatch", [(h, port, {}) for (h, _), port in zip(nodes, lw_ports)])
+    return specs, checks, urls
 
 
 def down(run_dir: Path, out=sys.stdout, grace_s: float = 10.0) -> int:
@@ -288,6 +336,9 @@ def status(run_dir: Path) -> list[dict]:
     for name, comp in state.components.items():
         running = alive(comp.pid, comp.argv)
         healthy = False
+        if name.startswith("logwatch-"):
+            probes[name] = [comp.url.replace("/metrics", "/health")]
+            shown[name] = comp.url.removesuffix("/metrics")
         if running:
             try:
                 healthy = all(_ok(url) for url in probes[name])

@@ -37,7 +37,9 @@ SCRAPE_AND_ALERT = DrillSpec(
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    yield from live_stack(tmp_path_factory, "run", nodes=4, gpus=8, training_nodes=1, profile="drill", timeout_s=120)
+    # logwatch off: this module proves the DCGM Xid path; tests/logwatch/test_live.py the kernel-log path.
+    yield from live_stack(tmp_path_factory, "run", nodes=4, gpus=8, training_nodes=1, profile="drill", timeout_s=120,
+                          logwatch=False)
 
 
 @pytest.fixture(scope="module")

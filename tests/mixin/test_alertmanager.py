@@ -259,6 +259,7 @@ def test_engine_down_waits_long_enough_for_its_nodes_exporter_down_to_inhibit_it
     than the worst gap (a scrape interval plus an evaluation interval, plus the inhibitor's own
     group_wait) so GpuExporterDown is active in Alertmanager when the engine's group flushes."""
     import yaml
+
     from gpuobs.core.durations import parse_duration
 
     cfg = yaml.safe_load(CONFIG.read_text())

@@ -33,6 +33,9 @@ def test_promtool_unit_tests_pass():
 ALERTS_WITHOUT_DASHBOARD = {
     "Watchdog", "GpuExporterDown", "ServingEngineDown", "GpuTelemetryStale",
     "GpuNvlinkErrors", "GpuPcieReplays", "GpuXidCritical", "GpuXidWarning", "GpuMissing",
+    # kernel-log alerts (gpu-kernel-log.yml): the runbook starts from the node's log lines
+    "GpuKernelLogWatching", "GpuKernelXidCritical", "GpuKernelXidWarning", "GpuKernelXidRepeated",
+    "GpuFallenOffBus", "GpuNvSwitchSXidFatal",
 }
 
 

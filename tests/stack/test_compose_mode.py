@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from gpuobs.promapi.exporter_admin import AdminError
 
+from gpuobs.promapi.exporter_admin import AdminError
 from gpuobs.stack import compose
 
 FAKE_DOCKER = r"""#!/bin/sh

@@ -1,6 +1,6 @@
 """Device check: our NVML exporter's page against ``nvidia-smi --query-gpu`` on a real GPU machine.
 
-``python -m gpuobs.exporter.nvml.check`` starts ``python -m gpuobs.exporter.nvml.serve`` on a free
+``python -m gpuobs.exporter.nvml.check`` starts ``gpuobs exporter --source nvml`` on a free
 loopback port, scrapes ``/metrics``, runs nvidia-smi, compares each GPU (UUID, bus id, name, driver
 exactly; temperature within 3 C, power within 15 %, clocks within 10 %, memory used and free within 5 %
 or 8 MiB), prints the table, writes it (and the page) under ``$OUT`` when set, stops the exporter and

@@ -2,7 +2,7 @@
 
 ``gpuobs exporter --source nvml`` calls :func:`main_nvml`; without the CLI::
 
-    python -m gpuobs.exporter.nvml.serve --host 127.0.0.1 --port 9400 [--hostname-label Hostname]
+    gpuobs exporter --source nvml --host 127.0.0.1 --base-port 9400 [--hostname-label Hostname]
 
 Scrapes are serialised by a lock (NVML reads and the Xid window are shared state); a scrape whose
 collect raises is answered 500 with the reason and the server keeps serving. A poller thread drains

@@ -13,6 +13,7 @@ import itertools
 import math
 import random
 import threading
+import uuid
 from dataclasses import dataclass, field
 
 from gpuobs.exporter.sim.behaviour import SimCatalogue as Catalogue
@@ -88,6 +89,10 @@ class Node:
         self.faults: dict[str, Fault] = {}
         self._ids = itertools.count(1)
         self.kernel_log: list[str] = []
+        # A new id per node start: the simulated host "rebooted" and its kernel log starts again
+        # (/proc/sys/kernel/random/boot_id on a real host). Served as X-Boot-Id with the log.
+        self.boot_id = str(uuid.uuid4())
+        self._uuid_logged: set[int] = set()
         self.down = False
         self.kv_factor = 1.0
         self.hung = False
@@ -180,10 +185,29 @@ class Node:
         g = self.gpus[gpu]
         msg = xidcat.message(code)
         g.record_xid(self.now, code, msg, self.cfg.xid_window_ms / 1000.0)
+        self._kernel_xid_lines(gpu, code, msg)
+
+    def _kernel_xid_lines(self, gpu: int, code: int, msg: str) -> None:
+        """Append the driver's kernel-log lines for one Xid, dmesg-style (``[seconds] NVRM: ...``).
+
+        Formats from NVIDIA/open-gpu-kernel-modules 595.45.04: ``kernel_rc.c`` krcReportXid
+        (``NVRM: Xid (PCI:%04x:%02x:%02x): %d, pid=%s, name=%s, %s``; without pid/name when there is
+        no process context, as for Xid 79) preceded, once per GPU, by _krcLogUuidOnce's
+        ``NVRM: GPU at PCI:%04x:%02x:%02x: GPU-<uuid>``; Xid 79 is followed by ``osinit.c``'s
+        NV_DEV_PRINTF ``NVRM: GPU %04x:%02x:%02x.%x: GPU has fallen off the bus.``. Hex is lower case.
+        """
+        g = self.gpus[gpu]
+        stamp = f"[{self.now:12.6f}]"
+        bus = g.ident.short_pci.lower()
+        if gpu not in self._uuid_logged:
+            self._uuid_logged.add(gpu)
+            self.kernel_log.append(f"{stamp} NVRM: GPU at PCI:{bus}: {g.ident.uuid}")
+        if code == 79:
+            self.kernel_log.append(f"{stamp} NVRM: Xid (PCI:{bus}): 79, GPU has fallen off the bus.")
+            self.kernel_log.append(f"{stamp} NVRM: GPU {g.ident.pci_bus_id[4:].lower()}: GPU has fallen off the bus.")
+            return
         pid = 1000 + self._rng.randrange(60000)
-        # The kernel's NVRM line as dmesg prints it: "NVRM: Xid (PCI:dddd:bb:dd): code, pid=..., name=..., msg".
-        self.kernel_log.append(
-            f"[{self.now:12.6f}] NVRM: Xid (PCI:{g.ident.short_pci}): {code}, pid={pid}, name=python3, {msg}.")
+        self.kernel_log.append(f"{stamp} NVRM: Xid (PCI:{bus}): {code}, pid={pid}, name=python3, {msg}.")
 
     def _fire(self, f: Fault) -> None:
         """One-shot effects of a fault (at injection and at each ``repeat_s``): Xids, ECC counts."""
