@@ -108,6 +108,32 @@ def _duration_s(text: str) -> float:
     return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
+def validate_metric(metric: dict) -> None:
+    """``ValidateMetric`` (utils/analysis/factory.go v1.9.1), the checks on limits and count. Raises
+    ValueError with Argo's message."""
+    count = _int(metric, "count", 0)
+    failure = _int(metric, "failureLimit", 0)
+    csl = _int(metric, "consecutiveSuccessLimit", 0)
+    inconclusive = _int(metric, "inconclusiveLimit", 0)
+    if csl < 0:
+        raise ValueError("consecutiveSuccessLimit must be >= 0")
+    if failure < -1:
+        raise ValueError("failureLimit must be >= 0, or -1 to be disabled")
+    if csl == 0 and failure == -1:
+        raise ValueError("failureLimit and consecutiveSuccessLimit cannot both be disabled")
+    if inconclusive < 0 or _int(metric, "consecutiveErrorLimit", 0) < 0:
+        raise ValueError("limits must be >= 0")
+    if count > 0:
+        if failure >= 0 and count < failure + csl:
+            raise ValueError("count must be >= failureLimit + consecutiveSuccessLimit")
+        if failure < 0 and count < csl:
+            raise ValueError("count must be >= consecutiveSuccessLimit")
+        if count < inconclusive:
+            raise ValueError("count must be >= inconclusiveLimit")
+    if count > 1 and not metric.get("interval"):
+        raise ValueError("interval must be specified when count > 1")
+
+
 @dataclass
 class Measurement:
     phase: str

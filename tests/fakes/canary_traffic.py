@@ -9,7 +9,7 @@ window, as Prometheus would (without extrapolation). ``query_range`` answers an 
 time-series metrics are advisory in the default config and show NoData).
 
 The canary's share of traffic is ``share(t)`` (a controller's traffic weight; Flagger tests change it
-as the canary progresses) and starts at ``canary_from`` (late traffic); ``fault(t)`` returns None,
+as the canary progresses); ``tracks`` maps a label matcher found in a query to its track and starts at ``canary_from`` (late traffic); ``fault(t)`` returns None,
 "down" (503), "garbage" (200 with a non-JSON body) or "slow" (sleeps ``slow_s`` real seconds first).
 """
 
@@ -29,7 +29,6 @@ from tests.fakes.prometheus import matrix, ok, vector
 
 TOKENS_PER_REQUEST = 8
 _WINDOW = re.compile(r"\[(\d+)s\]")
-_TRACK = re.compile(r'track="([^"]+)"')
 _METRIC = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\{")
 HISTS = {"vllm:time_to_first_token_seconds": TTFT_BUCKETS, "vllm:inter_token_latency_seconds": ITL_BUCKETS,
          "vllm:e2e_request_latency_seconds": REQUEST_LATENCY_BUCKETS}
@@ -46,11 +45,12 @@ class Traffic:
     def __init__(self, t0: float, seed: int = 7, rate: float = 40.0, share: Callable[[float], float] = lambda t: 0.1,
                  ttft_mult: float = 1.0, err: float = 0.001, err_canary: float | None = None,
                  canary_from: float | None = None, fault: Callable[[float], str | None] = lambda t: None,
-                 slow_s: float = 2.0):
+                 slow_s: float = 2.0, tracks: dict[str, str] | None = None):
         self.t0, self.rate, self.share, self.ttft_mult = float(t0), rate, share, ttft_mult
         self.err, self.err_canary = err, err if err_canary is None else err_canary
         self.canary_from = t0 if canary_from is None else canary_from
         self.fault, self.slow_s = fault, slow_s
+        self.tracks = tracks or {'track="canary"': "canary", 'track="baseline"': "baseline"}
         self.rng = np.random.default_rng(seed)
         self.lock = threading.Lock()
         # cumulative counts per track: hist name -> (seconds+1, buckets+1); "requests"/"errors" -> (seconds+1,)
@@ -115,10 +115,11 @@ class Traffic:
         if endpoint == "query_range":
             return ok(matrix([]))
         q = params["query"][0]
-        track_m, window_m = _TRACK.search(q), _WINDOW.search(q)
-        if not track_m or not window_m:
+        track = next((t for matcher, t in self.tracks.items() if matcher in q), None)
+        window_m = _WINDOW.search(q)
+        if track is None or not window_m:
             return ok(vector([]))
-        track, window = track_m.group(1), float(window_m.group(1))
+        window = float(window_m.group(1))
         metric = _METRIC.search(q).group(1)
         base = metric.removesuffix("_bucket").removesuffix("_count")
         if base in HISTS:
