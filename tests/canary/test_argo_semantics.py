@@ -121,7 +121,7 @@ def test_serve_restart_mid_run_keeps_the_run(env_factory):
         phase, mr = run(env, on_measure=lambda i, t, e=env: e.restart() if i in (2, 5) else None)
         assert phase == expected and env.restarts == 2
         looks = [m.value["run"]["start"] for m in mr.measurements if isinstance(m.value, dict)]
-        assert set(looks) == {pytest.approx(T0, abs=1)}  # one run from the first look on
+        assert looks and all(abs(x - T0) < 1 for x in looks), looks  # one run from the first look on
 
 
 def test_two_steps_for_one_canary_get_their_own_runs(env_factory):
