@@ -80,11 +80,13 @@ lint: venv binaries
 	$(GPUOBS) rules xid --check prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo --check prometheus/rules/slo.yml
 	$(PY) gpuobs/mixin/dashboards.py --check
+	$(GPUOBS) rules kubernetes --check
 
 rules: venv
 	$(GPUOBS) rules xid > prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo > prometheus/rules/slo.yml
 	$(GPUOBS) rules dashboards
+	$(GPUOBS) rules kubernetes
 
 test: venv binaries
 	$(PY) -m pytest -q $(PYTEST_ARGS)

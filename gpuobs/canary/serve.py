@@ -74,7 +74,7 @@ class CanaryServer(httpd.Server):
     wall-clock budget of one look. ``reuse_s``: looks of one run closer than this reuse the last
     answer (default min(10 s, interval / 3)). ``grace_s``: past horizon + grace, a look that cannot
     reach the backend answers INCONCLUSIVE instead of an error (default: one interval).
-    ``tracing``: a :class:`gpuobs.rollout.tracing.Tracing` (default: from the OTel environment).
+    ``tracing``: a :class:`gpuobs.core.otel.Tracing` (default: from the OTel environment).
     """
 
     allow_reuse_address = True
@@ -84,7 +84,7 @@ class CanaryServer(httpd.Server):
                  store: R.RunStore | None = None, look_deadline_s: float = LOOK_DEADLINE_S,
                  reuse_s: float | None = None, grace_s: float | None = None, tracing: Any = None):
         super().__init__(addr, CanaryHandler)
-        from gpuobs.rollout import tracing as otel
+        from gpuobs.core import otel
 
         self.client, self.config, self.clock = client, config, clock
         self.default_canary, self.default_baseline = canary, baseline
@@ -92,7 +92,8 @@ class CanaryServer(httpd.Server):
         self.look_deadline_s = float(look_deadline_s)
         self.reuse_s = min(10.0, config.interval_s / 3) if reuse_s is None else float(reuse_s)
         self.grace_s = config.interval_s if grace_s is None else float(grace_s)
-        self.tracing = tracing if tracing is not None else otel.setup(service_name="gpuobs-canary")
+        self.tracing = tracing if tracing is not None else otel.setup(service_name="gpuobs-canary",
+                                                                      scope="gpuobs.canary.serve")
         self.tracer = self.tracing.tracer
         self.pool = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="canary-look")
         self.in_flight: set[str] = set()
@@ -220,7 +221,7 @@ class CanaryServer(httpd.Server):
 
 def look_attrs(doc: dict[str, Any]) -> dict[str, Any]:
     """Span attributes of an answer: verdict, final, time fraction, window, per-metric class/effect/CI."""
-    from gpuobs.rollout.tracing import clean_attrs
+    from gpuobs.core.otel import clean_attrs
 
     attrs: dict[str, Any] = {"canary.verdict": doc["verdict"], "canary.final": bool(doc["final"]),
                              "canary.time_fraction": doc.get("time_fraction"),

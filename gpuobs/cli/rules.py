@@ -51,10 +51,15 @@ def _dashboards(args: argparse.Namespace) -> int:
 
 
 def _kubernetes(args: argparse.Namespace) -> int:
+    from gpuobs.canary.config import ConfigError, load_config
     from gpuobs.mixin.kubernetes import write
 
+    try:
+        cfg = load_config(None)  # the packaged metrics.yaml: the controller settings follow its timing
+    except ConfigError as exc:
+        return fail(str(exc))
     out = Path(args.out) if args.out else None
-    written, stale = write(out, check=bool(args.check))
+    written, stale = write(cfg.horizon_s, cfg.interval_s, out, check=bool(args.check))
     if stale:
         return fail(f"stale Kubernetes manifests (regenerate with `gpuobs rules kubernetes`): {', '.join(stale)}",
                     EXIT_FAILURE)

@@ -26,7 +26,6 @@ AnalysisTemplate and Canary through emulations of Argo Rollouts v1.9.1 and Flagg
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -406,14 +405,9 @@ def _kustomization(resources: list[str], namespace: str | None = None) -> str:
     return HEADER + yaml.safe_dump(doc, sort_keys=False)
 
 
-def render(horizon_s: float | None = None, interval_s: float | None = None) -> dict[str, str]:
-    """Every file of ``deploy/kubernetes`` (relative path -> text), from the default canary config's
-    horizon and interval unless given."""
-    if horizon_s is None or interval_s is None:
-        from gpuobs.canary.config import load_config
-
-        cfg = load_config(None)
-        horizon_s, interval_s = horizon_s or cfg.horizon_s, interval_s or cfg.interval_s
+def render(horizon_s: float, interval_s: float) -> dict[str, str]:
+    """Every file of ``deploy/kubernetes`` (relative path -> text) for the canary config's horizon and
+    interval, seconds (the CLI passes the packaged config's; mixin sits below canary in the layers)."""
     files = {
         "monitoring/exporter-daemonset.yaml": _dump(exporter_daemonset()),
         "monitoring/podmonitors.yaml": _dump(*pod_monitors()),
@@ -437,12 +431,13 @@ def load_docs(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
-def write(out: Path | None = None, check: bool = False) -> tuple[list[Path], list[str]]:
-    """Write every file under ``out`` (default ``deploy/kubernetes`` of the checkout or asset root), or
-    with ``check`` write nothing and list the stale or missing ones. Returns (written, stale)."""
+def write(horizon_s: float, interval_s: float, out: Path | None = None,
+          check: bool = False) -> tuple[list[Path], list[str]]:
+    """Write every file of :func:`render` under ``out`` (default ``deploy/kubernetes`` of the checkout or
+    asset root), or with ``check`` write nothing and list the stale or missing ones. Returns (written, stale)."""
     out = out or assets.root() / "deploy" / "kubernetes"
     written, stale = [], []
-    for rel, text in render().items():
+    for rel, text in render(horizon_s, interval_s).items():
         path = out / rel
         if check:
             if not path.exists() or path.read_text() != text:
@@ -454,5 +449,3 @@ def write(out: Path | None = None, check: bool = False) -> tuple[list[Path], lis
     return written, stale
 
 
-if __name__ == "__main__":  # pragma: no cover
-    print(json.dumps(sorted(render())))

@@ -33,7 +33,6 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -41,6 +40,8 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
+
+from gpuobs.core.otel import resource
 
 SERVICE_NAME = "gpuobs-rollout"
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -73,7 +74,7 @@ def setup(exporter: SpanExporter | None = None, *, env: dict[str, str] | None = 
     ``exporter`` given: spans go to it synchronously (tests). Else, with an OTLP endpoint in the
     environment: a batching OTLP/HTTP exporter. Else: no exporter at all.
     """
-    provider = TracerProvider(resource=resource(service_name, env))
+    provider = TracerProvider(resource=resource(service_name, env))  # OTEL_SERVICE_NAME etc. win
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif otlp_endpoint(env) is not None:
@@ -84,29 +85,6 @@ def setup(exporter: SpanExporter | None = None, *, env: dict[str, str] | None = 
         exporter = OTLPSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return Tracing(provider.get_tracer("gpuobs.rollout.controller"), provider, exporter)
-
-
-def resource(service_name: str, env: dict[str, str] | None = None) -> Resource:
-    """The OTel resource: ``service.name`` from ``OTEL_SERVICE_NAME``, else ``service.name`` in
-    ``OTEL_RESOURCE_ATTRIBUTES``, else ``service_name``; the other ``OTEL_RESOURCE_ATTRIBUTES``; and
-    ``service.version`` (the gpuobs version unless the attributes set one). Precedence as in the OTel
-    SDK environment specification (OTEL_SERVICE_NAME wins over OTEL_RESOURCE_ATTRIBUTES)."""
-    from gpuobs import __version__
-
-    env = os.environ if env is None else env
-    attrs: dict[str, str] = {}
-    for item in (env.get("OTEL_RESOURCE_ATTRIBUTES") or "").split(","):
-        k, sep, v = item.partition("=")
-        if sep and k.strip():
-            from urllib.parse import unquote
-
-            attrs[k.strip()] = unquote(v.strip())
-    attrs.setdefault("service.name", service_name)
-    if env.get("OTEL_SERVICE_NAME"):
-        attrs["service.name"] = env["OTEL_SERVICE_NAME"]
-    attrs.setdefault("service.version", __version__)
-    # Resource(...) rather than Resource.create(): the attributes above already apply the environment
-    return Resource.create({}).merge(Resource(attrs)) if env is os.environ else Resource(attrs)
 
 
 def noop() -> Tracing:

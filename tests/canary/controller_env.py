@@ -65,9 +65,14 @@ class Env:
         self.fake.__exit__()
 
 
+def rendered() -> dict[str, str]:
+    cfg = load_config(None)
+    return render(cfg.horizon_s, cfg.interval_s)
+
+
 def generated(rel: str) -> list[dict]:
     """The documents of a generated deploy/kubernetes file, checked identical to the committed one."""
-    text = render()[rel]
+    text = rendered()[rel]
     committed = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / rel
     assert committed.read_text() == text, f"{rel} is stale: run `gpuobs rules kubernetes`"
     return load_docs(text)

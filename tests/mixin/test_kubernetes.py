@@ -16,12 +16,19 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpuobs.canary.config import load_config
 from gpuobs.cli import run as cli_main
 from gpuobs.mixin import kubernetes as k8s
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
 CRDS = ROOT / "tests" / "data" / "crds"
+def rendered() -> dict[str, str]:
+    """deploy/kubernetes as `gpuobs rules kubernetes` renders it from the packaged canary config."""
+    cfg = load_config(None)
+    return k8s.render(cfg.horizon_s, cfg.interval_s)
+
+
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 
@@ -68,7 +75,7 @@ def strict(schema: dict) -> dict:
 
 def manifests() -> list[tuple[str, dict]]:
     out = []
-    for rel, text in k8s.render().items():
+    for rel, text in rendered().items():
         if rel.startswith("alertmanager/") or rel.endswith("kustomization.yaml"):
             continue
         out += [(rel, d) for d in k8s.load_docs(text)]
@@ -78,7 +85,7 @@ def manifests() -> list[tuple[str, dict]]:
 def test_committed_manifests_are_current(tmp_path):
     assert cli_main(["rules", "kubernetes", "--check"]) == 0
     assert cli_main(["rules", "kubernetes", "--out", str(tmp_path)]) == 0
-    for rel, text in k8s.render().items():
+    for rel, text in rendered().items():
         assert (tmp_path / rel).read_text() == text == (DEPLOY / rel).read_text()
     (tmp_path / "argo" / "analysistemplate.yaml").write_text("stale\n")
     assert cli_main(["rules", "kubernetes", "--check", "--out", str(tmp_path)]) == 1
@@ -220,5 +227,5 @@ def test_docs_show_the_tested_yaml():
     blocks = [list(yaml.safe_load_all(b)) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
     shown = [d for b in blocks for d in b if isinstance(d, dict) and d.get("kind")]
     for rel in ("argo/analysistemplate.yaml", "flagger/canary.yaml"):
-        for doc in k8s.load_docs(k8s.render()[rel]):
+        for doc in k8s.load_docs(rendered()[rel]):
             assert doc in shown, f"docs/canary.md does not show {doc['kind']} {doc['metadata']['name']} as generated"
