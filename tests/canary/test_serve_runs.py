@@ -124,3 +124,14 @@ def test_flagger_hooks_before_the_analysis_starts_and_bad_metric_queries(server)
         parse_ok_query('gpuobs_canary_ok{name="vllm"}')
     labels = parse_ok_query('gpuobs_canary_ok{namespace="s",name="v",canary="pod=~\\"v-.*\\""}')
     assert labels["canary"] == 'pod=~"v-.*"'
+
+
+def test_serve_cli_rejects_bad_deadline_and_unusable_state_dir(tmp_path, capsys):
+    from gpuobs.cli import run as cli
+
+    assert cli(["canary", "serve", "--port", "0", "--look-deadline", "soon"]) == 2
+    assert "--look-deadline" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert cli(["canary", "serve", "--port", "0", "--state-dir", str(blocker / "sub")]) == 1
+    assert "state-dir" in capsys.readouterr().err
