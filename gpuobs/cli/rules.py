@@ -77,7 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "kubernetes: write deploy/kubernetes/")
     r.add_argument("--slo-config", default=None, help="SLO definitions for `slo` (default: the shipped prometheus/slo.yaml)")
     r.add_argument("--period", default=None, help="override the SLO period, e.g. 3d (for `slo`)")
-    r.add_argument("--out", default=None, help="dashboards/kubernetes: output directory (default: grafana/dashboards, deploy/kubernetes)")
+    r.add_argument("--out", default=None,
+                   help="dashboards/kubernetes: output directory (default: grafana/dashboards, deploy/kubernetes)")
     r.add_argument("--check", nargs="?", const=True, metavar="FILE",
-                   help="xid/slo: exit 1 if FILE differs from the generated text; dashboards/kubernetes: exit 1 if a file is stale")
+                   help="xid/slo: exit 1 if FILE differs from the generated text; "
+                        "dashboards/kubernetes: exit 1 if a file is stale")
     r.set_defaults(func=cmd_rules)

@@ -9,7 +9,8 @@ window, as Prometheus would (without extrapolation). ``query_range`` answers an 
 time-series metrics are advisory in the default config and show NoData).
 
 The canary's share of traffic is ``share(t)`` (a controller's traffic weight; Flagger tests change it
-as the canary progresses); ``tracks`` maps a label matcher found in a query to its track and starts at ``canary_from`` (late traffic); ``fault(t)`` returns None,
+as the canary progresses) and starts at ``canary_from`` (late traffic); ``tracks`` maps a label matcher
+found in a query to its track; ``fault(t)`` returns None,
 "down" (503), "garbage" (200 with a non-JSON body) or "slow" (sleeps ``slow_s`` real seconds first).
 """
 
