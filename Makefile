@@ -94,12 +94,14 @@ lint: venv binaries
 	$(GPUOBS) rules slo --check prometheus/rules/slo.yml
 	$(GPUOBS) rules kernel-log --check prometheus/rules/gpu-kernel-log.yml
 	$(GPUOBS) rules dashboards --check
+	$(GPUOBS) rules kubernetes --check
 
 rules: venv
 	$(GPUOBS) rules xid > prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo > prometheus/rules/slo.yml
 	$(GPUOBS) rules kernel-log > prometheus/rules/gpu-kernel-log.yml
 	$(GPUOBS) rules dashboards
+	$(GPUOBS) rules kubernetes
 
 test: venv binaries
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -142,7 +142,10 @@ def _propagate(z: np.ndarray, g: np.ndarray, c: float, i_prev: float, i_new: flo
     w[1:] += np.diff(u) / 2
     sd = math.sqrt((i_new - i_prev) / i_new)
     r = math.sqrt(i_prev / i_new)
-    kernel = norm.pdf((z[None, :] - r * u[:, None]) / sd) / sd
+    # the normal density written out: scipy's norm.pdf costs 3x more on this (nodes x grid) array, and
+    # the boundary recursion runs once per earlier look at every look (serve's per-look deadline)
+    x = (z[None, :] - r * u[:, None]) / sd
+    kernel = np.exp(-0.5 * x * x) * (1.0 / (sd * math.sqrt(2.0 * math.pi)))
     return (w * gu) @ kernel
 
 

@@ -1,44 +1,57 @@
 """``gpuobs canary serve``: the canary verdict over HTTP, for Argo Rollouts and Flagger.
 
-Routes (configuration examples in docs/canary.md):
+Routes (configuration, and the mapping to each controller's outcomes: docs/canary.md):
 
-* ``GET /api/v1/analysis?canary=SEL&baseline=SEL[&run=ID][&start=TIME|&window=DUR]``: the verdict
-  JSON of :meth:`gpuobs.canary.verdict.Verdict.to_dict` with HTTP 200 for every verdict, so an Argo
-  Rollouts ``web`` metric maps ``PROMOTE`` to Successful, ``ROLLBACK`` to Failed and ``HOLD`` to
-  Inconclusive. Prometheus unreachable -> 503, a backend that rejects or garbles a query -> 502,
-  bad parameters -> 400: Argo records those as measurement Errors, never as a verdict.
-* ``POST /flagger/rollback``: Flagger ``rollback`` webhook: 200 only on ROLLBACK (Flagger then
-  fails the canary), 403 otherwise. ``POST /flagger/confirm-promotion``: 200 only on PROMOTE, 403
-  otherwise (Flagger holds the promotion). Selectors and window come from the hook's ``metadata``.
+* ``GET /api/v1/analysis?canary=SEL&baseline=SEL&run=ID[&step=STEP]``: one look of the run
+  (``run``, ``step``, selectors) as the verdict JSON of :meth:`gpuobs.canary.verdict.Verdict.to_dict`
+  plus ``run``; HTTP 200 for every verdict: ``PROMOTE``, ``ROLLBACK``, ``HOLD`` (keep looking) or
+  ``INCONCLUSIVE`` (the horizon passed without a decision). Verdict semantics (sticky decisions,
+  no data never promotes, durable runs): :mod:`gpuobs.canary.runs`. ``start``/``window`` instead of
+  a run: one stateless look over that window (no run is kept).
+  Errors are never verdicts: Prometheus unreachable -> 503, a backend that rejects or garbles a
+  query -> 502, the per-look deadline ran out (or a previous look of the run still runs) -> 504,
+  bad parameters -> 400.
+* ``POST /flagger/{rollback,confirm-promotion,confirm-traffic-increase,rollout}``: Flagger webhooks
+  (Flagger proceeds on status <= 202, ``pkg/controller/webhook.go`` v1.44.0). ``rollback``: 200
+  only on ROLLBACK. ``confirm-promotion``: 200 only on PROMOTE. ``confirm-traffic-increase``: 200
+  for the first step, then only while every critical metric has data and the run is undecided or
+  PROMOTE (Flagger never ramps an unjudged canary). ``rollout``: 200 while the analysis may still
+  promote (HOLD, PROMOTE, or a backend error before the horizon), 409 on ROLLBACK and INCONCLUSIVE,
+  so Flagger's failed-check ``threshold`` bounds WaitingPromotion. Selectors, ``run`` and ``step``
+  come from the hook's ``metadata``; the run id is namespace/name/checksum of the payload.
+* ``GET /api/v1/query?query=gpuobs_canary_ok{namespace="NS",name="NAME",canary="SEL",baseline="SEL"}``:
+  Prometheus-API-shaped one-sample vector for a Flagger MetricTemplate (prometheus provider): 1
+  while the analysis may still promote, 0 on ROLLBACK or INCONCLUSIVE; ``thresholdRange: {min: 1}``.
 * ``GET /healthz``.
 
-Window: ``start`` (unix seconds or RFC 3339) or ``window`` (e.g. ``5m`` back from now) when given;
-otherwise the server starts a run the first time it sees a ``run`` key (Argo: the canary's
-pod-template hash; Flagger: namespace/name and its checksum) and grows the window from then on,
-keeping the run's :class:`~gpuobs.canary.analyzer.AnalysisState` so each look gets the exact
-sequential boundary. A run not looked at for ``GAP_INTERVALS`` intervals, or older than twice the
-horizon, starts afresh at the next look (the next canary of the same name); at most ``MAX_RUNS``
-are kept.
+Timing: a look that does not finish within ``look_deadline_s`` (wall clock, default 15 s, below
+the 20 s controller timeouts in the docs) answers 504; its late result is discarded, and while it
+still runs, further looks of that run answer 504 at once (bounded threads against a hanging
+backend). Looks of one run closer together than ``reuse_s`` reuse the last answer (Flagger calls
+several hooks per iteration). Each computed look is an OpenTelemetry span ``canary.look``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from gpuobs.canary import runs as R
 from gpuobs.canary.analyzer import AnalysisState, Analyzer
 from gpuobs.canary.config import CanaryConfig, ConfigError, parse_duration, parse_time
 from gpuobs.core import httpd, log
 from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusUnavailable
 
-MAX_RUNS = 256
-GAP_INTERVALS = 4  # a run not looked at for this many intervals has ended; the next look starts anew
 MAX_BODY_BYTES = 1024 * 1024
+LOOK_DEADLINE_S = 15.0
+MAX_WORKERS = 32
+OK_METRIC = "gpuobs_canary_ok"
 _log = log.get("canary-serve")
 
 
@@ -50,77 +63,206 @@ class RequestError(Exception):
         super().__init__(message)
 
 
-@dataclass
-class Run:
-    """One tracked analysis: its start, sequential state and a lock serialising its looks."""
-
-    start: float
-    last_seen: float
-    state: AnalysisState = field(default_factory=AnalysisState)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+class LookTimeout(Exception):
+    """The per-look deadline ran out, or an earlier look of the run is still running (HTTP 504)."""
 
 
 class CanaryServer(httpd.Server):
-    """HTTP server holding the Prometheus client, the config and the tracked runs."""
+    """HTTP server holding the Prometheus client, the config, the run store and the tracer.
+
+    ``store``: a :class:`~gpuobs.canary.runs.RunStore` (default: in memory). ``look_deadline_s``:
+    wall-clock budget of one look. ``reuse_s``: looks of one run closer than this reuse the last
+    answer (default min(10 s, interval / 3)). ``grace_s``: past horizon + grace, a look that cannot
+    reach the backend answers INCONCLUSIVE instead of an error (default: one interval).
+    ``tracing``: a :class:`gpuobs.core.otel.Tracing` (default: from the OTel environment).
+    """
 
     allow_reuse_address = True
 
     def __init__(self, addr: tuple[str, int], client: PromClient, config: CanaryConfig,
-                 canary: str | None = None, baseline: str | None = None, clock=time.time):
+                 canary: str | None = None, baseline: str | None = None, clock=time.time,
+                 store: R.RunStore | None = None, look_deadline_s: float = LOOK_DEADLINE_S,
+                 reuse_s: float | None = None, grace_s: float | None = None, tracing: Any = None):
         super().__init__(addr, CanaryHandler)
+        from gpuobs.core import otel
+
         self.client, self.config, self.clock = client, config, clock
         self.default_canary, self.default_baseline = canary, baseline
-        self.runs: OrderedDict[tuple[str, str, str], Run] = OrderedDict()
-        self.runs_lock = threading.Lock()
+        self.store = store if store is not None else R.RunStore(None)
+        self.look_deadline_s = float(look_deadline_s)
+        self.reuse_s = min(10.0, config.interval_s / 3) if reuse_s is None else float(reuse_s)
+        self.grace_s = config.interval_s if grace_s is None else float(grace_s)
+        self.tracing = tracing if tracing is not None else otel.setup(service_name="gpuobs-canary",
+                                                                      scope="gpuobs.canary.serve")
+        self.tracer = self.tracing.tracer
+        self.pool = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="canary-look")
+        self.in_flight: set[str] = set()
+        self.in_flight_lock = threading.Lock()
 
-    def run_for(self, key: tuple[str, str, str], now: float) -> Run:
-        """The tracked run for ``key``; a new one (start = now) when unknown, older than twice the
-        horizon, or silent for more than ``GAP_INTERVALS`` look intervals (a new analysis)."""
-        with self.runs_lock:
-            run = self.runs.get(key)
-            if (run is None or now - run.start > 2 * self.config.horizon_s
-                    or now - run.last_seen > GAP_INTERVALS * self.config.interval_s):
-                run = self.runs[key] = Run(now, now)
-            run.last_seen = now
-            self.runs.move_to_end(key)
-            while len(self.runs) > MAX_RUNS:
-                self.runs.popitem(last=False)
-            return run
+    def server_close(self) -> None:
+        super().server_close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
-    def evaluate(self, params: dict[str, str]) -> dict[str, Any]:
-        """Analyse per ``params`` (canary, baseline, run, start, window); returns the verdict dict.
-
-        Raises RequestError (400) on bad parameters and PrometheusError from the backend.
-        """
+    # ---- one look ---------------------------------------------------------------------------------
+    def _analyzer(self, params: dict[str, str]) -> Analyzer:
         canary = params.get("canary") or self.default_canary
         baseline = params.get("baseline") or self.default_baseline
         if not canary or not baseline:
             raise RequestError(400, "canary and baseline selectors are required (parameters or server defaults)")
-        now = self.clock()
         try:
-            analyzer = Analyzer(self.client, self.config, canary, baseline)
-            if params.get("start") or params.get("window"):
-                start = (parse_time(params["start"], "start") if params.get("start")
-                         else now - parse_duration(params["window"], "window"))
-                if start >= now:
-                    raise RequestError(400, "start must be in the past")
-                return analyzer.analyze(start, now).to_dict()
-            run = self.run_for((params.get("run", ""), analyzer.canary, analyzer.baseline), now)
-            with run.lock:
-                if now - run.start < 1.0:
-                    return _started(run.start, analyzer)
-                return analyzer.analyze(run.start, now, run.state).to_dict()
+            return Analyzer(self.client, self.config, canary, baseline)
         except ConfigError as exc:
             raise RequestError(400, str(exc)) from None
-        except ValueError as exc:
-            raise RequestError(400, str(exc)) from None
+
+    def _timed(self, analyzer: Analyzer, start: float, end: float, state: AnalysisState | None,
+               key: str | None, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Run one analysis under the look deadline and a span; returns the settled dict.
+
+        Raises LookTimeout, PrometheusError, RequestError (a bad window)."""
+        with self.tracer.start_as_current_span("canary.look", attributes=attrs) as span:
+            fut = self.pool.submit(analyzer.analyze, start, end, state)
+            try:
+                verdict = fut.result(timeout=self.look_deadline_s)
+            except FutureTimeout:
+                if key is not None:
+                    with self.in_flight_lock:
+                        self.in_flight.add(key)
+                    fut.add_done_callback(lambda _f: self._done(key))
+                span.set_attribute("canary.error", "deadline")
+                raise LookTimeout(f"the look did not finish within the per-look deadline of "
+                                  f"{self.look_deadline_s:g} s (slow or hanging Prometheus)") from None
+            except PrometheusError as exc:
+                span.set_attribute("canary.error", type(exc).__name__)
+                raise
+            except ValueError as exc:
+                raise RequestError(400, str(exc)) from None
+            doc = R.settle(verdict.to_dict())
+            span.set_attributes(look_attrs(doc))
+            return doc
+
+    def _done(self, key: str) -> None:
+        with self.in_flight_lock:
+            self.in_flight.discard(key)
+
+    def evaluate(self, params: dict[str, str]) -> dict[str, Any]:
+        """One look per ``params`` (canary, baseline, run, step, start, window); returns the answer dict.
+
+        Raises RequestError (400) on bad parameters, LookTimeout (504) and PrometheusError from the
+        backend (never past horizon + grace of a run: that answers INCONCLUSIVE).
+        """
+        analyzer = self._analyzer(params)
+        now = self.clock()
+        attrs = {"canary.canary": analyzer.canary, "canary.baseline": analyzer.baseline}
+        if params.get("start") or params.get("window"):
+            try:
+                start = (parse_time(params["start"], "start") if params.get("start")
+                         else now - parse_duration(params["window"], "window"))
+            except ConfigError as exc:
+                raise RequestError(400, str(exc)) from None
+            if start >= now:
+                raise RequestError(400, "start must be in the past")
+            return self._timed(analyzer, start, now, None, None, attrs)
+        return self.look_run(analyzer, params.get("run", ""), params.get("step", ""), now, attrs)[1]
+
+    def look_run(self, analyzer: Analyzer, run: str, step: str, now: float,
+                 attrs: dict[str, Any] | None = None) -> tuple[R.RunRecord, dict[str, Any]]:
+        """One look of the run (``run``, ``step``, selectors) at ``now``; returns (record, answer)."""
+        key = R.run_key(run, step, analyzer.canary, analyzer.baseline)
+        attrs = dict(attrs or {}, **{"canary.run": run, "canary.step": step})
+        cfg = self.config
+        with self.store.key_lock(key):
+            rec = self.store.get(key)
+            if rec is None or now - rec.last_seen > cfg.horizon_s:
+                if rec is not None:
+                    _log.info("run expired; starting a new one", extra={"fields": {"run": run, "step": step}})
+                rec = R.RunRecord(key, step, now, now)
+            rec.last_seen = now
+            if rec.answer is not None:  # decided: sticky
+                self.store.put(rec)
+                return rec, dict(rec.answer, run=rec.info(True))
+            if now - rec.start < 1.0:
+                self.store.put(rec)
+                return rec, _started(rec, analyzer)
+            if rec.last_answer is not None and rec.last_look is not None and now - rec.last_look < self.reuse_s:
+                self.store.put(rec)
+                return rec, dict(rec.last_answer, run=rec.info(False))
+            past = now - rec.start >= cfg.horizon_s + self.grace_s
+            with self.in_flight_lock:
+                busy = key in self.in_flight
+            try:
+                if busy:
+                    raise LookTimeout("an earlier look of this run is still running past its deadline")
+                state = AnalysisState.from_dict(rec.state)
+                doc = self._timed(analyzer, rec.start, now, state, key, attrs)
+                rec.state = state.to_dict()
+            except (LookTimeout, PrometheusError) as exc:
+                if not past:
+                    self.store.put(rec)
+                    raise
+                doc = R.inconclusive(rec, now, f"the horizon and its grace passed without a decision and this look "
+                                               f"failed ({exc})", analyzer.canary, analyzer.baseline, cfg.alpha,
+                                     cfg.horizon_s)
+            rec.looks += 1
+            rec.last_look, rec.last_answer = now, doc
+            if doc["final"]:
+                rec.decision, rec.decided_at, rec.answer = doc["verdict"], now, doc
+                _log.info("run decided", extra={"fields": {"run": run, "step": step, "verdict": doc["verdict"],
+                                                           "looks": rec.looks}})
+            self.store.put(rec)
+            return rec, dict(doc, run=rec.info(False))
+
+    def grant_step(self, rec: R.RunRecord) -> None:
+        """Record one confirmed Flagger traffic increase of ``rec``."""
+        with self.store.key_lock(rec.key):
+            cur = self.store.get(rec.key) or rec
+            cur.steps_granted += 1
+            self.store.put(cur)
 
 
-def _started(start: float, analyzer: Analyzer) -> dict[str, Any]:
+def look_attrs(doc: dict[str, Any]) -> dict[str, Any]:
+    """Span attributes of an answer: verdict, final, time fraction, window, per-metric class/effect/CI."""
+    from gpuobs.core.otel import clean_attrs
+
+    attrs: dict[str, Any] = {"canary.verdict": doc["verdict"], "canary.final": bool(doc["final"]),
+                             "canary.time_fraction": doc.get("time_fraction"),
+                             "canary.window_s": (doc.get("end") or 0) - (doc.get("start") or 0)}
+    for m in doc.get("metrics") or []:
+        p = f"canary.{m['name']}"
+        attrs[f"{p}.class"] = m.get("classification")
+        attrs[f"{p}.effect"] = m.get("effect")
+        if m.get("interval"):
+            attrs[f"{p}.ci_low"], attrs[f"{p}.ci_high"] = m["interval"]
+    return clean_attrs(attrs)
+
+
+def _started(rec: R.RunRecord, analyzer: Analyzer) -> dict[str, Any]:
     """The HOLD answer of a run's first contact (no window yet)."""
     return {"verdict": "HOLD", "reasons": ["analysis run registered; the window starts now"], "warnings": [],
-            "metrics": [], "canary": analyzer.canary, "baseline": analyzer.baseline, "start": start, "end": start,
-            "time_fraction": 0.0, "final": False, "alpha": analyzer.config.alpha, "score": None, "exit_code": 3}
+            "metrics": [], "canary": analyzer.canary, "baseline": analyzer.baseline, "start": rec.start,
+            "end": rec.start, "time_fraction": 0.0, "final": False, "alpha": analyzer.config.alpha, "score": None,
+            "exit_code": 3, "run": rec.info(False)}
+
+
+_QUERY = re.compile(r"^\s*" + OK_METRIC + r"\s*\{(.*)\}\s*$", re.S)
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
+
+
+def parse_ok_query(query: str) -> dict[str, str]:
+    """Labels of ``gpuobs_canary_ok{name="value",...}`` (PromQL string escapes). Raises ValueError."""
+    m = _QUERY.match(query or "")
+    if not m:
+        raise ValueError(f'query must be {OK_METRIC}{{namespace="...",name="...",canary="...",baseline="..."}}')
+    body, labels, pos = m.group(1).strip(), {}, 0
+    while pos < len(body):
+        lm = _LABEL.match(body, pos)
+        if not lm:
+            raise ValueError(f"cannot parse the label matchers at: {body[pos:pos + 40]!r}")
+        labels[lm.group(1)] = json.loads('"' + lm.group(2) + '"')
+        pos = lm.end()
+    missing = [k for k in ("namespace", "name") if not labels.get(k)]
+    if missing:
+        raise ValueError(f"query needs the labels {', '.join(missing)}")
+    return labels
 
 
 class CanaryHandler(httpd.Handler):
@@ -135,38 +277,76 @@ class CanaryHandler(httpd.Handler):
     def _send(self, status: int, doc: Any) -> None:
         self.send_json(status, doc)
 
-    def _answer(self, params: dict[str, str], gate: str | None) -> None:
-        try:
-            doc = self.server.evaluate(params)
-        except RequestError as exc:
-            self._send(exc.status, {"error": exc.message})
-            return
-        except PrometheusUnavailable as exc:
-            self._send(503, {"error": str(exc)})
-            return
-        except PrometheusError as exc:
-            self._send(502, {"error": str(exc)})
-            return
-        status = 200 if gate is None or doc["verdict"] == gate else 403
-        _log.info("verdict served", extra={"fields": {"path": self.path.split("?")[0], "verdict": doc["verdict"],
-                                                      "status": status, "run": params.get("run", "")}})
+    def _served(self, route: str, status: int, doc: dict[str, Any], run: str) -> None:
+        _log.info("verdict served", extra={"fields": {"path": route, "verdict": doc.get("verdict"),
+                                                      "status": status, "run": run}})
         self._send(status, doc)
+
+    @staticmethod
+    def _error_status(exc: Exception) -> int:
+        if isinstance(exc, RequestError):
+            return exc.status
+        if isinstance(exc, LookTimeout):
+            return 504
+        return 503 if isinstance(exc, PrometheusUnavailable) else 502
 
     def _get(self) -> None:
         url = urlsplit(self.path)
+        params = {k: v[-1] for k, v in parse_qs(url.query).items()}
         if url.path == "/healthz":
-            self._send(200, {"status": "ok", "runs": len(self.server.runs)})
+            self._send(200, {"status": "ok", "runs": self.server.store.count()})
         elif url.path == "/api/v1/analysis":
-            self._answer({k: v[-1] for k, v in parse_qs(url.query).items()}, None)
+            try:
+                doc = self.server.evaluate(params)
+            except (RequestError, LookTimeout, PrometheusError) as exc:
+                self._send(self._error_status(exc), {"error": getattr(exc, "message", str(exc))})
+                return
+            self._served(url.path, 200, doc, params.get("run", ""))
+        elif url.path == "/api/v1/query":
+            self._query(params)
         else:
             self._send(404, {"error": f"no route {url.path}; try /api/v1/analysis"})
 
+    def _query(self, params: dict[str, str]) -> None:
+        """Flagger MetricTemplate (prometheus provider): a one-sample vector of ``gpuobs_canary_ok``."""
+        try:
+            labels = parse_ok_query(params.get("query", ""))
+            analyzer = self.server._analyzer(labels)
+        except ValueError as exc:
+            self._send(400, {"status": "error", "errorType": "bad_data", "error": str(exc)})
+            return
+        except RequestError as exc:
+            self._send(400, {"status": "error", "errorType": "bad_data", "error": exc.message})
+            return
+        prefix = "/".join((labels["namespace"], labels["name"], ""))
+        run = prefix + labels.get("checksum", "")
+        if "checksum" not in labels:  # a MetricTemplate cannot see the checksum: use the hooks' latest run
+            latest = self.server.store.latest(json.dumps([prefix])[:-2])
+            if latest is not None:
+                run = json.loads(latest.key)[0]
+        now = self.server.clock()
+        warnings: list[str] = []
+        try:
+            _, doc = self.server.look_run(analyzer, run, labels.get("step", ""), now)
+            ok, verdict = doc["verdict"] in (R.HOLD, R.PROMOTE), doc["verdict"]
+        except (LookTimeout, PrometheusError) as exc:
+            ok, verdict = True, "error"
+            warnings.append(f"look failed before the horizon (not a failure yet): {exc}")
+        sample = {"metric": {"__name__": OK_METRIC, "namespace": labels["namespace"], "name": labels["name"],
+                             "verdict": verdict},
+                  "value": [now, "1" if ok else "0"]}
+        body: dict[str, Any] = {"status": "success", "data": {"resultType": "vector", "result": [sample]}}
+        if warnings:
+            body["warnings"] = warnings
+        self._served("/api/v1/query", 200, body, run)
+
     def _post(self) -> None:
         url = urlsplit(self.path)
-        gates = {"/flagger/rollback": "ROLLBACK", "/flagger/confirm-promotion": "PROMOTE"}
-        if url.path not in gates:
+        hooks = ("rollback", "confirm-promotion", "confirm-traffic-increase", "rollout")
+        hook = url.path.removeprefix("/flagger/") if url.path.startswith("/flagger/") else ""
+        if hook not in hooks:
             self.discard_body()
-            self._send(404, {"error": f"no route {url.path}; try /flagger/rollback or /flagger/confirm-promotion"})
+            self._send(404, {"error": f"no route {url.path}; try /flagger/{{{','.join(hooks)}}}"})
             return
         raw = self.read_body()
         if raw is None:  # 411/413 answered
@@ -176,26 +356,76 @@ class CanaryHandler(httpd.Handler):
             return
         try:
             payload = json.loads(raw)
+            if not isinstance(payload, dict):
+                raise ValueError("payload is not an object")
             meta = payload.get("metadata") or {}
             if not isinstance(meta, dict):
                 raise ValueError("metadata is not an object")
-        except (ValueError, AttributeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:
             self._send(400, {"error": f"malformed Flagger payload: {str(exc)[:200]}"})
             return
-        params = {k: str(v) for k, v in meta.items() if k in ("canary", "baseline", "start", "window", "run")}
+        params = {k: str(v) for k, v in meta.items() if k in ("canary", "baseline", "start", "window", "run", "step")}
         params["run"] = "/".join(str(payload.get(k, "")) for k in ("namespace", "name", "checksum")) + params.get("run", "")
-        self._answer(params, gates[url.path])
+        self._hook(url.path, hook, params, str(payload.get("phase", "")))
+
+    def _hook(self, route: str, hook: str, params: dict[str, str], phase: str) -> None:
+        srv = self.server
+        if phase in ("Waiting", "Initializing", "Initialized"):  # the analysis has not started
+            yes = hook == "rollout"
+            self._served(route, 200 if yes else 403, {"verdict": None, "phase": phase,
+                                                      "reason": "the canary analysis has not started"}, params["run"])
+            return
+        rec = None
+        try:
+            if params.get("start") or params.get("window"):
+                doc = srv.evaluate(params)
+            else:
+                rec, doc = srv.look_run(srv._analyzer(params), params["run"], params.get("step", ""), srv.clock())
+        except RequestError as exc:
+            self._send(exc.status, {"error": exc.message})
+            return
+        except (LookTimeout, PrometheusError) as exc:
+            status = self._error_status(exc)
+            if hook == "rollout":  # an outage before the horizon is not a failed check; the horizon bounds it
+                self._served(route, 200, {"verdict": None, "error": str(exc)}, params["run"])
+            else:
+                self._send(status, {"error": str(exc)})
+            return
+        v = doc["verdict"]
+        if hook == "rollback":
+            ok = v == R.ROLLBACK
+        elif hook == "confirm-promotion":
+            ok = v == R.PROMOTE
+        elif hook == "rollout":
+            ok = v in (R.HOLD, R.PROMOTE)
+        else:  # confirm-traffic-increase
+            first = rec is not None and rec.steps_granted == 0
+            ok = v in (R.HOLD, R.PROMOTE) and (first or R.has_evidence(doc))
+            if ok and rec is not None:
+                srv.grant_step(rec)
+            if not ok and v in (R.HOLD, R.PROMOTE):
+                doc = dict(doc, reasons=list(doc.get("reasons") or []) + [
+                    "traffic increase held: a critical metric has no data at the current weight"])
+        status = 200 if ok else (409 if hook == "rollout" else 403)
+        self._served(route, status, doc, params["run"])
 
 
 def serve(host: str, port: int, client: PromClient, config: CanaryConfig, canary: str | None = None,
-          baseline: str | None = None) -> None:
-    """Run the verdict server until interrupted. Raises OSError when the address cannot be bound."""
-    srv = CanaryServer((host, port), client, config, canary, baseline)
-    _log.info("canary verdict server listening", extra={"fields": {"host": host, "port": srv.server_address[1],
-                                                                   "prometheus": client.url}})
+          baseline: str | None = None, state_dir: str | None = None,
+          look_deadline_s: float = LOOK_DEADLINE_S) -> None:
+    """Run the verdict server until interrupted. Raises OSError when the address cannot be bound or the
+    state directory cannot be created, sqlite3.Error when its database cannot be opened."""
+    store = R.RunStore(state_dir)
+    srv = CanaryServer((host, port), client, config, canary, baseline, store=store, look_deadline_s=look_deadline_s)
+    _log.info("canary verdict server listening", extra={"fields": {
+        "host": host, "port": srv.server_address[1], "prometheus": client.url,
+        "state": str(store.path) if store.path else "memory (runs do not survive a restart)",
+        "look_deadline_s": look_deadline_s}})
     try:
         srv.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass
     finally:
         srv.server_close()
+        srv.tracing.shutdown()
+        store.close()

@@ -44,9 +44,13 @@ exit codes: 0 PROMOTE, 1 ROLLBACK, 3 HOLD, 2 bad input or rejected query,
             1 also when Prometheus is unreachable (an error line, never a verdict; see --json)"""
 
 SERVE_EPILOG = """endpoints:
-  GET  /api/v1/analysis?canary=SEL&baseline=SEL[&run=ID|&start=TIME|&window=5m]  verdict JSON (Argo web)
-  POST /flagger/rollback            Flagger rollback hook: 200 only on ROLLBACK
-  POST /flagger/confirm-promotion   Flagger confirm-promotion hook: 200 only on PROMOTE
+  GET  /api/v1/analysis?canary=SEL&baseline=SEL&run=ID[&step=STEP]  verdict JSON (Argo web metric):
+       PROMOTE | ROLLBACK | HOLD | INCONCLUSIVE; decisions are sticky per run (run + step + selectors)
+  GET  /api/v1/query?query=gpuobs_canary_ok{namespace=..,name=..,canary=..,baseline=..}  Flagger MetricTemplate
+  POST /flagger/rollback                   200 only on ROLLBACK
+  POST /flagger/confirm-promotion          200 only on PROMOTE
+  POST /flagger/confirm-traffic-increase   200 for the first step, then only with data on every critical metric
+  POST /flagger/rollout                    409 on ROLLBACK or INCONCLUSIVE (bounds WaitingPromotion)
   GET  /healthz
 configuration for Argo Rollouts and Flagger: docs/canary.md"""
 
@@ -108,6 +112,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="port (env GPUOBS_CANARY_PORT; default 9098)")
     s.add_argument("--canary", metavar="SELECTOR", help="default canary matchers when a request names none")
     s.add_argument("--baseline", metavar="SELECTOR", help="default baseline matchers when a request names none")
+    s.add_argument("--state-dir", default=_env("CANARY_STATE_DIR"), metavar="DIR",
+                   help="keep analysis runs in DIR/canary-runs.sqlite so they survive a restart (env "
+                        "GPUOBS_CANARY_STATE_DIR; default: memory only, unsafe for controllers)")
+    s.add_argument("--look-deadline", default=_env("CANARY_LOOK_DEADLINE", "15s"), metavar="DURATION",
+                   help="answer 504 when a look takes longer (keep it below the controller's timeout; "
+                        "env GPUOBS_CANARY_LOOK_DEADLINE; default 15s)")
     add_client_flags(s)
     s.set_defaults(func=run_serve)
 
@@ -195,14 +205,19 @@ def run_analyze(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Handler of ``canary serve``: runs the HTTP endpoint until interrupted; 2 on bad input."""
+    import sqlite3
+
     from gpuobs.canary.serve import serve
 
     try:
         client, cfg = build_client(args), build_config(args)
+        deadline = parse_duration(args.look_deadline, "--look-deadline")
     except ConfigError as exc:
         return _fail(str(exc), EXIT_BAD_INPUT, False)
     try:
-        serve(args.host, args.port, client, cfg, args.canary, args.baseline)
+        serve(args.host, args.port, client, cfg, args.canary, args.baseline, args.state_dir, deadline)
+    except sqlite3.Error as exc:
+        return _fail(f"--state-dir {args.state_dir}: cannot open the run database: {exc}", EXIT_RUNTIME, False)
     except OSError as exc:
-        return _fail(f"cannot listen on {args.host}:{args.port}: {exc}", EXIT_RUNTIME, False)
+        return _fail(f"cannot listen on {args.host}:{args.port} or create --state-dir: {exc}", EXIT_RUNTIME, False)
     return 0

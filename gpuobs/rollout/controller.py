@@ -210,9 +210,12 @@ class Controller:
         state = AnalysisState.from_dict(st.analysis_state)
         name = self._stage_name(spec, st.idx)
         while st.status == "analysing":
+            if self._wait_due(rec, spec, st):  # the wait is outside the look's span
+                continue
             with self.tracer.start_as_current_span("rollout.analysis", attributes={"canary.look": st.looks + 1,
                                                                                    "stage.index": st.idx + 1}) as sp:
-                done, v = self._step(rec, spec, st, lambda end: analyzer.analyze(st.analysis_start, end, state))
+                done, v = self._step(rec, spec, st, lambda end: analyzer.analyze(st.analysis_start, end, state),
+                                     wait=False)
                 if v is not None:
                     sp.set_attributes(tracing.verdict_attrs(v))
             if done or v is None:
@@ -234,20 +237,27 @@ class Controller:
                                                    f"({spec.stage_timeout_s:.0f}s): " + "; ".join(v.reasons),
                                      st, "inconclusive")
 
-    def _step(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord,
-              look: Callable[[float], Any]) -> tuple[bool, Any]:
-        """One look of stage ``st``: wait until it is due, honour an operator abort, check the SLO-burn
-        page, then ``look(end)`` (end = now, capped at the deadline).
-
-        Returns ``(True, None)`` when the stage ended (a rollback has begun), ``(False, None)`` after a
-        Prometheus error below the limit (``st.errors`` counts it), else ``(False, look's result)``.
-        """
+    def _wait_due(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord) -> bool:
+        """Wait until the next look of ``st`` is due; True when an operator aborted (rollback begun)."""
         due = (st.last_look or st.analysis_start) + spec.interval_s
         if (st.last_look or 0.0) < st.deadline:
             due = min(due, st.deadline)
         aborted = self._wait_until(rec.id, due)
         if aborted:
             self._begin_rollback(rec, ABORTED, f"aborted by operator: {aborted}", st, "aborted")
+            return True
+        return False
+
+    def _step(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord,
+              look: Callable[[float], Any], wait: bool = True) -> tuple[bool, Any]:
+        """One look of stage ``st``: wait until it is due (unless ``wait`` is false: the caller did),
+        honour an operator abort, check the SLO-burn page, then ``look(end)`` (end = now, capped at the
+        deadline).
+
+        Returns ``(True, None)`` when the stage ended (a rollback has begun), ``(False, None)`` after a
+        Prometheus error below the limit (``st.errors`` counts it), else ``(False, look's result)``.
+        """
+        if wait and self._wait_due(rec, spec, st):
             return True, None
         st.last_look = self.clock()
         name = self._stage_name(spec, st.idx)

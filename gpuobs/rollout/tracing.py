@@ -33,7 +33,6 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -41,6 +40,8 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
+
+from gpuobs.core.otel import resource
 
 SERVICE_NAME = "gpuobs-rollout"
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -73,7 +74,7 @@ def setup(exporter: SpanExporter | None = None, *, env: dict[str, str] | None = 
     ``exporter`` given: spans go to it synchronously (tests). Else, with an OTLP endpoint in the
     environment: a batching OTLP/HTTP exporter. Else: no exporter at all.
     """
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = TracerProvider(resource=resource(service_name, env))  # OTEL_SERVICE_NAME etc. win
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif otlp_endpoint(env) is not None:

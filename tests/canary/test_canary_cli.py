@@ -134,9 +134,15 @@ def test_serve_argo_web_endpoint_tracks_runs(served):
         clock.t += 30
         answer = look()
     assert answer.status_code == 200 and answer.json()["verdict"] == "ROLLBACK"
-    assert answer.json()["end"] - answer.json()["start"] == pytest.approx(90)
-    assert any("[90s]" in r["params"]["query"][0] for r in fake.requests)
-    clock.t += 200  # silent for more than 4 intervals: the next look starts a new run
+    # decided at the first look with a window (30 s); the later looks repeat it (sticky)
+    assert answer.json()["end"] - answer.json()["start"] == pytest.approx(30) and answer.json()["run"]["sticky"]
+    assert any("[30s]" in r["params"]["query"][0] for r in fake.requests)
+    assert not any("[60s]" in r["params"]["query"][0] for r in fake.requests)
+    clock.t += 200  # decided: later looks of the run repeat the decision without querying
+    n = len(fake.requests)
+    sticky = look().json()
+    assert sticky["verdict"] == "ROLLBACK" and sticky["run"]["sticky"] and len(fake.requests) == n
+    clock.t += 700  # silent for longer than the horizon: the next look starts a new run
     assert look().json()["verdict"] == "HOLD"
     fixed = requests.get(f"{url}/api/v1/analysis", params={**SEL, "window": "5m"}, timeout=5)
     assert fixed.json()["verdict"] == "ROLLBACK" and fixed.json()["end"] - fixed.json()["start"] == 300

@@ -170,3 +170,24 @@ def test_otlp_http_round_trip_to_a_real_receiver(tmp_path, monkeypatch):
     assert la["canary.verdict"] == "ROLLBACK" and la["canary.ttft.class"] == "High"
     assert la["canary.ttft.effect"] == pytest.approx(0.2) and la["canary.ttft.ci_low"] == pytest.approx(0.12)
     assert look.parent_span_id == next(s for s in spans if s.name == "rollout.stage").span_id
+
+
+def test_analysis_spans_do_not_include_the_wait_before_a_look(tmp_path):
+    """The controller sleeps until a look is due outside the look's span: a span is the look itself."""
+    from opentelemetry import trace as otel_trace
+
+    mem = InMemorySpanExporter()
+    tr = tracing.setup(mem)
+    r = rig(tmp_path, {1: ["HOLD", "PROMOTE"], 2: ["PROMOTE"]}, tracer=tr)
+    during: list[str] = []
+    real_sleep = r.controller.sleep
+
+    def sleep(s: float) -> None:
+        during.append(getattr(otel_trace.get_current_span(), "name", ""))
+        real_sleep(s)
+
+    r.controller.sleep = sleep
+    r.controller.run(r.controller.create(spec()).id)
+    tr.shutdown()
+    assert during and "rollout.analysis" not in during
+    assert len(by_name(mem.get_finished_spans(), "rollout.analysis")) == 3
