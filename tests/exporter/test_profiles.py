@@ -188,3 +188,20 @@ def test_bad_profiles_are_named():
 def test_counters_file_errors_name_the_line(text, message):
     with pytest.raises(CountersError, match=message):
         parse_counters(text, "x.csv")
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["exporter", "--exporter-profile", "enhanced"], {}, "--exporter-profile (GPUOBS_EXPORTER_PROFILE) must be one of"),
+    (["exporter"], {"GPUOBS_EXPORTER_PROFILE": "full"}, "must be one of stock, helm, recommended; got 'full'"),
+    (["exporter", "--host-label-mode", "fqdn"], {}, "Hostname, hostname, localhost, pod, none"),
+    (["exporter", "--collect-interval", "-5"], {}, "--collect-interval must be >= 0"),
+    (["stack", "up", "--scrape-mode", "podmonitor"], {}, "scrape mode must be one of file_sd, servicemonitor"),
+])
+def test_cli_names_bad_profiles_and_modes(argv, env, message, monkeypatch, capsys, tmp_path):
+    from gpuobs.cli import run
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert run([*argv, *(["--run-dir", str(tmp_path / "r")] if argv[0] == "stack" else [])]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

@@ -194,9 +194,11 @@ def exporter_inventory() -> dict[str, dict[str, set[str]]]:
     for n in (serving, training):
         for _ in range(5):
             n.advance(1.0)
-    pages = {"dcgm": [render(DcgmCollector(serving).collect()),
-                      render(DcgmCollector(serving, mig=parse_mig_spec("0=1g.10gb", 2)).collect()),
-                      render(DcgmCollector(training).collect())],
+    # Today's dashboards read enhanced fields (SM_ACTIVE, clock events, Xid counts, allocator): the
+    # recommended exporter profile serves them.
+    pages = {"dcgm": [render(DcgmCollector(serving, profile="recommended").collect()),
+                      render(DcgmCollector(serving, mig=parse_mig_spec("0=1g.10gb", 2), profile="recommended").collect()),
+                      render(DcgmCollector(training, profile="recommended").collect())],
              "vllm": [render(EngineCollector(serving).collect())]}
     inv: dict[str, dict[str, set[str]]] = {}
     for job, texts in pages.items():

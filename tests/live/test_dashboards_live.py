@@ -73,7 +73,8 @@ def live(tmp_path_factory):
     base = free_port_range(8)
     ports = Ports(prometheus=base, alertmanager=base + 1, pager=base + 2, node_base=base + 3, engine_base=base + 6)
     run = tmp_path_factory.mktemp("run")
-    cfg = supervisor.StackConfig(run_dir=run, nodes=3, gpus=2, training_nodes=1, ports=ports, timeout_s=90)
+    cfg = supervisor.StackConfig(run_dir=run, nodes=3, gpus=2, training_nodes=1, ports=ports, timeout_s=90,
+                                 exporter_profile="recommended")  # today's panels read enhanced fields
     out = io.StringIO()
     state = supervisor.up(cfg, out=out)
     try:

@@ -37,7 +37,9 @@ SCRAPE_AND_ALERT = DrillSpec(
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    yield from live_stack(tmp_path_factory, "run", nodes=4, gpus=8, training_nodes=1, profile="drill", timeout_s=120)
+    # Today's drill rules read enhanced fields (Xid counts, expected GPUs, SM_ACTIVE, ...): recommended profile.
+    yield from live_stack(tmp_path_factory, "run", nodes=4, gpus=8, training_nodes=1, profile="drill", timeout_s=120,
+                          exporter_profile="recommended")
 
 
 @pytest.fixture(scope="module")
