@@ -8,7 +8,7 @@ RUN_DIR ?= .run
 PYTEST_ARGS ?=
 
 # What the simulated exporters serve (stock | helm | recommended; design §4.6), for `make up` and `make drills`.
-EXPORTER_PROFILE ?= stock
+EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
 
 DRILL_RUN_DIR ?= .run-drills
 DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --base-port 19400 --engine-base-port 18000

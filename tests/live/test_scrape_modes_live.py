@@ -63,7 +63,9 @@ def test_targets_and_series_carry_kube_prometheus_labels(stack):
 def test_a_replaced_exporter_pod_changes_hostname_and_the_target_pod(stack):
     old = {m["node"]: m["pod"] for m in query(stack, 'up{job="nvidia-dcgm-exporter"}')}
     admin = AdminClient(stack.urls.node_bases[0], stack.token())
-    admin.inject({"kind": "exporter-restart", "downtime_s": 2.0})
+    # A downtime longer than the file_sd refresh (5 s), as in Kubernetes where the new pod is a new
+    # endpoint: the new page is never scraped under the old pod's target.
+    admin.inject({"kind": "exporter-restart", "downtime_s": 8.0})
     got = wait_for(stack, 'DCGM_FI_DEV_GPU_TEMP{node="gpu-node-00"}',
                    lambda r: len(r) == 1 and r[0]["Hostname"] != old["gpu-node-00"])
     assert got[0]["Hostname"] == got[0]["pod"] and got[0]["pod"].startswith("nvidia-dcgm-exporter-")

@@ -117,7 +117,9 @@ KINDS: dict[str, FaultKind] = {
         FaultKind(
             "exporter-restart", False,
             {"downtime_s": Param(float, False, 10.0, 0.0, 3600.0,
-                                 "seconds the DCGM page does not answer while the new exporter pod starts"),
+                                 "seconds the DCGM page does not answer while the new exporter pod starts (in scrape "
+                                 "mode servicemonitor keep it above the 5 s file_sd refresh, or the new page is "
+                                 "briefly scraped under the old pod's target)"),
              "xid_state": Param(str, False, "kept", pattern="^(kept|cleared)$",
                                 help="kept: the last Xid reappears (the exporter reads a standalone nv-hostengine "
                                      "that remembers it); cleared: forgotten (embedded hostengine), e.g. kept")},
