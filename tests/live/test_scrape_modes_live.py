@@ -13,6 +13,7 @@ import time
 import pytest
 import requests
 
+from gpuobs.exporter.scrape import promtool_series, stored_series
 from gpuobs.promapi.exporter_admin import AdminClient
 from tests.conftest import live_stack
 
@@ -58,6 +59,24 @@ def test_targets_and_series_carry_kube_prometheus_labels(stack):
     # Hostname is the exporter pod, the same name the target's pod label has
     assert all(m["Hostname"] == m["pod"] for m in temps)
     assert not query(stack, '{__name__=~"gpuobs_.*|pytorch_.*", job="nvidia-dcgm-exporter"}')  # stock page
+
+
+def test_the_stored_shapes_predicted_by_gpuobs_exporter_scrape_are_what_prometheus_stores(stack):
+    """gpuobs.exporter.scrape (used to build promtool series) merges target and page labels exactly
+    like the real Prometheus: same label sets for every series of both DCGM pages and the engine page."""
+    targets = requests.get(f"{stack.urls.prometheus}/api/v1/targets", params={"state": "active"}, timeout=5).json()
+    checked = 0
+    for t in targets["data"]["activeTargets"]:
+        if t["scrapePool"] == "prometheus":
+            continue
+        page = requests.get(t["scrapeUrl"], timeout=5).text
+        want = {promtool_series(n, lb) for n, lb, _ in stored_series(page, t["labels"])}
+        got = {promtool_series(m.pop("__name__"), m)
+               for m in query(stack, f'{{instance="{t["labels"]["instance"]}", job="{t["labels"]["job"]}"}}')
+               if m["__name__"] in {n for n, _, _ in stored_series(page, t["labels"])}}
+        assert got == want, t["labels"]
+        checked += len(want)
+    assert checked > 50
 
 
 def test_a_replaced_exporter_pod_changes_hostname_and_the_target_pod(stack):
