@@ -45,7 +45,8 @@ def _stack(args: argparse.Namespace) -> int:
                          training_nodes=args.training_nodes, profile=args.profile, rate_rps=args.rate,
                          xid_window_ms=args.xid_window_ms, runbook_base=args.runbook_base, timeout_s=args.timeout,
                          exporter_profile=args.exporter_profile, host_label_mode=args.host_label_mode,
-                         scrape_mode=args.scrape_mode, collect_interval_s=args.collect_interval)
+                         scrape_mode=args.scrape_mode, collect_interval_s=args.collect_interval,
+                         clock_events_name=args.clock_events_name)
     try:
         state = sv.up(cfg)
     except sv.StackError as exc:
@@ -110,5 +111,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "instance) plus node, page pod labels stored as exported_*; env GPUOBS_SCRAPE_MODE")
     s.add_argument("--collect-interval", type=finite(float), default=0.0, metavar="SECONDS",
                    help="DCGM field update interval (DCGM's default 30): values repeat across scrapes; 0 = fresh")
+    s.add_argument("--clock-events-name", default="canonical", choices=["canonical", "legacy"],
+                   help="field 112's name on the pages: DCGM_FI_DEV_CLOCKS_EVENT_REASONS (canonical) or "
+                        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (legacy counters files)")
     s.add_argument("--timeout", type=pos_float, default=90.0, help="start-up deadline, seconds")
     s.set_defaults(func=cmd_stack)

@@ -68,6 +68,8 @@ class StackConfig:
     scrape_mode: str = "file_sd"
     #: DCGM's field update interval in seconds (0: fresh values on every scrape).
     collect_interval_s: float = 0.0
+    #: Name of field 112 on the pages: canonical (DCGM_FI_DEV_CLOCKS_EVENT_REASONS) or legacy (..._CLOCK_THROTTLE_REASONS).
+    clock_events_name: str = "canonical"
 
 
 def find_binaries() -> dict[str, str]:
@@ -159,7 +161,8 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
     run = check_run_dir(cfg.run_dir)
     for what, value, allowed in (("exporter profile", cfg.exporter_profile, profiles.PROFILES),
                                  ("host label mode", cfg.host_label_mode, profiles.HOST_LABEL_MODES),
-                                 ("scrape mode", cfg.scrape_mode, k8s.SCRAPE_MODES)):
+                                 ("scrape mode", cfg.scrape_mode, k8s.SCRAPE_MODES),
+                                 ("clock events name", cfg.clock_events_name, profiles.CLOCK_EVENTS_NAMES)):
         if value not in allowed:
             raise StackError(f"{what} must be one of {', '.join(allowed)}; got {value!r}", 2)
     if cfg.collect_interval_s < 0:
@@ -191,6 +194,8 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
     exporter_extra = ["--exporter-profile", cfg.exporter_profile, "--host-label-mode", cfg.host_label_mode]
     if cfg.collect_interval_s:
         exporter_extra += ["--collect-interval", f"{cfg.collect_interval_s:g}"]
+    if cfg.clock_events_name != "canonical":
+        exporter_extra += ["--clock-events-name", cfg.clock_events_name]
     pods = None
     if cfg.scrape_mode == "servicemonitor":
         # Kubernetes shapes: exporter and engine pod names in the targets; the workload pods that own

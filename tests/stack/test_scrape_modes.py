@@ -68,6 +68,7 @@ def test_pod_map_gives_every_gpu_its_workload_pod():
     ("host_label_mode", "fqdn", "host label mode must be one of Hostname, hostname, localhost, pod, none"),
     ("scrape_mode", "podmonitor", "scrape mode must be one of file_sd, servicemonitor"),
     ("collect_interval_s", -1.0, "collect interval must be >= 0"),
+    ("clock_events_name", "throttle", "clock events name must be one of canonical, legacy"),
 ])
 def test_bad_modes_are_refused_before_anything_starts(tmp_path, field, value, message):
     cfg = supervisor.StackConfig(run_dir=tmp_path / "run", **{field: value})
