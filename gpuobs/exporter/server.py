@@ -46,6 +46,7 @@ class NodeServer(httpd.Server):
         self.stats_lock = threading.Lock()
         self.scrapes = 0
         self.last_collect_s = 0.0
+        self._generation = node.exporter_generation  # a replaced exporter starts its counters at 0
 
     def metrics_page(self) -> bytes:
         """Render the node's page, plus exporter self-metrics (design §4.5) when the collector's profile
@@ -56,6 +57,8 @@ class NodeServer(httpd.Server):
         # Hostname), so its self-metrics carry none either, or Prometheus would rename it.
         host = list(getattr(self.collector, "host_pairs", [])) if self.admin else []
         with self.stats_lock:
+            if self.admin and self.node.exporter_generation != self._generation:
+                self._generation, self.scrapes = self.node.exporter_generation, 0
             self.scrapes += 1
             if getattr(self.collector, "self_metrics", True):
                 fams.append(Family("gpuobs_exporter_scrapes_total", "counter",

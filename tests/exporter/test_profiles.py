@@ -165,6 +165,9 @@ def test_collect_interval_repeats_values_until_dcgm_samples_again():
     node.advance(15.0)
     second = render(coll.collect())
     assert second != first and 'err_code="48"' in second
+    node.inject(faults.validate({"kind": "exporter-restart", "downtime_s": 0}, 2))
+    node.advance(1.0)
+    assert render(coll.collect()) != second  # a replaced exporter samples afresh, before 30 s have passed
     with pytest.raises(ValueError, match="collect_interval_s"):
         DcgmCollector(node, collect_interval_s=-1)
 
@@ -205,3 +208,18 @@ def test_cli_names_bad_profiles_and_modes(argv, env, message, monkeypatch, capsy
     assert run([*argv, *(["--run-dir", str(tmp_path / "r")] if argv[0] == "stack" else [])]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_replaced_exporter_starts_its_self_metric_counters_again():
+    node = Node(NodeConfig(index=0, gpus=1))
+    srv = NodeServer(("127.0.0.1", 0), node, "t", DcgmCollector(node, profile="recommended"))
+    try:
+        def scrapes() -> float:
+            line = next(ln for ln in srv.metrics_page().decode().splitlines()
+                        if ln.startswith("gpuobs_exporter_scrapes_total"))
+            return float(line.rsplit(" ", 1)[1])
+        assert [scrapes(), scrapes()] == [1, 2]
+        node.inject(faults.validate({"kind": "exporter-restart", "downtime_s": 0}, 1))
+        assert scrapes() == 1
+    finally:
+        srv.server_close()

@@ -268,13 +268,13 @@ class DcgmCollector:
     def _sampled(self, present: list[GpuState]) -> tuple[list[float], list[tuple]]:
         """The DCGM values and each present GPU's Xid state ``(last Xid, counts in window)``: sampled now,
         or the previous sample while the collect interval has not elapsed and the layout is unchanged."""
-        now = self.node.now
-        if (self.collect_interval_s > 0 and self._sample is not None and self._sample[1] == self._key
+        now, key = self.node.now, (self._key, self.node.exporter_generation)  # a new exporter samples afresh
+        if (self.collect_interval_s > 0 and self._sample is not None and self._sample[1] == key
                 and now - self._sample[0] < self.collect_interval_s):
             return self._sample[2], self._sample[3]
         values = self._dcgm_values(self._series(present))
         xids = [(g.last_xid, sorted(g.xid_counts().items())) for g in present]
-        self._sample = (now, self._key, values, xids)
+        self._sample = (now, key, values, xids)
         return values, xids
 
     def _xid(self, present: list[GpuState], xids: list[tuple]) -> list[Family]:
