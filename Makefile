@@ -7,6 +7,9 @@ GPUOBS := $(VENV)/bin/gpuobs
 RUN_DIR ?= .run
 PYTEST_ARGS ?=
 
+# What the simulated exporters serve (stock | helm | recommended; design §4.6), for `make up` and `make drills`.
+EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
+
 DRILL_RUN_DIR ?= .run-drills
 DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --base-port 19400 --engine-base-port 18000
 
@@ -38,7 +41,7 @@ up: venv binaries
 	  echo compose > $(RUN_DIR)/mode; $(COMPOSE_PY) up --run-dir $(RUN_DIR); \
 	else \
 	  echo "$$why; starting the native stack (prometheus + alertmanager from PATH)."; \
-	  echo native > $(RUN_DIR)/mode; $(GPUOBS) stack up --run-dir $(RUN_DIR); \
+	  echo native > $(RUN_DIR)/mode; $(GPUOBS) stack up --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE); \
 	fi
 
 down: venv
@@ -71,7 +74,8 @@ drill-%: venv
 drills: venv binaries
 	@$(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR) >/dev/null 2>&1 || true
 	rm -rf $(DRILL_RUN_DIR)
-	$(GPUOBS) stack up --run-dir $(DRILL_RUN_DIR) --profile drill --nodes 4 --training-nodes 1 $(DRILL_PORTS)
+	$(GPUOBS) stack up --run-dir $(DRILL_RUN_DIR) --profile drill --nodes 4 --training-nodes 1 $(DRILL_PORTS) \
+	  --exporter-profile $(EXPORTER_PROFILE)
 	@rc=0; $(GPUOBS) drill all --run-dir $(DRILL_RUN_DIR) || rc=$$?; \
 	  $(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR); exit $$rc
 

@@ -10,7 +10,8 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = ("prometheus/prometheus.yml", "prometheus/slo.yaml", "prometheus/rules", "alertmanager",
-           "runbooks", "grafana/dashboards", "grafana/provisioning", "grafana/grafana.ini")
+           "runbooks", "grafana/dashboards", "grafana/provisioning", "grafana/grafana.ini",
+           "deploy/dcgm-exporter")
 
 
 class BuildWithAssets(build_py):

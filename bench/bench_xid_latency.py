@@ -50,7 +50,7 @@ def main() -> int:
     base = free_port_range(16)
     ports = Ports(prometheus=base, alertmanager=base + 1, pager=base + 2, node_base=base + 3, engine_base=base + 10)
     with tempfile.TemporaryDirectory() as tmp:
-        state = supervisor.up(supervisor.StackConfig(run_dir=Path(tmp), nodes=5, gpus=2, training_nodes=0,
+        state = supervisor.up(supervisor.StackConfig(run_dir=Path(tmp), nodes=5, gpus=2, training_nodes=0, exporter_profile="recommended",
                                                      ports=ports), out=sys.stderr)
         try:
             token = state.token()

@@ -37,9 +37,10 @@ def live_stack(tmp_path_factory, name: str, **cfg):
 
 @pytest.fixture
 def node_server():
-    """A NodeServer for a 4-GPU node on a free port; yields (base_url, node)."""
+    """A NodeServer for a 4-GPU node on a free port, recommended exporter profile (the Xid-count
+    series are on its page); yields (base_url, node)."""
     node = Node(NodeConfig(index=1, gpus=4, seed=7))
-    srv = NodeServer(("127.0.0.1", 0), node, TOKEN, DcgmCollector(node))
+    srv = NodeServer(("127.0.0.1", 0), node, TOKEN, DcgmCollector(node, profile="recommended"))
     t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}", node

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpuobs.cli.common import PORT, env, fail, int_range, pos_float, run_dir_default
+from gpuobs.cli.common import (
+    PORT,
+    env,
+    fail,
+    finite,
+    int_range,
+    pos_float,
+    run_dir_default,
+)
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:
@@ -15,18 +23,31 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         load_k8s_map,
         load_or_create_token,
     )
+    from gpuobs.exporter.sim import profiles
     from gpuobs.exporter.sim.mig import parse_mig_spec
     from gpuobs.reference.releases import CatalogueError
 
+    for flag, value, allowed in (("--exporter-profile (GPUOBS_EXPORTER_PROFILE)", args.exporter_profile, profiles.PROFILES),
+                                 ("--host-label-mode (GPUOBS_HOST_LABEL_MODE)", args.host_label_mode,
+                                  profiles.HOST_LABEL_MODES)):
+        if value not in allowed:
+            return fail(f"{flag} must be one of {', '.join(allowed)}; got {value!r}")
+    if args.collect_interval < 0:
+        return fail(f"--collect-interval must be >= 0 seconds; got {args.collect_interval:g}")
+    mode = args.hostname_label or args.host_label_mode  # --hostname-label: the older spelling of two modes
     if args.source == "nvml":
         from gpuobs.exporter.nvml.serve import main_nvml
 
-        return main_nvml(args.host, args.base_port, args.hostname_label)
+        return main_nvml(args.host, args.base_port, "hostname" if mode == "hostname" else "Hostname")
     for flag, base in (("--base-port", args.base_port), ("--engine-base-port", args.engine_base_port)):
         if base + args.nodes - 1 > 65535:
             return fail(f"{flag} {base} + --nodes {args.nodes} runs past port 65535")
     if args.training_nodes > args.nodes:
         return fail(f"--training-nodes {args.training_nodes} exceeds --nodes {args.nodes}")
+    try:
+        profiles.load(args.exporter_profile, args.clock_events_name)
+    except (OSError, ValueError) as exc:
+        return fail(f"--exporter-profile {args.exporter_profile}: {exc}")
     try:
         mig = parse_mig_spec(args.mig_profile, args.gpus) if args.mig_profile else None
         k8s = load_k8s_map(Path(args.k8s_map)) if args.k8s_map else None
@@ -43,7 +64,10 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         return fail(f"admin token: {exc}")
     cfg = FleetConfig(nodes=args.nodes, gpus=args.gpus, base_port=args.base_port, seed=args.seed, host=args.host,
-                      driver_version=args.driver_version, hostname_label=args.hostname_label,
+                      driver_version=args.driver_version, host_label_mode=mode,
+                      exporter_profile=args.exporter_profile, clock_events_name=args.clock_events_name,
+                      collect_interval_s=args.collect_interval,
+                      targets_file=Path(args.targets_file) if args.targets_file else None,
                       xid_window_ms=args.xid_window_ms, tick_s=args.tick_s, engine_base_port=args.engine_base_port,
                       training_nodes=args.training_nodes, node_offset=args.node_offset, rate_rps=args.rate,
                       mig=mig, k8s=k8s, releases_file=Path(args.releases) if args.releases else None)
@@ -69,8 +93,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--token-file", default=str(Path(run_dir_default()) / "admin-token"),
                    help="read the token here, or write a generated one here (default .run/admin-token)")
     e.add_argument("--driver-version", default="550.54.15", help="DCGM_FI_DRIVER_VERSION label (default 550.54.15)")
-    e.add_argument("--hostname-label", default="Hostname", choices=["Hostname", "hostname"],
-                   help="case of the host label: released dcgm-exporter uses Hostname, newer master hostname")
+    e.add_argument("--exporter-profile", default=env("EXPORTER_PROFILE", "stock"),
+                   help="what the DCGM page serves: stock (dcgm-exporter 4.x default-counters.csv, the default), "
+                        "helm (the Helm chart's ConfigMap: no driver label, no FB_RESERVED), recommended "
+                        "(deploy/dcgm-exporter/recommended.csv + gpuobs extras); env GPUOBS_EXPORTER_PROFILE")
+    e.add_argument("--host-label-mode", default=env("HOST_LABEL_MODE", "Hostname"),
+                   help="the DCGM page's host label: Hostname (node name; released dcgm-exporter), hostname "
+                        "(master after PR #655), localhost (4.0-4.5.3 with -r), pod (the exporter pod's name, "
+                        "new on each restart), none (-n); env GPUOBS_HOST_LABEL_MODE")
+    e.add_argument("--hostname-label", default=None, choices=["Hostname", "hostname"],
+                   help="older spelling of --host-label-mode Hostname|hostname")
+    e.add_argument("--clock-events-name", default="canonical", choices=["canonical", "legacy"],
+                   help="name of field 112 where the profile serves it: DCGM_FI_DEV_CLOCKS_EVENT_REASONS "
+                        "(canonical) or DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (legacy counters files)")
+    e.add_argument("--collect-interval", type=finite(float), default=0.0, metavar="SECONDS",
+                   help="DCGM field update interval: values repeat across scrapes in between (DCGM's "
+                        "default is 30); 0 samples on every scrape (default)")
+    e.add_argument("--targets-file", default=None,
+                   help="ServiceMonitor-shaped file_sd file of the DCGM targets: its pod labels follow "
+                        "exporter restarts (set by `gpuobs stack up --scrape-mode servicemonitor`)")
     e.add_argument("--xid-window-ms", type=int_range(1000, 86_400_000), default=300_000,
                    help="DCGM_EXP_XID_ERRORS_COUNT window, ms (dcgm-exporter default 300000)")
     e.add_argument("--tick-s", type=pos_float, default=1.0, help="simulation tick, seconds (default 1)")

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpuobs.cli.common import PORT, env, fail, int_range, pos_float, run_dir_default
+from gpuobs.cli.common import (
+    PORT,
+    env,
+    fail,
+    finite,
+    int_range,
+    pos_float,
+    run_dir_default,
+)
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
@@ -43,7 +51,10 @@ def _stack(args: argparse.Namespace) -> int:
         return fail(f"--training-nodes {args.training_nodes} must leave at least one serving node (--nodes {args.nodes})")
     cfg = sv.StackConfig(run_dir=run, nodes=args.nodes, gpus=args.gpus, seed=args.seed, ports=ports,
                          training_nodes=args.training_nodes, profile=args.profile, rate_rps=args.rate,
-                         xid_window_ms=args.xid_window_ms, runbook_base=args.runbook_base, timeout_s=args.timeout)
+                         xid_window_ms=args.xid_window_ms, runbook_base=args.runbook_base, timeout_s=args.timeout,
+                         exporter_profile=args.exporter_profile, host_label_mode=args.host_label_mode,
+                         scrape_mode=args.scrape_mode, collect_interval_s=args.collect_interval,
+                         clock_events_name=args.clock_events_name)
     try:
         state = sv.up(cfg)
     except sv.StackError as exc:
@@ -62,6 +73,8 @@ def _stack(args: argparse.Namespace) -> int:
           f"{state.training_nodes} training)")
     print(f"  vLLM engines  {u.engines[0]} .. {u.engines[-1]}")
     print(f"  run dir       {state.run_dir}  (logs/, stack.json, admin-token); rule profile {state.profile}")
+    print(f"  exporters     profile {state.exporter_profile}, host label {state.host_label_mode}, "
+          f"scrape mode {state.scrape_mode}")
     print("Try: make drill-xid    Stop: make down")
     return 0
 
@@ -94,5 +107,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--profile", choices=["default", "drill"], default=env("PROFILE", "default"),
                    help="default: the rule files as they are; drill: `for:` capped at 20s and a 1d SLO period "
                         "so every drill fires and resolves in minutes (see gpuobs/mixin/profile.py)")
+    s.add_argument("--exporter-profile", default=env("EXPORTER_PROFILE", "stock"),
+                   help="what the simulated DCGM pages serve: stock (dcgm-exporter 4.x default counters), helm "
+                        "(the Helm chart's ConfigMap), recommended (deploy/dcgm-exporter/recommended.csv + gpuobs "
+                        "extras); env GPUOBS_EXPORTER_PROFILE")
+    s.add_argument("--host-label-mode", default=env("HOST_LABEL_MODE", "Hostname"),
+                   help="the DCGM pages' host label: Hostname, hostname, localhost, pod, none; env GPUOBS_HOST_LABEL_MODE")
+    s.add_argument("--scrape-mode", default=env("SCRAPE_MODE", "file_sd"),
+                   help="file_sd: targets labelled node, jobs dcgm/vllm; servicemonitor: kube-prometheus "
+                        "ServiceMonitor target labels (job = Service name, namespace, pod, service, endpoint, "
+                        "instance) plus node, page pod labels stored as exported_*; env GPUOBS_SCRAPE_MODE")
+    s.add_argument("--collect-interval", type=finite(float), default=0.0, metavar="SECONDS",
+                   help="DCGM field update interval (DCGM's default 30): values repeat across scrapes; 0 = fresh")
+    s.add_argument("--clock-events-name", default="canonical", choices=["canonical", "legacy"],
+                   help="field 112's name on the pages: DCGM_FI_DEV_CLOCKS_EVENT_REASONS (canonical) or "
+                        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (legacy counters files)")
     s.add_argument("--timeout", type=pos_float, default=90.0, help="start-up deadline, seconds")
     s.set_defaults(func=cmd_stack)

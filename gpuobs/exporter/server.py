@@ -39,33 +39,36 @@ class NodeServer(httpd.Server):
 
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], node: Node, token: str, collector, admin: bool = True,
-                 hostname_label: str = "Hostname"):
+    def __init__(self, addr: tuple[str, int], node: Node, token: str, collector, admin: bool = True):
         super().__init__(addr, Handler)
         self.node = node
         self.token = token
         self.collector = collector
         self.admin = admin
-        self.hostname_label = hostname_label
         self.stats_lock = threading.Lock()
         self.scrapes = 0
         self.last_collect_s = 0.0
+        self._generation = node.exporter_generation  # a replaced exporter starts its counters at 0
 
     def metrics_page(self) -> bytes:
-        """Render the node's page, including exporter self-metrics (design §4.5)."""
+        """Render the node's page, plus exporter self-metrics (design §4.5) when the collector's profile
+        carries them (a stock dcgm-exporter page has none)."""
         start = time.perf_counter()
         fams = self.collector.collect()
         # The engine page has no host label of its own (vLLM's has none; its scrape target adds
         # Hostname), so its self-metrics carry none either, or Prometheus would rename it.
-        host = [(self.hostname_label, self.node.hostname)] if self.admin else []
+        host = list(getattr(self.collector, "host_pairs", [])) if self.admin else []
         with self.stats_lock:
+            if self.admin and self.node.exporter_generation != self._generation:
+                self._generation, self.scrapes = self.node.exporter_generation, 0
             self.scrapes += 1
-            fams.append(Family("gpuobs_exporter_scrapes_total", "counter",
-                               "Scrapes of this node's /metrics since start.", True,
-                               [(label_string(host), self.scrapes)]))
-            fams.append(Family("gpuobs_exporter_collect_duration_seconds", "gauge",
-                               "Duration of the previous collection, seconds.", False,
-                               [(label_string(host), self.last_collect_s)]))
+            if getattr(self.collector, "self_metrics", True):
+                fams.append(Family("gpuobs_exporter_scrapes_total", "counter",
+                                   "Scrapes of this node's /metrics since start.", True,
+                                   [(label_string(host), self.scrapes)]))
+                fams.append(Family("gpuobs_exporter_collect_duration_seconds", "gauge",
+                                   "Duration of the previous collection, seconds.", False,
+                                   [(label_string(host), self.last_collect_s)]))
             body = render(fams).encode()
             self.last_collect_s = time.perf_counter() - start
         return body
@@ -103,7 +106,7 @@ class Handler(httpd.Handler):
         path = self.path.split("?", 1)[0]
         node = self.server.node
         if path == "/metrics":
-            if node.down or (not self.server.admin and node.engine_down):  # the node / its engine is gone
+            if (node.exporter_unavailable if self.server.admin else node.engine_down):  # the page's process is gone
                 self.close_connection = True
                 return
             self.send_body(200, self.server.metrics_page(), CONTENT_TYPE)

@@ -15,6 +15,8 @@ import yaml
 
 from gpuobs.core import assets
 from gpuobs.core.files import atomic_write
+from gpuobs.exporter.scrape import file_sd_labels
+from gpuobs.exporter.sim import k8s
 from gpuobs.mixin.profile import profile_rules
 
 
@@ -35,14 +37,15 @@ class Ports:
 def write_targets(run: Path, job: str, targets: list[tuple[str, int, dict[str, str]]]) -> Path:
     """Write the file_sd file of ``job`` (``dcgm``, ``vllm`` or ``logwatch``): ``[(hostname, port, extra labels)]``.
 
-    Each target is labelled ``node=<hostname>`` plus the extra labels (e.g. ``track``). Written
+    Each target is labelled ``node=<hostname>`` plus the extra labels (e.g. ``track``, or the
+    ServiceMonitor-style labels of :func:`gpuobs.exporter.sim.k8s.target_labels`). Written
     atomically, so Prometheus never reads half a file.
     """
-    # The vLLM page has no host label of its own, so its targets also carry `Hostname` (the DCGM page
-    # brings its own, which a target label would clash with): serving alerts group and inhibit by it.
-    host_label = "Hostname" if job == "vllm" else None
+    # The vLLM page has no host label of its own, so file_sd vLLM targets also carry `Hostname` (the
+    # DCGM page brings its own, which a target label would clash with): serving alerts group and
+    # inhibit by it. ServiceMonitor-shaped targets (they carry `service`) are left as Kubernetes gives them.
     doc = [{"targets": [f"127.0.0.1:{port}"],
-            "labels": {"node": host, **({host_label: host} if host_label else {}), **extra}}
+            "labels": {**(file_sd_labels(job, host) if "service" not in extra else {"node": host}), **extra}}
            for host, port, extra in targets]
     path = run / "prometheus" / "targets" / f"{job}-nodes.json"
     atomic_write(path, json.dumps(doc, indent=2) + "\n")
@@ -58,13 +61,31 @@ def render_rules(out: Path, runbook_base: str, profile: str = "default", repo: P
     return written
 
 
+def scrape_pools(scrape_mode: str = "file_sd") -> tuple[str, str]:
+    """Scrape-config names (Prometheus ``scrapePool``) of the DCGM and vLLM targets under ``scrape_mode``:
+    ``dcgm``/``vllm`` for file_sd; prometheus-operator's ``serviceMonitor/<namespace>/<name>/<endpoint
+    index>`` for servicemonitor. Raises ValueError for another mode."""
+    if scrape_mode == "file_sd":
+        return ("dcgm", "vllm")
+    if scrape_mode == "servicemonitor":
+        return tuple(f"serviceMonitor/{svc['namespace']}/{svc['service']}/0"  # type: ignore[return-value]
+                     for svc in (k8s.DCGM_SERVICE, k8s.ENGINE_SERVICE))
+    raise ValueError(f"scrape mode must be one of {', '.join(k8s.SCRAPE_MODES)}; got {scrape_mode!r}")
+
+
 def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], engines: list[tuple[str, int]],
-                      runbook_base: str, profile: str = "default", repo: Path | None = None) -> Path:
+                      runbook_base: str, profile: str = "default", repo: Path | None = None,
+                      scrape_mode: str = "file_sd", pods: dict[str, tuple[str, str]] | None = None) -> Path:
     """Write ``run/prometheus/{prometheus.yml,rules/*.yml,targets/*.json}``; returns the config path.
 
     ``nodes``/``engines`` are ``[(hostname, port), ...]`` for the DCGM and vLLM jobs; ``profile`` is
-    one of :data:`PROFILES`.
+    one of :data:`PROFILES`. ``scrape_mode``: ``file_sd`` (targets labelled ``node``, jobs ``dcgm``
+    and ``vllm``) or ``servicemonitor`` (targets labelled as a kube-prometheus ServiceMonitor scrape
+    labels them, plus ``node``; ``pods``: hostname -> (exporter pod, engine pod) names, required).
     """
+    dcgm_pool, vllm_pool = scrape_pools(scrape_mode)
+    if scrape_mode == "servicemonitor" and pods is None:
+        raise ValueError("scrape mode servicemonitor needs the pod names (pods=)")
     repo = repo or assets.root()
     out = run / "prometheus"
     cfg = yaml.safe_load((repo / "prometheus" / "prometheus.yml").read_text())
@@ -74,11 +95,21 @@ def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], eng
         if sc["job_name"] in ("dcgm", "vllm", "logwatch"):
             sc["file_sd_configs"] = [{"files": [str(out / "targets" / f"{sc['job_name']}-*.json")],
                                       "refresh_interval": "5s"}]
+            # Under servicemonitor the scrape config carries prometheus-operator's name; the `job`
+            # target label (the Service name) comes with each target, as the operator's relabelling sets it.
+            sc["job_name"] = {"dcgm": dcgm_pool, "vllm": vllm_pool}.get(sc["job_name"], sc["job_name"])
         elif sc["job_name"] == "prometheus":
             sc["static_configs"] = [{"targets": [f"127.0.0.1:{ports.prometheus}"]}]
     render_rules(out / "rules", runbook_base, profile, repo)
-    write_targets(run, "dcgm", [(h, p, {}) for h, p in nodes])
-    write_targets(run, "vllm", [(h, p, {}) for h, p in engines])
+    if scrape_mode == "servicemonitor":
+        assert pods is not None
+        write_targets(run, "dcgm", [(h, p, k8s.target_labels("dcgm", h, f"127.0.0.1:{p}", pods[h][0]))
+                                    for h, p in nodes])
+        write_targets(run, "vllm", [(h, p, k8s.target_labels("vllm", h, f"127.0.0.1:{p}", pods[h][1]))
+                                    for h, p in engines])
+    else:
+        write_targets(run, "dcgm", [(h, p, {}) for h, p in nodes])
+        write_targets(run, "vllm", [(h, p, {}) for h, p in engines])
     path = out / "prometheus.yml"
     atomic_write(path, yaml.safe_dump(cfg, sort_keys=False))
     return path

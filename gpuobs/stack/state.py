@@ -5,6 +5,7 @@ that acts on a running stack (fault, drill, rollout, report). The JSON shape is:
 
     {"run_dir": "/abs/.run", "started_at": 1760000000.0, "ports": {"prometheus": 9090, ...},
      "nodes": 4, "gpus": 8, "seed": 1, "training_nodes": 1, "profile": "default",
+     "exporter_profile": "stock", "host_label_mode": "Hostname", "scrape_mode": "file_sd",
      "hostnames": ["gpu-node-00", ...], "token_file": "/abs/.run/admin-token",
      "urls": {"prometheus": "http://127.0.0.1:9090", "alertmanager": ..., "pager": ..., "grafana": null,
               "nodes": ["http://127.0.0.1:9400/metrics", ...], "engines": [...]},
@@ -71,6 +72,10 @@ class StackState:
     training_nodes: int = 0
     seed: int = 1
     profile: str = "default"
+    #: Exporter profile, host-label mode and scrape mode of the simulated fleet (design §4.6).
+    exporter_profile: str = "stock"
+    host_label_mode: str = "Hostname"
+    scrape_mode: str = "file_sd"
     started_at: float = 0.0
     ports: dict[str, int] = field(default_factory=dict)
     components: dict[str, Component] = field(default_factory=dict)
@@ -120,7 +125,10 @@ class StackState:
             return cls(run_dir=str(doc["run_dir"]), urls=urls, hostnames=[str(h) for h in doc["hostnames"]],
                        token_file=str(doc["token_file"]), nodes=int(doc["nodes"]), gpus=int(doc.get("gpus", 8)),
                        training_nodes=int(doc.get("training_nodes", 0)), seed=int(doc.get("seed", 1)),
-                       profile=str(doc.get("profile", "default")), started_at=float(doc.get("started_at", 0.0)),
+                       profile=str(doc.get("profile", "default")),
+                       exporter_profile=str(doc.get("exporter_profile", "stock")),
+                       host_label_mode=str(doc.get("host_label_mode", "Hostname")),
+                       scrape_mode=str(doc.get("scrape_mode", "file_sd")), started_at=float(doc.get("started_at", 0.0)),
                        ports={str(k): int(v) for k, v in (doc.get("ports") or {}).items()}, components=components,
                        mode=str(doc.get("mode", "native")), logwatch=bool(doc.get("logwatch", False)),
                        containers=[str(c) for c in doc.get("containers") or []])

@@ -19,11 +19,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import requests
+import yaml
 
 from gpuobs.core import assets
 from gpuobs.core.errors import Failure
 from gpuobs.core.files import atomic_write
-from gpuobs.exporter.sim.identity import hostname
+from gpuobs.exporter.sim import k8s, profiles
+from gpuobs.exporter.sim.identity import exporter_pod_name, hostname
 from gpuobs.stack import state as state_file
 from gpuobs.stack.grafana import find_grafana
 from gpuobs.stack.grafana import render as render_grafana
@@ -32,6 +34,7 @@ from gpuobs.stack.render import (
     Ports,
     render_alertmanager,
     render_prometheus,
+    scrape_pools,
     write_targets,
 )
 from gpuobs.stack.state import Component, StackState, StackUrls
@@ -65,6 +68,16 @@ class StackConfig:
     timeout_s: float = 60.0
     #: One ``gpuobs logwatch`` per node on the node's simulated kernel log (job ``logwatch``).
     logwatch: bool = True
+    #: What the simulated exporters serve (gpuobs.exporter.sim.profiles): stock | helm | recommended.
+    exporter_profile: str = "stock"
+    #: The DCGM pages' host label: Hostname | hostname | localhost | pod | none.
+    host_label_mode: str = "Hostname"
+    #: How Prometheus finds and labels the pages: file_sd | servicemonitor (gpuobs.exporter.sim.k8s).
+    scrape_mode: str = "file_sd"
+    #: DCGM's field update interval in seconds (0: fresh values on every scrape).
+    collect_interval_s: float = 0.0
+    #: Name of field 112 on the pages: canonical (DCGM_FI_DEV_CLOCKS_EVENT_REASONS) or legacy (..._CLOCK_THROTTLE_REASONS).
+    clock_events_name: str = "canonical"
 
 
 def find_binaries() -> dict[str, str]:
@@ -141,9 +154,9 @@ def _ok(url: str) -> bool:
     return requests.get(url, timeout=2).status_code == 200
 
 
-def _all_targets_up(prom: str, expected: int) -> bool:
+def _all_targets_up(prom: str, expected: int, pools: tuple[str, ...] = ("dcgm", "vllm")) -> bool:
     resp = requests.get(f"{prom}/api/v1/targets", params={"state": "active"}, timeout=2).json()
-    nodes = [t for t in resp["data"]["activeTargets"] if t["labels"].get("job") in ("dcgm", "vllm", "logwatch")]
+    nodes = [t for t in resp["data"]["activeTargets"] if t.get("scrapePool") in pools]
     return len(nodes) == expected and all(t["health"] == "up" for t in nodes)
 
 
@@ -154,6 +167,14 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
     directory; exit 1 when a component fails to start (the components already started are stopped).
     """
     run = check_run_dir(cfg.run_dir)
+    for what, value, allowed in (("exporter profile", cfg.exporter_profile, profiles.PROFILES),
+                                 ("host label mode", cfg.host_label_mode, profiles.HOST_LABEL_MODES),
+                                 ("scrape mode", cfg.scrape_mode, k8s.SCRAPE_MODES),
+                                 ("clock events name", cfg.clock_events_name, profiles.CLOCK_EVENTS_NAMES)):
+        if value not in allowed:
+            raise StackError(f"{what} must be one of {', '.join(allowed)}; got {value!r}", 2)
+    if cfg.collect_interval_s < 0:
+        raise StackError(f"collect interval must be >= 0 seconds; got {cfg.collect_interval_s:g}", 2)
     old = load_state(run)
     if old and any(alive(c.pid, c.argv) for c in old.components.values()):
         raise StackError(f"a stack is already running from {run}; run `gpuobs stack down --run-dir {cfg.run_dir}` first", 2)
@@ -178,7 +199,23 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
     engines = [(hostname("gpu-node", i), port) for i, port in enumerate(engine_ports)]
     pager_url = f"http://127.0.0.1:{p.pager}"
     runbook_base = cfg.runbook_base or pager_url
-    prom_cfg = render_prometheus(run, p, nodes, engines, runbook_base, cfg.profile)
+    exporter_extra = ["--exporter-profile", cfg.exporter_profile, "--host-label-mode", cfg.host_label_mode]
+    if cfg.collect_interval_s:
+        exporter_extra += ["--collect-interval", f"{cfg.collect_interval_s:g}"]
+    if cfg.clock_events_name != "canonical":
+        exporter_extra += ["--clock-events-name", cfg.clock_events_name]
+    pods = None
+    if cfg.scrape_mode == "servicemonitor":
+        # Kubernetes shapes: exporter and engine pod names in the targets; the workload pods that own
+        # the GPUs on the pages (stored by Prometheus as exported_pod/namespace/container).
+        pods = {h: (exporter_pod_name(cfg.seed, i), k8s.engine_pod_name(cfg.seed, i)) for i, (h, _p) in enumerate(nodes)}
+        roles = [(h, i, "serving" if i < serving else "training") for i, (h, _p) in enumerate(nodes)]
+        k8s_map = run / "k8s-map.yaml"
+        atomic_write(k8s_map, yaml.safe_dump(k8s.pod_map(roles, cfg.gpus, cfg.seed), sort_keys=True))
+        exporter_extra += ["--k8s-map", str(k8s_map),
+                           "--targets-file", str(run / "prometheus" / "targets" / "dcgm-nodes.json")]
+    prom_cfg = render_prometheus(run, p, nodes, engines, runbook_base, cfg.profile, scrape_mode=cfg.scrape_mode,
+                                 pods=pods)
     lw_specs, lw_checks, lw_urls = _logwatch_specs(cfg, run, nodes) if cfg.logwatch else ({}, {}, [])
     am_cfg = render_alertmanager(run, p)
     py = [sys.executable, "-m", "gpuobs"]
@@ -186,7 +223,7 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
         "exporter": py + ["exporter", "--nodes", str(cfg.nodes), "--gpus", str(cfg.gpus), "--base-port", str(p.node_base),
                           "--seed", str(cfg.seed), "--token-file", str(run / "admin-token"),
                           "--xid-window-ms", str(cfg.xid_window_ms), "--engine-base-port", str(p.engine_base),
-                          "--training-nodes", str(cfg.training_nodes), "--rate", str(cfg.rate_rps)],
+                          "--training-nodes", str(cfg.training_nodes), "--rate", str(cfg.rate_rps)] + exporter_extra,
         "pager": py + ["pager", "--port", str(p.pager), "--db", str(run / "pager.sqlite"),
                        "--runbooks-dir", str(assets.path("runbooks"))],
         "alertmanager": [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / 'alertmanager/data'}",
@@ -222,6 +259,8 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
                      engines=[f"http://127.0.0.1:{port}/metrics" for port in engine_ports], logwatch=lw_urls)
     state = StackState(run_dir=str(run), started_at=time.time(), ports=asdict(p), nodes=cfg.nodes, gpus=cfg.gpus,
                        seed=cfg.seed, training_nodes=cfg.training_nodes, profile=cfg.profile,
+                       exporter_profile=cfg.exporter_profile, host_label_mode=cfg.host_label_mode,
+                       scrape_mode=cfg.scrape_mode,
                        hostnames=[h for h, _ in nodes], token_file=str(run / "admin-token"), urls=urls,
                        logwatch=cfg.logwatch)
     deadline = time.monotonic() + cfg.timeout_s
@@ -238,7 +277,8 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
             print(f"started {name:<12} pid {proc.pid}", file=out, flush=True)
             _wait(name, checks[name], deadline, proc, log)
         _wait("Prometheus to report every node target up",
-              lambda: _all_targets_up(state.urls.prometheus, cfg.nodes * (2 if cfg.logwatch else 1) + serving),
+              lambda: _all_targets_up(state.urls.prometheus, cfg.nodes * (2 if cfg.logwatch else 1) + serving,
+                                      scrape_pools(cfg.scrape_mode) + (("logwatch",) if cfg.logwatch else ())),
               deadline)
     except BaseException:
         down(cfg.run_dir, out=out)

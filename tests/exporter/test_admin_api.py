@@ -25,7 +25,7 @@ def test_token_required(node_server):
 
 
 @pytest.mark.parametrize("body, field, fragment", [
-    ({"kind": "meteor", "gpu": 0}, "kind", "must be one of collective-hang, down, driver, ecc-dbe, fragmentation, "
+    ({"kind": "meteor", "gpu": 0}, "kind", "must be one of collective-hang, down, driver, ecc-dbe, exporter-restart, fragmentation, "
                                             "kv-pressure, nvlink-errors, pcie-replay, power-brake, row-remap-failure, "
                                             "straggler, thermal, xid"),
     ({"kind": "driver", "version": "5.x"}, "version", "580.95.05"),

@@ -34,13 +34,13 @@ def test_prometheus_client_baseline_serves_our_dcgm_content():
     registry = CollectorRegistry(auto_describe=False)
     registry.register(bench.DcgmLikeCollector(node))
     theirs = samples(generate_latest(registry).decode())
-    ours = samples(render(DcgmCollector(node).collect()))
+    ours = samples(render(DcgmCollector(node, profile="recommended").collect()))
     from gpuobs.exporter.collectors.dcgm import ALLOCATOR_FIELDS, DCGM_FIELDS
-    # Per GPU: every DCGM field, every allocator field, the last-Xid gauge; per node: expected GPUs
-    # and the four collector-success gauges.
+    # Per GPU: every DCGM field, every allocator field, the Xid-count 0 series (no Xid yet, so no
+    # last-Xid gauge); per node: expected GPUs and the four collector-success gauges.
     assert len(theirs) == 8 * (len(DCGM_FIELDS) + len(ALLOCATOR_FIELDS) + 1) + 1 + 4
     # Every baseline series is on our page (ours formats values dcgm-style and adds self-metrics).
     ours_by_key = {(n.removesuffix("_total"), labels): v for (n, labels), v in ours.items()}
     missing = [k for k in theirs if (k[0].removesuffix("_total"), k[1]) not in ours_by_key]
     assert missing == []
-    assert bench.count_samples(render(DcgmCollector(node).collect()).encode()) == len(ours)
+    assert bench.count_samples(render(DcgmCollector(node, profile="recommended").collect()).encode()) == len(ours)

@@ -32,7 +32,7 @@ FAULTS = [
 
 def test_concurrent_scrapes_with_faults_and_ticker():
     node = Node(NodeConfig(index=0, gpus=4, seed=11))
-    srv = NodeServer(("127.0.0.1", 0), node, TOKEN, DcgmCollector(node))
+    srv = NodeServer(("127.0.0.1", 0), node, TOKEN, DcgmCollector(node, profile="recommended"))
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     stop = threading.Event()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuobs.exporter.collectors.dcgm import DcgmCollector
@@ -12,7 +15,7 @@ from gpuobs.exporter.sim.node import Node, NodeConfig
 DCGM_ORDER = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
 REQUIRED = ["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_UTIL",
             "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-            "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]  # DCGM_FI_DEV_XID_ERRORS: only after an Xid (test below)
 
 
 def page(node: Node, **kw) -> str:
@@ -48,8 +51,42 @@ def test_label_order_matches_dcgm_exporter():
 
 
 def test_hostname_label_case_is_configurable():
-    text = page(Node(NodeConfig(index=0, gpus=1)), hostname_label="hostname")
+    text = page(Node(NodeConfig(index=0, gpus=1)), host_label_mode="hostname")
     assert 'hostname="gpu-node-00"' in text and "Hostname=" not in text
+
+
+def host_values(text: str) -> set[tuple[str, str]]:
+    fam = parse(text)["DCGM_FI_DEV_GPU_TEMP"]
+    return {(k, v) for s in fam.samples for k, v in s.labels.items() if k.lower() == "hostname"}
+
+
+def test_host_label_modes_print_what_real_exporters_print():
+    node = Node(NodeConfig(index=4, gpus=2, seed=3))
+    assert host_values(page(node, host_label_mode="Hostname")) == {("Hostname", "gpu-node-04")}
+    assert host_values(page(node, host_label_mode="localhost")) == {("Hostname", "localhost")}
+    assert host_values(page(node, host_label_mode="none")) == set()
+    ((name, pod),) = host_values(page(node, host_label_mode="pod"))
+    assert name == "Hostname" and re.fullmatch(r"nvidia-dcgm-exporter-[bcdfghjklmnpqrstvwxz2456789]{5}", pod)
+    other = Node(NodeConfig(index=5, gpus=2, seed=3))
+    assert host_values(page(other, host_label_mode="pod")) != {(name, pod)}  # one pod per node
+    # A replaced exporter pod has a new name; its page is gone for downtime_s meanwhile.
+    node.inject(FaultRequest("exporter-restart", None, {"downtime_s": 5.0, "xid_state": "kept"}))
+    assert node.exporter_unavailable
+    node.advance(6.0)
+    assert not node.exporter_unavailable
+    ((_, new_pod),) = host_values(page(node, host_label_mode="pod"))
+    assert new_pod != pod and new_pod.startswith("nvidia-dcgm-exporter-")
+    with pytest.raises(ValueError, match="Hostname, hostname, localhost, pod, none"):
+        page(node, host_label_mode="HOSTNAME")
+
+
+@pytest.mark.parametrize("xid_state, after", [("kept", {"1": 48}), ("cleared", {})])
+def test_exporter_restart_keeps_or_forgets_the_last_xid(xid_state, after):
+    node = Node(NodeConfig(index=0, gpus=2))
+    node.inject(FaultRequest("xid", 1, {"code": 48, "repeat_s": 0.0}))
+    node.inject(FaultRequest("exporter-restart", None, {"downtime_s": 0.0, "xid_state": xid_state}))
+    fams = parse(page(node))
+    assert {s.labels["gpu"]: s.value for s in fams.get("DCGM_FI_DEV_XID_ERRORS", Family("", "", "")).samples} == after
 
 
 def test_value_formatting_integers_plain_floats_six_decimals():
@@ -80,24 +117,45 @@ def test_values_move_over_time():
     assert before != after
 
 
-def test_xid_gauge_defaults_to_zero_then_holds_last_xid():
+def xid_counts(fams: dict) -> list[tuple]:
+    return [(s.labels["gpu"], s.labels.get("xid"), s.labels["window_size_in_ms"], s.value)
+            for s in fams["DCGM_EXP_XID_ERRORS_COUNT"].samples]
+
+
+@pytest.mark.parametrize("profile", ["stock", "helm", "recommended"])
+def test_xid_gauge_is_absent_until_the_first_xid_then_holds_the_last_code(profile):
+    """dcgm-exporter 4.4+/4.5.x (gpu_collector.go): no series before an Xid; then the last code with
+    err_code and dcgm-exporter's err_msg text, held after the window has passed."""
     node = Node(NodeConfig(index=0, gpus=2, xid_window_ms=10_000))
-    fams = parse(page(node))
-    assert {s.labels["err_code"] for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples} == {"0"}
-    assert "DCGM_EXP_XID_ERRORS_COUNT" not in fams
+    assert "DCGM_FI_DEV_XID_ERRORS" not in parse(page(node, profile=profile))
     node.inject(FaultRequest("xid", 1, {"code": 48, "repeat_s": 0.0}))
-    fams = parse(page(node))
+    fams = parse(page(node, profile=profile))
     xid = {s.labels["gpu"]: s for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples}
-    assert xid["1"].value == 48 and xid["1"].labels["err_msg"] == "Double Bit ECC Error (uncorrectable)"
-    assert xid["0"].value == 0
-    count = fams["DCGM_EXP_XID_ERRORS_COUNT"].samples
-    assert [(s.labels["gpu"], s.labels["xid"], s.labels["window_size_in_ms"], s.value) for s in count] == [
-        ("1", "48", "10000", 1)]
+    assert list(xid) == ["1"]
+    assert xid["1"].value == 48 and xid["1"].labels["err_code"] == "48"
+    assert xid["1"].labels["err_msg"] == "Double Bit ECC Error"
+    node.inject(FaultRequest("xid", 1, {"code": 94, "repeat_s": 0.0}))
+    fams = parse(page(node, profile=profile))
+    assert [(s.labels["err_code"], s.value) for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples] == [("94", 94)]
     for _ in range(11):
         node.advance(1.0)
-    fams = parse(page(node))
-    assert "DCGM_EXP_XID_ERRORS_COUNT" not in fams  # the window moved past the event
-    assert {s.labels["gpu"]: s.value for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples}["1"] == 48  # never resets
+    fams = parse(page(node, profile=profile))
+    assert {s.labels["gpu"]: s.value for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples} == {"1": 94}  # never resets
+
+
+def test_xid_count_window_and_its_zero_series_on_the_recommended_profile():
+    """DCGM_EXP_XID_ERRORS_COUNT (expcollector.go): a GPU without an Xid in the window has one 0
+    series without an ``xid`` label; stock and helm pages have no such family."""
+    node = Node(NodeConfig(index=0, gpus=2, xid_window_ms=10_000))
+    assert "DCGM_EXP_XID_ERRORS_COUNT" not in parse(page(node))
+    assert xid_counts(parse(page(node, profile="recommended"))) == [("0", None, "10000", 0), ("1", None, "10000", 0)]
+    node.inject(FaultRequest("xid", 1, {"code": 48, "repeat_s": 0.0}))
+    node.inject(FaultRequest("xid", 1, {"code": 48, "repeat_s": 0.0}))
+    assert xid_counts(parse(page(node, profile="recommended"))) == [("0", None, "10000", 0), ("1", "48", "10000", 2)]
+    for _ in range(11):
+        node.advance(1.0)
+    # the window moved past the events
+    assert xid_counts(parse(page(node, profile="recommended"))) == [("0", None, "10000", 0), ("1", None, "10000", 0)]
 
 
 def test_label_values_with_quotes_backslashes_newlines_round_trip():

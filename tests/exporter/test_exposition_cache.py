@@ -40,7 +40,9 @@ def assert_same(cached: DcgmCollector, reference: DcgmCollector) -> str:
 
 @pytest.mark.parametrize("kw", [
     {},
-    {"hostname_label": "hostname"},
+    {"profile": "recommended"},
+    {"host_label_mode": "hostname"},
+    {"host_label_mode": "pod"},
     {"mig": parse_mig_spec("0=1g.10gb,1=3g.40gb,5=7g.80gb", 8)},
     {"k8s": {"gpu-node-00": {1: {"pod": TRICKY, "namespace": "serving", "container": "vllm"}, 3: {"pod": "p3"}}}},
     {"mig": parse_mig_spec("2g.20gb", 8), "k8s": {"gpu-node-00": {0: {"pod": "a%b", "namespace": "n"}}}},
@@ -77,7 +79,8 @@ def test_cached_dcgm_page_is_byte_identical_across_state_changes(kw):
 
 def test_training_node_page_with_histograms_is_identical():
     node = Node(NodeConfig(index=3, gpus=4, seed=2, role="training"))
-    cached, reference = DcgmCollector(node), DcgmCollector(node, cache=False)
+    cached = DcgmCollector(node, profile="recommended")
+    reference = DcgmCollector(node, cache=False, profile="recommended")
     for step in range(3):
         node.advance(5.0)
         assert_same(cached, reference)

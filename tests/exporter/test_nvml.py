@@ -24,6 +24,7 @@ from gpuobs.exporter.nvml import fields as nvml_fields
 from gpuobs.exporter.nvml.check import parse_page
 from gpuobs.exporter.nvml.serve import main_nvml, make_server
 from gpuobs.exporter.nvml.source import NvmlCollector
+from gpuobs.exporter.sim import faults
 from gpuobs.exporter.sim.node import Node, NodeConfig
 from gpuobs.reference import xid as xidcat
 from tests.conftest import free_port_range
@@ -149,7 +150,10 @@ def test_xid_last_value_never_resets_and_window_count_slides():
 def test_label_order_help_and_type_match_the_simulated_collector():
     col, *_ = make()
     nvml_text = page(col)
-    sim_text = render(DcgmCollector(Node(NodeConfig(index=7, gpus=2, seed=1))).collect())
+    sim_node = Node(NodeConfig(index=7, gpus=2, seed=1))
+    for gpu in (0, 1):  # the simulated exporter prints an Xid series only after an Xid (dcgm-exporter 4.4+)
+        sim_node.inject(faults.validate({"kind": "xid", "gpu": gpu, "code": 13}, 2))
+    sim_text = render(DcgmCollector(sim_node, profile="recommended").collect())
     nvml_first = {n: list(lb) for n, lb, _ in reversed(parse_page(nvml_text))}
     sim_first = {n: list(lb) for n, lb, _ in reversed(parse_page(sim_text))}
     assert nvml_first["DCGM_FI_DEV_GPU_TEMP"] == sim_first["DCGM_FI_DEV_GPU_TEMP"] == DCGM_ORDER

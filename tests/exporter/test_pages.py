@@ -3,6 +3,7 @@ prometheus_client's parser and `promtool check metrics` accept them; collectors 
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import pytest
@@ -12,6 +13,7 @@ from gpuobs.exporter.collectors import dcgm as collmod
 from gpuobs.exporter.collectors.dcgm import DcgmCollector
 from gpuobs.exporter.collectors.vllm import EngineCollector
 from gpuobs.exporter.exposition import render
+from gpuobs.exporter.sim.gpu import H100_SXM
 from gpuobs.exporter.sim.mig import parse_mig_spec
 from gpuobs.exporter.sim.node import Node, NodeConfig
 
@@ -44,7 +46,7 @@ def training():
 
 
 def test_dcgm_page_has_the_whole_contract_and_passes_promtool(serving):
-    text = render(DcgmCollector(serving).collect())
+    text = render(DcgmCollector(serving, profile="recommended").collect())  # every field the simulator serves
     fams = families(text)
     for name, mtype, *_ in collmod.DCGM_FIELDS:
         base = name.removesuffix("_TOTAL") if mtype == "counter" and name.endswith("_TOTAL") else name
@@ -93,14 +95,24 @@ def test_mig_page_splits_instances_and_repeats_parent_values(serving):
     assert {s.value for s in temps} == {round(serving.gpus[0].temp_c)}
     util_gpus = {s.labels["gpu"] for s in fams["DCGM_FI_DEV_GPU_UTIL"].samples}
     assert "0" not in util_gpus and "1" not in util_gpus and "2" in util_gpus
-    used = [s.value for s in fams["DCGM_FI_DEV_FB_USED"].samples if s.labels["gpu"] == "1"]
-    free = [s.value for s in fams["DCGM_FI_DEV_FB_FREE"].samples if s.labels["gpu"] == "1"]
-    assert len(used) == 2 and all(u + f == pytest.approx(40192, abs=1) for u, f in zip(used, free))
+    # H100 MIG instances carry no FB_* series (dcgm-exporter #512, #380); the whole GPUs keep theirs.
+    assert {s.labels["gpu"] for s in fams["DCGM_FI_DEV_FB_USED"].samples} == {str(i) for i in range(2, 8)}
     line = next(ln for ln in text.splitlines() if ln.startswith("DCGM_FI_DEV_SM_CLOCK{") and "GPU_I_ID" in ln)
     order = [kv.split("=")[0] for kv in line[line.index("{") + 1:line.index("}")].split('",')]
     assert order == ["gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID",
                      "Hostname", "DCGM_FI_DRIVER_VERSION"]
     assert promtool_problems(text) == []
+
+
+def test_mig_instances_split_framebuffer_where_the_product_reports_it():
+    """A product whose MIG instances report FB_* (not H100): each instance's used + free is its share."""
+    model = dataclasses.replace(H100_SXM, mig_instance_fb=True)
+    node = Node(NodeConfig(index=0, gpus=2, seed=4, model=model))
+    fams = families(render(DcgmCollector(node, mig=parse_mig_spec("1=3g.40gb", 2)).collect()))
+    used = [s.value for s in fams["DCGM_FI_DEV_FB_USED"].samples if s.labels["gpu"] == "1"]
+    free = [s.value for s in fams["DCGM_FI_DEV_FB_FREE"].samples if s.labels["gpu"] == "1"]
+    assert len(used) == 2 and all(u + f == pytest.approx(40192, abs=1) for u, f in zip(used, free))
+    assert {s.labels["gpu"] for s in fams["DCGM_FI_DEV_GPU_UTIL"].samples} == {"0"}
 
 
 @pytest.mark.parametrize("spec, message", [("9=1g.10gb", "out of range 0..7"), ("2g.30gb", "unknown profile"),
@@ -122,7 +134,7 @@ def test_kubernetes_labels_only_on_mapped_gpus(serving):
 
 
 def test_a_failing_collector_is_reported_and_the_rest_of_the_page_survives(serving, monkeypatch):
-    coll = DcgmCollector(serving)
+    coll = DcgmCollector(serving, profile="recommended")  # the profile with the allocator and success gauges
     monkeypatch.setattr(coll, "_allocator", lambda present: 1 / 0)
     fams = families(render(coll.collect()))
     assert "pytorch_cuda_memory_reserved_bytes" not in fams

@@ -9,6 +9,7 @@ tests/mixin/test_dashboards.py hands every expression to promtool for that.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -185,18 +186,24 @@ def exporter_inventory() -> dict[str, dict[str, set[str]]]:
     from gpuobs.exporter.collectors.vllm import EngineCollector
     from gpuobs.exporter.exposition import render
     from gpuobs.exporter.sim.faults import validate
+    from gpuobs.exporter.sim.gpu import H100_SXM
     from gpuobs.exporter.sim.mig import parse_mig_spec
     from gpuobs.exporter.sim.node import Node, NodeConfig
 
     serving = Node(NodeConfig(index=0, gpus=2, seed=11))
     training = Node(NodeConfig(index=1, gpus=2, seed=11, role="training"))
+    # MIG on a product whose instances report FB_* (A100; H100 instances do not, dcgm-exporter #512, #380)
+    a100 = dataclasses.replace(H100_SXM, name="NVIDIA A100-SXM4-80GB", mig_instance_fb=True)
+    mig_node = Node(NodeConfig(index=2, gpus=2, seed=11, model=a100))
     serving.inject(validate({"kind": "xid", "gpu": 1, "code": 13}, 2))
-    for n in (serving, training):
+    for n in (serving, training, mig_node):
         for _ in range(5):
             n.advance(1.0)
-    pages = {"dcgm": [render(DcgmCollector(serving).collect()),
-                      render(DcgmCollector(serving, mig=parse_mig_spec("0=1g.10gb", 2)).collect()),
-                      render(DcgmCollector(training).collect())],
+    # Today's dashboards read enhanced fields (SM_ACTIVE, clock events, Xid counts, allocator): the
+    # recommended exporter profile serves them.
+    pages = {"dcgm": [render(DcgmCollector(serving, profile="recommended").collect()),
+                      render(DcgmCollector(mig_node, mig=parse_mig_spec("0=1g.10gb", 2), profile="recommended").collect()),
+                      render(DcgmCollector(training, profile="recommended").collect())],
              "vllm": [render(EngineCollector(serving).collect())]}
     inv: dict[str, dict[str, set[str]]] = {}
     for job, texts in pages.items():

@@ -31,7 +31,8 @@ FLAGS = ["--stages", "50%,100%", "--interval", "15s", "--stage-timeout", "3m", "
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    yield from live_stack(tmp_path_factory, "rollout-run", nodes=4, gpus=2, training_nodes=0, timeout_s=120)
+    yield from live_stack(tmp_path_factory, "rollout-run", nodes=4, gpus=2, training_nodes=0, timeout_s=120,
+                          exporter_profile="recommended")
 
 
 def rollout(stack: StackState, version: str) -> tuple[int, str]:

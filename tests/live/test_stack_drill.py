@@ -38,8 +38,9 @@ SCRAPE_AND_ALERT = DrillSpec(
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     # logwatch off: this module proves the DCGM Xid path; tests/logwatch/test_live.py the kernel-log path.
+    # Today's drill rules read enhanced fields (Xid counts, expected GPUs, SM_ACTIVE, ...): recommended profile.
     yield from live_stack(tmp_path_factory, "run", nodes=4, gpus=8, training_nodes=1, profile="drill", timeout_s=120,
-                          logwatch=False)
+                          logwatch=False, exporter_profile="recommended")
 
 
 @pytest.fixture(scope="module")

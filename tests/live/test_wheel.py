@@ -66,6 +66,9 @@ def test_the_wheel_is_what_runs_and_carries_its_assets(installed):
     module, root = r.stdout.split()
     assert str(ROOT) not in module, module
     assert root.endswith("gpuobs/_assets") and (Path(root) / "runbooks" / "xid.md").is_file()
+    # the recommended exporter profile serves the shipped counters file
+    assert (Path(root) / "deploy" / "dcgm-exporter" / "recommended.csv").read_text() == (
+        ROOT / "deploy" / "dcgm-exporter" / "recommended.csv").read_text()
 
 
 def test_rules_xid_with_defaults(installed):

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.live
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    yield from live_stack(tmp_path_factory, "lw", nodes=2, gpus=4, training_nodes=0, profile="drill", timeout_s=90)
+    # The DCGM Xid path it checks against reads DCGM_EXP_XID_ERRORS_COUNT (enhanced): recommended profile.
+    yield from live_stack(tmp_path_factory, "lw", nodes=2, gpus=4, training_nodes=0, profile="drill", timeout_s=90,
+                          exporter_profile="recommended")
 
 
 def xid48_count(url: str, gpu: str) -> float | None:

@@ -114,6 +114,18 @@ KINDS: dict[str, FaultKind] = {
             "change the node's driver version (driver skew / upgrade)",
         ),
         FaultKind("down", False, {}, "the node stops answering scrapes (admin API stays up)"),
+        FaultKind(
+            "exporter-restart", False,
+            {"downtime_s": Param(float, False, 10.0, 0.0, 3600.0,
+                                 "seconds the DCGM page does not answer while the new exporter pod starts (in scrape "
+                                 "mode servicemonitor keep it above the 5 s file_sd refresh, or the new page is "
+                                 "briefly scraped under the old pod's target)"),
+             "xid_state": Param(str, False, "kept", pattern="^(kept|cleared)$",
+                                help="kept: the last Xid reappears (the exporter reads a standalone nv-hostengine "
+                                     "that remembers it); cleared: forgotten (embedded hostengine), e.g. kept")},
+            "the dcgm-exporter pod is replaced (one shot): its page is gone for downtime_s, then returns under a "
+            "new pod name (the Hostname in host-label mode pod)",
+        ),
     )
 }
 

@@ -55,6 +55,9 @@ class GpuModel:
     hw_slowdown_temp_c: float = 92.0
     nvlink_bytes_per_s_at_full_load: float = 120e9
     pcie_bytes_per_s_at_full_load: float = 6e9
+    #: Whether DCGM reports FB_* fields for a MIG instance of this product: not on H100
+    #: (NVIDIA/dcgm-exporter issues #512, #380: H100 instances carry no FB_FREE/FB_USED series).
+    mig_instance_fb: bool = False
 
 
 H100_SXM = GpuModel()

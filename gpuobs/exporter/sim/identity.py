@@ -52,3 +52,22 @@ def gpu_identity(seed: int, node: int, index: int, model_name: str) -> GpuIdenti
 def hostname(prefix: str, node: int) -> str:
     """Hostname of simulated node ``node``: ``<prefix>-<node:02d>``, e.g. ``gpu-node-03``."""
     return f"{prefix}-{node:02d}"
+
+
+#: Characters Kubernetes uses for generated name suffixes (apimachinery util/rand ``alphanums``:
+#: no vowels, no 0/1/3, so suffixes never spell words or look alike).
+K8S_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+#: Name of the GPU Operator's dcgm-exporter DaemonSet (and Service); its pods are ``<name>-<5 chars>``.
+DCGM_EXPORTER_DAEMONSET = "nvidia-dcgm-exporter"
+
+
+def pod_suffix(*parts: object) -> str:
+    """A deterministic 5-character Kubernetes-style suffix for ``parts`` (e.g. ``x7k2p``)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return "".join(K8S_SUFFIX_ALPHABET[b % len(K8S_SUFFIX_ALPHABET)] for b in digest[:5])
+
+
+def exporter_pod_name(seed: int, node: int, generation: int = 0) -> str:
+    """Name of the dcgm-exporter pod on node ``node``: ``nvidia-dcgm-exporter-<5 chars>``; a new
+    ``generation`` (the pod was replaced: rollout, eviction, restart of the DaemonSet) gives a new name."""
+    return f"{DCGM_EXPORTER_DAEMONSET}-{pod_suffix('dcgm-exporter', seed, node, generation)}"

@@ -21,7 +21,7 @@ from gpuobs.exporter.sim.behaviour import load as load_releases
 from gpuobs.exporter.sim.engine import Engine, EngineConfig
 from gpuobs.exporter.sim.faults import FaultRequest
 from gpuobs.exporter.sim.gpu import H100_SXM, MIB, GpuModel, GpuState
-from gpuobs.exporter.sim.identity import gpu_identity, hostname
+from gpuobs.exporter.sim.identity import exporter_pod_name, gpu_identity, hostname
 from gpuobs.exporter.sim.training import TrainingShard
 from gpuobs.reference import xid as xidcat
 
@@ -94,6 +94,9 @@ class Node:
         self.boot_id = str(uuid.uuid4())
         self._uuid_logged: set[int] = set()
         self.down = False
+        #: How many times the node's dcgm-exporter pod was replaced (its pod name changes each time).
+        self.exporter_generation = 0
+        self._exporter_back_at = -math.inf  # sim time a replaced exporter pod answers again
         self.kv_factor = 1.0
         self.hung = False
         self.slowdowns = [1.0] * cfg.gpus
@@ -143,6 +146,16 @@ class Node:
         """The engine process is gone: the node is down, or a GPU of its tensor-parallel group fell off
         the bus (the engine crashes; the load balancer's health check stops routing traffic to it)."""
         return self.down or any(not g.present for g in self.gpus)
+
+    @property
+    def exporter_unavailable(self) -> bool:
+        """The DCGM page does not answer: the node is down, or its exporter pod is being replaced."""
+        return self.down or self.now < self._exporter_back_at
+
+    @property
+    def exporter_pod(self) -> str:
+        """Name of the node's dcgm-exporter pod, ``nvidia-dcgm-exporter-<5 chars>`` (new after each replacement)."""
+        return exporter_pod_name(self.cfg.seed, self.cfg.index, self.exporter_generation)
 
     @property
     def release(self):
@@ -225,6 +238,13 @@ class Node:
         elif req.kind == "row-remap-failure":
             self.gpus[req.gpu].row_remap_failure = 1
             self._xid(req.gpu, 64)
+        elif req.kind == "exporter-restart":
+            self.exporter_generation += 1
+            self._exporter_back_at = self.now + float(req.params["downtime_s"])
+            if req.params["xid_state"] == "cleared":
+                for g in self.gpus:
+                    g.last_xid = None
+                    g.xid_events.clear()
 
     def _recompute_effects(self) -> None:
         """Derive every continuous fault effect from the set of active faults (single source)."""
