@@ -10,7 +10,16 @@ Routes (configuration examples in docs/canary.md):
 * ``POST /flagger/rollback``: Flagger ``rollback`` webhook: 200 only on ROLLBACK (Flagger then
   fails the canary), 403 otherwise. ``POST /flagger/confirm-promotion``: 200 only on PROMOTE, 403
   otherwise (Flagger holds the promotion). Selectors and window come from the hook's ``metadata``.
-* ``GET /healthz``.
+* ``GET /healthz`` (no token needed).
+
+Authentication: with a token (``--token-file``, on by default) the analysis routes need
+``Authorization: Bearer <token>``; without it they answer 401 and analyse nothing. Argo Rollouts
+sends it from the web provider's ``headers`` list, Flagger from the webhook's ``headers`` (docs/canary.md).
+
+Bounds (every client error is a 4xx, never a 5xx or a hang): ``start``/``window`` must give a window
+of at most ``MAX_WINDOW_HORIZONS`` x the configured horizon (400 naming the limit); ``inf``/``NaN``
+and unparseable times are 400 at parsing; a Flagger body that is not a JSON object, nests too deeply
+or carries non-scalar ``metadata`` values is 400.
 
 Window: ``start`` (unix seconds or RFC 3339) or ``window`` (e.g. ``5m`` back from now) when given;
 otherwise the server starts a run the first time it sees a ``run`` key (Argo: the canary's
@@ -33,10 +42,13 @@ from urllib.parse import parse_qs, urlsplit
 
 from gpuobs.canary.analyzer import AnalysisState, Analyzer
 from gpuobs.canary.config import CanaryConfig, ConfigError, parse_duration, parse_time
-from gpuobs.core import httpd, log
+from gpuobs.core import httpd, log, tokens
 from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusUnavailable
 
 MAX_RUNS = 256
+#: Longest stateless window (``start``/``window``), in horizons: the analysis is final at one horizon,
+#: and the look plan of a stateless caller grows with the window (one look per interval).
+MAX_WINDOW_HORIZONS = 2.0
 GAP_INTERVALS = 4  # a run not looked at for this many intervals has ended; the next look starts anew
 MAX_BODY_BYTES = 1024 * 1024
 _log = log.get("canary-serve")
@@ -66,9 +78,11 @@ class CanaryServer(httpd.Server):
     allow_reuse_address = True
 
     def __init__(self, addr: tuple[str, int], client: PromClient, config: CanaryConfig,
-                 canary: str | None = None, baseline: str | None = None, clock=time.time):
+                 canary: str | None = None, baseline: str | None = None, clock=time.time,
+                 token: str | None = None):
         super().__init__(addr, CanaryHandler)
         self.client, self.config, self.clock = client, config, clock
+        self.token = token
         self.default_canary, self.default_baseline = canary, baseline
         self.runs: OrderedDict[tuple[str, str, str], Run] = OrderedDict()
         self.runs_lock = threading.Lock()
@@ -104,6 +118,12 @@ class CanaryServer(httpd.Server):
                          else now - parse_duration(params["window"], "window"))
                 if start >= now:
                     raise RequestError(400, "start must be in the past")
+                limit = MAX_WINDOW_HORIZONS * self.config.horizon_s
+                if now - start > limit:
+                    which = "start" if params.get("start") else "window"
+                    raise RequestError(400, f"{which}: the window would be {now - start:.0f} s; the limit is "
+                                            f"{limit:.0f} s ({MAX_WINDOW_HORIZONS:g} x the {self.config.horizon_s:.0f} s "
+                                            "horizon): analyse a recent window or use a run")
                 return analyzer.analyze(start, now).to_dict()
             run = self.run_for((params.get("run", ""), analyzer.canary, analyzer.baseline), now)
             with run.lock:
@@ -135,6 +155,15 @@ class CanaryHandler(httpd.Handler):
     def _send(self, status: int, doc: Any) -> None:
         self.send_json(status, doc)
 
+    def _authorized(self) -> bool:
+        """Answer 401 (body drained) and return False unless the request carries the bearer token."""
+        if tokens.bearer_ok(self.headers.get("Authorization"), self.server.token):
+            return True
+        self.discard_body()
+        self.send_json(401, {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
+                       headers={"WWW-Authenticate": 'Bearer realm="gpuobs-canary"'})
+        return False
+
     def _answer(self, params: dict[str, str], gate: str | None) -> None:
         try:
             doc = self.server.evaluate(params)
@@ -157,6 +186,8 @@ class CanaryHandler(httpd.Handler):
         if url.path == "/healthz":
             self._send(200, {"status": "ok", "runs": len(self.server.runs)})
         elif url.path == "/api/v1/analysis":
+            if not self._authorized():
+                return
             self._answer({k: v[-1] for k, v in parse_qs(url.query).items()}, None)
         else:
             self._send(404, {"error": f"no route {url.path}; try /api/v1/analysis"})
@@ -168,6 +199,8 @@ class CanaryHandler(httpd.Handler):
             self.discard_body()
             self._send(404, {"error": f"no route {url.path}; try /flagger/rollback or /flagger/confirm-promotion"})
             return
+        if not self._authorized():
+            return
         raw = self.read_body()
         if raw is None:  # 411/413 answered
             return
@@ -176,9 +209,14 @@ class CanaryHandler(httpd.Handler):
             return
         try:
             payload = json.loads(raw)
+            if not isinstance(payload, dict):
+                raise ValueError("the body is not a JSON object")
             meta = payload.get("metadata") or {}
             if not isinstance(meta, dict):
                 raise ValueError("metadata is not an object")
+            for k, v in list(meta.items()) + [(k, payload.get(k)) for k in ("namespace", "name", "checksum")]:
+                if v is not None and (isinstance(v, (dict, list)) or len(str(v)) > 4096):
+                    raise ValueError(f"{k} must be a string of at most 4096 characters")
         except (ValueError, AttributeError, RecursionError) as exc:
             self._send(400, {"error": f"malformed Flagger payload: {str(exc)[:200]}"})
             return
@@ -188,9 +226,10 @@ class CanaryHandler(httpd.Handler):
 
 
 def serve(host: str, port: int, client: PromClient, config: CanaryConfig, canary: str | None = None,
-          baseline: str | None = None) -> None:
-    """Run the verdict server until interrupted. Raises OSError when the address cannot be bound."""
-    srv = CanaryServer((host, port), client, config, canary, baseline)
+          baseline: str | None = None, token: str | None = None) -> None:
+    """Run the verdict server until interrupted (``token``: bearer token the analysis routes require).
+    Raises OSError when the address cannot be bound."""
+    srv = CanaryServer((host, port), client, config, canary, baseline, token=token)
     _log.info("canary verdict server listening", extra={"fields": {"host": host, "port": srv.server_address[1],
                                                                    "prometheus": client.url}})
     try:

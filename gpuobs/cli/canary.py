@@ -47,7 +47,9 @@ SERVE_EPILOG = """endpoints:
   GET  /api/v1/analysis?canary=SEL&baseline=SEL[&run=ID|&start=TIME|&window=5m]  verdict JSON (Argo web)
   POST /flagger/rollback            Flagger rollback hook: 200 only on ROLLBACK
   POST /flagger/confirm-promotion   Flagger confirm-promotion hook: 200 only on PROMOTE
-  GET  /healthz
+  GET  /healthz                     (the only route without the bearer token)
+every analysis route needs 'Authorization: Bearer <token>' (--token-file; Argo: web provider
+headers, Flagger: webhook headers); a start/window longer than 2 horizons is refused (400)
 configuration for Argo Rollouts and Flagger: docs/canary.md"""
 
 
@@ -108,6 +110,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="port (env GPUOBS_CANARY_PORT; default 9098)")
     s.add_argument("--canary", metavar="SELECTOR", help="default canary matchers when a request names none")
     s.add_argument("--baseline", metavar="SELECTOR", help="default baseline matchers when a request names none")
+    s.add_argument("--token-file", metavar="FILE", default=str(Path(_env("RUN_DIR", ".run") or ".run") / "canary-token"),
+                   help="bearer token the analysis routes require (created, mode 0600, if missing; "
+                        "default $GPUOBS_RUN_DIR/canary-token)")
+    s.add_argument("--no-auth", action="store_true", help="serve verdicts without a token (not recommended)")
     add_client_flags(s)
     s.set_defaults(func=run_serve)
 
@@ -201,8 +207,14 @@ def run_serve(args: argparse.Namespace) -> int:
         client, cfg = build_client(args), build_config(args)
     except ConfigError as exc:
         return _fail(str(exc), EXIT_BAD_INPUT, False)
+    from gpuobs.core import tokens
+
     try:
-        serve(args.host, args.port, client, cfg, args.canary, args.baseline)
+        token = None if args.no_auth else tokens.load_or_create(Path(args.token_file))
+    except tokens.TokenError as exc:
+        return _fail(f"--token-file: {exc}", EXIT_BAD_INPUT, False)
+    try:
+        serve(args.host, args.port, client, cfg, args.canary, args.baseline, token=token)
     except OSError as exc:
         return _fail(f"cannot listen on {args.host}:{args.port}: {exc}", EXIT_RUNTIME, False)
     return 0
