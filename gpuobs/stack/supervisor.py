@@ -463,7 +463,7 @@ def status(run_dir: Path) -> list[dict]:
     probes = {"exporter": [n.replace("/metrics", "/health") for n in u.nodes], "pager": [f"{u.pager}/health"],
               "alertmanager": [f"{u.alertmanager}/-/healthy"], "prometheus": [f"{u.prometheus}/-/healthy"],
               "grafana": [f"{u.grafana}/api/health"]}
-    shown = {"exporter": u.node_bases[0], "pager": u.pager,
+    shown = {"exporter": u.node_bases[0] if u.node_bases else "", "pager": u.pager,
              "alertmanager": u.alertmanager, "prometheus": u.prometheus, "grafana": u.grafana}
     rows = []
     for name, comp in state.components.items():
