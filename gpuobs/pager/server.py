@@ -16,7 +16,8 @@ Routes:
   ``runbook_url`` annotation lies under the configured runbook base; any other URL is shown as
   text, never as a link).
 * ``GET /runbooks/<name>.md``: the runbooks directory, so runbook links work air-gapped.
-* ``GET /health``: ``{"status": "ok", "notifications": N}``.
+* ``GET /health``: ``{"status": "ok", "notifications": N, "duplicates": D}`` (D: re-deliveries answered
+  without storing, among the keys still in the dedupe window).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class PagerHandler(httpd.Handler):
         qs = parse_qs(url.query)
         store = self.server.store
         if url.path == "/health":
-            self.send_json(200, {"status": "ok", "notifications": store.count()})
+            self.send_json(200, {"status": "ok", "notifications": store.count(), "duplicates": store.duplicates()})
         elif url.path == "/api/pages":
             try:
                 limit = int(qs.get("limit", ["100"])[0])

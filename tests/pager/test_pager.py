@@ -84,7 +84,7 @@ def test_malformed_payload_gets_400_and_nothing_stored(pager, mutate, field):
     r = requests.post(f"{url}/hook/page", json=bad, headers=AUTH, timeout=5)
     assert r.status_code == 400 and r.json()["field"] == field
     assert store.count() == 0
-    assert requests.get(f"{url}/health", timeout=5).json() == {"status": "ok", "notifications": 0}
+    assert requests.get(f"{url}/health", timeout=5).json() == {"status": "ok", "notifications": 0, "duplicates": 0}
 
 
 def test_not_json_unknown_channel_and_server_keeps_running(pager):
