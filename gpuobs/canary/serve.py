@@ -14,7 +14,8 @@ Routes (configuration examples in docs/canary.md):
 
 Authentication: with a token (``--token-file``, on by default) the analysis routes need
 ``Authorization: Bearer <token>``; without it they answer 401 and analyse nothing. Argo Rollouts
-sends it from the web provider's ``headers`` list, Flagger from the webhook's ``headers`` (docs/canary.md).
+sends it from the web provider's ``headers`` list; Flagger webhooks cannot set headers, so
+``/flagger/*`` also accept it as ``metadata.token`` in the webhook body (docs/canary.md).
 
 Bounds (every client error is a 4xx, never a 5xx or a hang): ``start``/``window`` must give a window
 of at most ``MAX_WINDOW_HORIZONS`` x the configured horizon (400 naming the limit); ``inf``/``NaN``
@@ -164,6 +165,18 @@ class CanaryHandler(httpd.Handler):
                        headers={"WWW-Authenticate": 'Bearer realm="gpuobs-canary"'})
         return False
 
+    def _metadata_token_ok(self, raw: bytes) -> bool:
+        """Flagger webhooks cannot set headers (fluxcd/flagger ``pkg/apis/flagger/v1beta1/canary.go``
+        ``CanaryWebhook``: type, name, url, timeout, metadata only), so the token may come as
+        ``metadata.token`` in the body instead."""
+        if self.server.token is None:
+            return True
+        try:
+            token = json.loads(raw)["metadata"]["token"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return False
+        return isinstance(token, str) and tokens.bearer_ok(f"Bearer {token}", self.server.token)
+
     def _answer(self, params: dict[str, str], gate: str | None) -> None:
         try:
             doc = self.server.evaluate(params)
@@ -199,10 +212,14 @@ class CanaryHandler(httpd.Handler):
             self.discard_body()
             self._send(404, {"error": f"no route {url.path}; try /flagger/rollback or /flagger/confirm-promotion"})
             return
-        if not self._authorized():
-            return
+        header_ok = tokens.bearer_ok(self.headers.get("Authorization"), self.server.token)
         raw = self.read_body()
         if raw is None:  # 411/413 answered
+            return
+        if not header_ok and not self._metadata_token_ok(raw):
+            self.send_json(401, {"error": "missing or wrong bearer token (Authorization: Bearer <token>, "
+                                          "or metadata.token in the Flagger webhook)"},
+                           headers={"WWW-Authenticate": 'Bearer realm="gpuobs-canary"'})
             return
         if not raw:
             self._send(400, {"error": "expected a JSON body (Flagger payload)"})

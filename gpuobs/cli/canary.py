@@ -49,7 +49,8 @@ SERVE_EPILOG = """endpoints:
   POST /flagger/confirm-promotion   Flagger confirm-promotion hook: 200 only on PROMOTE
   GET  /healthz                     (the only route without the bearer token)
 every analysis route needs 'Authorization: Bearer <token>' (--token-file; Argo: web provider
-headers, Flagger: webhook headers); a start/window longer than 2 horizons is refused (400)
+headers; Flagger, which cannot set headers: metadata.token); a start/window longer than 2 horizons
+is refused (400)
 configuration for Argo Rollouts and Flagger: docs/canary.md"""
 
 

@@ -20,6 +20,12 @@ Facts from the upstream source (read at the tags Debian 12 ships):
 * Prometheus v2.42.0 ``rules/manager.go`` ``RestoreForState``: after a restart the ``for`` state of
   an alert is restored from ``ALERTS_FOR_STATE`` only for rules whose ``for`` is at least
   ``--rules.alert.for-grace-period`` (default 10m); other rules wait their whole ``for`` again.
+* Prometheus v2.42.0 ``notifier/notifier.go`` ``Manager.Run``: a batch sent while no Alertmanager is
+  known yet is dropped (``prometheus_notifications_dropped_total``), and Alertmanagers are learned
+  through the discovery manager, which pushes updates on a 5 s ticker (``discovery/manager.go``
+  ``updatert``). So the first send after a (re)start, which happens at the first evaluations, can be
+  dropped (measured: the Watchdog's first send at stack start-up is); the alert then reaches
+  Alertmanager one resend delay later.
 * Alertmanager v0.25.0 ``cmd/alertmanager/main.go``: ``--data.maintenance-interval`` (default 15m)
   is how often the notification log and silences are snapshotted to disk (``nflog.WithMaintenance``);
   a kill -9 forgets every notification sent since the last snapshot, and Alertmanager keeps no
@@ -29,9 +35,10 @@ Derivation (no false resolution for a Prometheus outage of ``max_outage_s``): Pr
 its last send was at T - (r + e) at worst (r = resend delay, e = evaluation interval), so
 Alertmanager holds the alert until ``T - r - e + 4 r = T + 3 r - e``. The restarted Prometheus must
 re-send before then: after the outage O it needs ``restart_s`` to start, replay its WAL, evaluate
-once, restore the ``for`` state and evaluate again. So ``3 r - e >= O + restart_s``, i.e.
-``r >= (O + e + restart_s) / 3``; rounded up to whole ``RESEND_STEP_S``. With O = 5 min, e = 5 s,
-restart_s = 45 s: r >= 116.7 s -> **2m**, leaving 55 s for the restart (measured: under 20 s).
+once, restore the ``for`` state and evaluate again, and that first send may be dropped (above), so
+the send that counts can come one more ``r`` later. So ``3 r - e >= O + restart_s + r``, i.e.
+``r >= (O + e + restart_s) / 2``; rounded up to whole ``RESEND_STEP_S``. With O = 5 min, e = 5 s,
+restart_s = 45 s: r >= 175 s -> **3m**, leaving 50 s for the restart (measured: under 20 s).
 The ``for`` state must survive the restart too, so the grace period is set to the evaluation
 interval (every rule with a ``for`` of 5 s or more is restored; one already firing fires again at
 the first evaluation after the restore). ``resolve_timeout`` (for clients that send no ``endsAt``)
@@ -79,9 +86,10 @@ class AlertTiming:
         return 4 * max(self.resend_delay_s, self.evaluation_interval_s)
 
     def tolerated_outage_s(self, restart_s: float = RESTART_ALLOWANCE_S) -> float:
-        """Longest Prometheus outage without a false resolution: ``3 r - e - restart_s``."""
+        """Longest Prometheus outage without a false resolution, the first send after the restart
+        dropped: ``4 max(r, e) - (r + e) - restart_s - r``."""
         return 4 * max(self.resend_delay_s, self.evaluation_interval_s) - (
-            self.resend_delay_s + self.evaluation_interval_s) - restart_s
+            self.resend_delay_s + self.evaluation_interval_s) - restart_s - self.resend_delay_s
 
     def prometheus_flags(self) -> list[str]:
         return [f"--rules.alert.resend-delay={format_duration(self.resend_delay_s)}",
@@ -103,7 +111,7 @@ def derive(max_outage_s: float = MAX_OUTAGE_S, evaluation_interval_s: float = EV
             raise ValueError(f"{name} must be a finite number >= 0, got {v}")
     if not (math.isfinite(evaluation_interval_s) and evaluation_interval_s > 0):
         raise ValueError(f"evaluation_interval_s must be a finite number > 0, got {evaluation_interval_s}")
-    r = (max_outage_s + evaluation_interval_s + restart_s) / 3
+    r = (max_outage_s + evaluation_interval_s + restart_s) / 2
     r = max(RESEND_STEP_S, math.ceil(r / RESEND_STEP_S - 1e-9) * RESEND_STEP_S)
     return AlertTiming(resend_delay_s=r, for_grace_period_s=evaluation_interval_s,
                        resolve_timeout_s=4 * max(r, evaluation_interval_s),

@@ -114,3 +114,14 @@ def test_boundary_cache_holds_only_short_schedules():
     assert sequential._boundaries.cache_info().maxsize == sequential._CACHE_SIZE
     with pytest.raises(ValueError):
         sequential.group_sequential_boundaries(spending, [0.5, float("nan")], [1.0, 2.0])
+
+
+def test_flagger_may_carry_the_token_in_metadata(server):
+    url, _, fake = server
+    body = {"name": "vllm", "namespace": "serving", "metadata": {**SEL, "window": "5m", "token": TOKEN}}
+    r = requests.post(f"{url}/flagger/rollback", json=body, timeout=10)
+    assert r.status_code == 200 and r.json()["verdict"] == "ROLLBACK"
+    body["metadata"]["token"] = "wrong"
+    assert requests.post(f"{url}/flagger/rollback", json=body, timeout=10).status_code == 401
+    body["metadata"]["token"] = ["not", "a", "string"]
+    assert requests.post(f"{url}/flagger/rollback", json=body, timeout=10).status_code == 401
