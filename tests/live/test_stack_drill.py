@@ -135,3 +135,14 @@ def test_cli_fault_round_trip_against_live_stack(stack):
     assert r.returncode == 2 and "0..7" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run(gpuobs + ["fault", "clear", "--node", "2", fid], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and f"cleared {fid}" in r.stdout
+
+
+def test_run_directory_is_private(stack):
+    """Issue 12: the run dir is 0700 and nothing in it is readable by group or others (tokens, pages,
+    stack.json, logs, Prometheus and Alertmanager data)."""
+    import stat
+
+    run = Path(stack.run_dir)
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700
+    exposed = [str(p) for p in run.rglob("*") if not p.is_symlink() and p.exists() and p.stat().st_mode & 0o077]
+    assert exposed == []

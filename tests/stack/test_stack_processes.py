@@ -118,3 +118,13 @@ def test_stack_files_are_private(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "run").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(tmp_path / "run" / "sub").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(Path(tmp_path / "run" / "stack.json")).st_mode) == 0o600
+
+
+def test_cli_restart_needs_a_component_and_down_refuses_one(tmp_path, capsys):
+    from gpuobs.cli import run as cli
+
+    assert cli(["stack", "restart", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "needs a COMPONENT" in capsys.readouterr().err
+    assert cli(["stack", "down", "pager", "--run-dir", str(tmp_path / "r")]) == 2
+    assert cli(["stack", "restart", "pager", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "no stack running" in capsys.readouterr().err
