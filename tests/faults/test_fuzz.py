@@ -273,3 +273,16 @@ def test_fuzz_surface(servers, surface):
     assert healthy, f"{surface} died or is unhealthy after the fuzz"
     assert growth < RSS_GROWTH_LIMIT_KIB, f"RSS grew {growth} KiB"
     assert extra_ok
+
+
+@pytest.mark.parametrize("body", [
+    '{"kind":"thermal","gpu":1,"cooling_factor":' + "9" * 400 + "}",   # an int beyond float: was 500
+    '{"kind":"thermal","gpu":1,"cooling_factor":1e400}',
+    '{"kind":"xid","gpu":' + "9" * 400 + ',"code":48}',
+    '{"kind":"xid","gpu":0,"code":' + "9" * 5000 + "}",
+])
+def test_exporter_admin_rejects_numbers_beyond_float(servers, body):
+    procs, _, _ = servers
+    _, port = procs["exporter"]
+    r = requests.post(f"http://127.0.0.1:{port}/admin/faults", data=body, headers=AUTH, timeout=5)
+    assert r.status_code == 400 and len(r.text) < 1000, r.text[:300]
