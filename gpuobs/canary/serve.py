@@ -167,7 +167,7 @@ class CanaryHandler(httpd.Handler):
 
     def _metadata_token_ok(self, raw: bytes) -> bool:
         """Flagger webhooks cannot set headers (fluxcd/flagger ``pkg/apis/flagger/v1beta1/canary.go``
-        ``CanaryWebhook``: type, name, url, timeout, metadata only), so the token may come as
+        ``CanaryWebhook``: type, name, url, muteAlert, timeout, metadata only), so the token may come as
         ``metadata.token`` in the body instead."""
         if self.server.token is None:
             return True
