@@ -55,6 +55,13 @@ from scipy.stats import norm
 Z_LO, Z_HI, H = -8.0, 10.0, 0.02
 # A look whose information grew less than this factor since the last tested look is a repeat of it.
 MIN_INFO_GROWTH = 1.02
+# Most looks a stateless caller's plan may hold (one per interval over the window); a window with
+# more is refused (ValueError) rather than planned: each look costs one propagation on the grid.
+MAX_PLANNED_LOOKS = 2000
+# Boundary schedules longer than this are computed but not cached, so the cache stays small
+# (at most _CACHE_SIZE entries of at most _MAX_CACHED_LOOKS floats each).
+_MAX_CACHED_LOOKS = 512
+_CACHE_SIZE = 256
 # Alternatives of the error-count mixtures: rate ratios canary/baseline (uniform weights).
 RATE_RATIOS = (1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
 
@@ -93,20 +100,25 @@ def group_sequential_boundaries(spending: Spending, times: Sequence[float], info
     each look (any positive scale; only ratios matter). Returns ``c`` with ``P(Z_j >= c_j`` for some
     ``j <= k) <= spending.cumulative(times[k])`` under no difference; ``inf`` where no alpha is left.
     A look whose information grew by less than :data:`MIN_INFO_GROWTH` repeats the previous boundary.
-    Results are cached on rounded inputs (the analyzer recomputes the same schedule at every look).
-    Raises ValueError on empty or mismatched inputs or non-positive information.
+    Results are cached on rounded inputs (the analyzer recomputes the same schedule at every look) for
+    schedules of up to ``_MAX_CACHED_LOOKS`` looks, at most ``_CACHE_SIZE`` of them.
+    Raises ValueError on empty or mismatched inputs, non-finite values or non-positive information.
     """
     if len(times) != len(infos) or not times:
         raise ValueError("times and infos must be non-empty and of equal length")
     if min(infos) <= 0:
         raise ValueError("information must be positive")
+    if not (all(math.isfinite(float(t)) for t in times) and all(math.isfinite(float(i)) for i in infos)):
+        raise ValueError("times and infos must be finite")
     last = float(infos[-1])
     key_t = tuple(round(float(t), 4) for t in times)
     key_i = tuple(round(float(i) / last, 4) for i in infos)
+    if len(key_t) > _MAX_CACHED_LOOKS:
+        return np.array(_boundaries.__wrapped__(spending, key_t, key_i))
     return np.array(_boundaries(spending, key_t, key_i))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=_CACHE_SIZE)
 def _boundaries(spending: Spending, times: tuple[float, ...], infos: tuple[float, ...]) -> tuple[float, ...]:
     z = np.arange(Z_LO, Z_HI + H / 2, H)
     out: list[float] = []
@@ -169,11 +181,15 @@ def planned_looks(elapsed: float, interval: float, horizon: float, n_now: float,
 
     Assumes steady traffic, so a past look at time s had ``n_now * s / elapsed`` samples and
     information ``info_now * s / elapsed``; past looks below ``min_n`` samples were not tested.
-    Returns (time fractions, informations), the current look last. Raises ValueError unless
-    elapsed, interval and horizon are positive.
+    Returns (time fractions, informations), the current look last: O(looks) time and memory. Raises
+    ValueError unless elapsed, interval and horizon are positive and finite, or when the window holds
+    more than :data:`MAX_PLANNED_LOOKS` looks (a window far longer than the horizon).
     """
-    if elapsed <= 0 or interval <= 0 or horizon <= 0:
-        raise ValueError("elapsed, interval and horizon must be positive")
+    if not all(math.isfinite(v) and v > 0 for v in (elapsed, interval, horizon)):
+        raise ValueError("elapsed, interval and horizon must be positive and finite")
+    if elapsed / interval > MAX_PLANNED_LOOKS:
+        raise ValueError(f"the window ({elapsed:.0f} s) holds {elapsed / interval:.0f} looks of {interval:g} s; "
+                         f"at most {MAX_PLANNED_LOOKS} can be planned: analyse a shorter window")
     times, infos = [], []
     j = 1
     while j * interval < elapsed * (1 - 1e-9):

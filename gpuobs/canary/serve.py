@@ -22,7 +22,17 @@ Routes (configuration, and the mapping to each controller's outcomes: docs/canar
 * ``GET /api/v1/query?query=gpuobs_canary_ok{namespace="NS",name="NAME",canary="SEL",baseline="SEL"}``:
   Prometheus-API-shaped one-sample vector for a Flagger MetricTemplate (prometheus provider): 1
   while the analysis may still promote, 0 on ROLLBACK or INCONCLUSIVE; ``thresholdRange: {min: 1}``.
-* ``GET /healthz``.
+* ``GET /healthz`` (no token needed).
+
+Authentication: with a token (``--token-file``, on by default) the analysis routes need
+``Authorization: Bearer <token>``; without it they answer 401 and analyse nothing. Argo Rollouts
+sends it from the web provider's ``headers`` list; Flagger webhooks cannot set headers, so
+``/flagger/*`` also accept it as ``metadata.token`` in the webhook body (docs/canary.md).
+
+Bounds (every client error is a 4xx, never a 5xx or a hang): ``start``/``window`` must give a window
+of at most ``MAX_WINDOW_HORIZONS`` x the configured horizon (400 naming the limit); ``inf``/``NaN``
+and unparseable times are 400 at parsing; a Flagger body that is not a JSON object, nests too deeply
+or carries non-scalar ``metadata`` values is 400.
 
 Timing: a look that does not finish within ``look_deadline_s`` (wall clock, default 15 s, below
 the 20 s controller timeouts in the docs) answers 504; its late result is discarded, and while it
@@ -45,13 +55,16 @@ from urllib.parse import parse_qs, urlsplit
 from gpuobs.canary import runs as R
 from gpuobs.canary.analyzer import AnalysisState, Analyzer
 from gpuobs.canary.config import CanaryConfig, ConfigError, parse_duration, parse_time
-from gpuobs.core import httpd, log
+from gpuobs.core import httpd, log, tokens
 from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusUnavailable
 
 MAX_BODY_BYTES = 1024 * 1024
 LOOK_DEADLINE_S = 15.0
 MAX_WORKERS = 32
 OK_METRIC = "gpuobs_canary_ok"
+#: Longest stateless window (``start``/``window``), in horizons: the analysis is final at one horizon,
+#: and the look plan of a stateless caller grows with the window (one look per interval).
+MAX_WINDOW_HORIZONS = 2.0
 _log = log.get("canary-serve")
 
 
@@ -82,11 +95,13 @@ class CanaryServer(httpd.Server):
     def __init__(self, addr: tuple[str, int], client: PromClient, config: CanaryConfig,
                  canary: str | None = None, baseline: str | None = None, clock=time.time,
                  store: R.RunStore | None = None, look_deadline_s: float = LOOK_DEADLINE_S,
-                 reuse_s: float | None = None, grace_s: float | None = None, tracing: Any = None):
+                 reuse_s: float | None = None, grace_s: float | None = None, tracing: Any = None,
+                 token: str | None = None):
         super().__init__(addr, CanaryHandler)
         from gpuobs.core import otel
 
         self.client, self.config, self.clock = client, config, clock
+        self.token = token
         self.default_canary, self.default_baseline = canary, baseline
         self.store = store if store is not None else R.RunStore(None)
         self.look_deadline_s = float(look_deadline_s)
@@ -161,6 +176,12 @@ class CanaryServer(httpd.Server):
                 raise RequestError(400, str(exc)) from None
             if start >= now:
                 raise RequestError(400, "start must be in the past")
+            limit = MAX_WINDOW_HORIZONS * self.config.horizon_s
+            if now - start > limit:
+                which = "start" if params.get("start") else "window"
+                raise RequestError(400, f"{which}: the window would be {now - start:.0f} s; the limit is "
+                                        f"{limit:.0f} s ({MAX_WINDOW_HORIZONS:g} x the {self.config.horizon_s:.0f} s "
+                                        "horizon): analyse a recent window or use a run")
             return self._timed(analyzer, start, now, None, None, attrs)
         return self.look_run(analyzer, params.get("run", ""), params.get("step", ""), now, attrs)[1]
 
@@ -282,6 +303,27 @@ class CanaryHandler(httpd.Handler):
                                                       "status": status, "run": run}})
         self._send(status, doc)
 
+    def _authorized(self) -> bool:
+        """Answer 401 (body drained) and return False unless the request carries the bearer token."""
+        if tokens.bearer_ok(self.headers.get("Authorization"), self.server.token):
+            return True
+        self.discard_body()
+        self.send_json(401, {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
+                       headers={"WWW-Authenticate": 'Bearer realm="gpuobs-canary"'})
+        return False
+
+    def _metadata_token_ok(self, raw: bytes) -> bool:
+        """Flagger webhooks cannot set headers (fluxcd/flagger ``pkg/apis/flagger/v1beta1/canary.go``
+        ``CanaryWebhook``: type, name, url, muteAlert, timeout, metadata only), so the token may come as
+        ``metadata.token`` in the body instead."""
+        if self.server.token is None:
+            return True
+        try:
+            token = json.loads(raw)["metadata"]["token"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return False
+        return isinstance(token, str) and tokens.bearer_ok(f"Bearer {token}", self.server.token)
+
     @staticmethod
     def _error_status(exc: Exception) -> int:
         if isinstance(exc, RequestError):
@@ -296,6 +338,8 @@ class CanaryHandler(httpd.Handler):
         if url.path == "/healthz":
             self._send(200, {"status": "ok", "runs": self.server.store.count()})
         elif url.path == "/api/v1/analysis":
+            if not self._authorized():
+                return
             try:
                 doc = self.server.evaluate(params)
             except (RequestError, LookTimeout, PrometheusError) as exc:
@@ -303,6 +347,8 @@ class CanaryHandler(httpd.Handler):
                 return
             self._served(url.path, 200, doc, params.get("run", ""))
         elif url.path == "/api/v1/query":
+            if not self._authorized():
+                return
             self._query(params)
         else:
             self._send(404, {"error": f"no route {url.path}; try /api/v1/analysis"})
@@ -348,8 +394,14 @@ class CanaryHandler(httpd.Handler):
             self.discard_body()
             self._send(404, {"error": f"no route {url.path}; try /flagger/{{{','.join(hooks)}}}"})
             return
+        header_ok = tokens.bearer_ok(self.headers.get("Authorization"), self.server.token)
         raw = self.read_body()
         if raw is None:  # 411/413 answered
+            return
+        if not header_ok and not self._metadata_token_ok(raw):
+            self.send_json(401, {"error": "missing or wrong bearer token (Authorization: Bearer <token>, "
+                                          "or metadata.token in the Flagger webhook)"},
+                           headers={"WWW-Authenticate": 'Bearer realm="gpuobs-canary"'})
             return
         if not raw:
             self._send(400, {"error": "expected a JSON body (Flagger payload)"})
@@ -357,11 +409,14 @@ class CanaryHandler(httpd.Handler):
         try:
             payload = json.loads(raw)
             if not isinstance(payload, dict):
-                raise ValueError("payload is not an object")
+                raise ValueError("the body is not a JSON object")
             meta = payload.get("metadata") or {}
             if not isinstance(meta, dict):
                 raise ValueError("metadata is not an object")
-        except (ValueError, RecursionError) as exc:
+            for k, v in list(meta.items()) + [(k, payload.get(k)) for k in ("namespace", "name", "checksum")]:
+                if v is not None and (isinstance(v, (dict, list)) or len(str(v)) > 4096):
+                    raise ValueError(f"{k} must be a string of at most 4096 characters")
+        except (ValueError, AttributeError, RecursionError) as exc:
             self._send(400, {"error": f"malformed Flagger payload: {str(exc)[:200]}"})
             return
         params = {k: str(v) for k, v in meta.items() if k in ("canary", "baseline", "start", "window", "run", "step")}
@@ -412,11 +467,13 @@ class CanaryHandler(httpd.Handler):
 
 def serve(host: str, port: int, client: PromClient, config: CanaryConfig, canary: str | None = None,
           baseline: str | None = None, state_dir: str | None = None,
-          look_deadline_s: float = LOOK_DEADLINE_S) -> None:
-    """Run the verdict server until interrupted. Raises OSError when the address cannot be bound or the
-    state directory cannot be created, sqlite3.Error when its database cannot be opened."""
+          look_deadline_s: float = LOOK_DEADLINE_S, token: str | None = None) -> None:
+    """Run the verdict server until interrupted (``token``: bearer token the analysis routes require).
+    Raises OSError when the address cannot be bound or the state directory cannot be created,
+    sqlite3.Error when its database cannot be opened."""
     store = R.RunStore(state_dir)
-    srv = CanaryServer((host, port), client, config, canary, baseline, store=store, look_deadline_s=look_deadline_s)
+    srv = CanaryServer((host, port), client, config, canary, baseline, store=store, look_deadline_s=look_deadline_s,
+                       token=token)
     _log.info("canary verdict server listening", extra={"fields": {
         "host": host, "port": srv.server_address[1], "prometheus": client.url,
         "state": str(store.path) if store.path else "memory (runs do not survive a restart)",

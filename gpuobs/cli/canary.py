@@ -51,7 +51,10 @@ SERVE_EPILOG = """endpoints:
   POST /flagger/confirm-promotion          200 only on PROMOTE
   POST /flagger/confirm-traffic-increase   200 for the first step, then only with data on every critical metric
   POST /flagger/rollout                    409 on ROLLBACK or INCONCLUSIVE (bounds WaitingPromotion)
-  GET  /healthz
+  GET  /healthz                          (the only route without the bearer token)
+every analysis route needs 'Authorization: Bearer <token>' (--token-file; Argo: web provider
+headers; Flagger, which cannot set headers: metadata.token); a start/window longer than 2 horizons
+is refused (400)
 configuration for Argo Rollouts and Flagger: docs/canary.md"""
 
 
@@ -118,6 +121,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--look-deadline", default=_env("CANARY_LOOK_DEADLINE", "15s"), metavar="DURATION",
                    help="answer 504 when a look takes longer (keep it below the controller's timeout; "
                         "env GPUOBS_CANARY_LOOK_DEADLINE; default 15s)")
+    s.add_argument("--token-file", metavar="FILE", default=str(Path(_env("RUN_DIR", ".run") or ".run") / "canary-token"),
+                   help="bearer token the analysis routes require (created, mode 0600, if missing; "
+                        "default $GPUOBS_RUN_DIR/canary-token)")
+    s.add_argument("--no-auth", action="store_true", help="serve verdicts without a token (not recommended)")
     add_client_flags(s)
     s.set_defaults(func=run_serve)
 
@@ -214,8 +221,14 @@ def run_serve(args: argparse.Namespace) -> int:
         deadline = parse_duration(args.look_deadline, "--look-deadline")
     except ConfigError as exc:
         return _fail(str(exc), EXIT_BAD_INPUT, False)
+    from gpuobs.core import tokens
+
     try:
-        serve(args.host, args.port, client, cfg, args.canary, args.baseline, args.state_dir, deadline)
+        token = None if args.no_auth else tokens.load_or_create(Path(args.token_file))
+    except tokens.TokenError as exc:
+        return _fail(f"--token-file: {exc}", EXIT_BAD_INPUT, False)
+    try:
+        serve(args.host, args.port, client, cfg, args.canary, args.baseline, args.state_dir, deadline, token=token)
     except sqlite3.Error as exc:
         return _fail(f"--state-dir {args.state_dir}: cannot open the run database: {exc}", EXIT_RUNTIME, False)
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""``gpuobs stack``: the native stack's supervisor (up, down, status)."""
+"""``gpuobs stack``: the native stack's supervisor (up, down, status, restart COMPONENT)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,16 @@ def _stack(args: argparse.Namespace) -> int:
     from gpuobs.stack.render import Ports
 
     run = Path(args.run_dir)
-    if args.action in ("down", "status"):
+    if args.action != "restart" and args.component:
+        return fail(f"unexpected argument {args.component!r}: only `stack restart COMPONENT` takes a component")
+    if args.action in ("down", "status", "restart"):
         sv.check_run_dir(run)
+    if args.action == "restart":
+        if not args.component:
+            return fail("stack restart needs a COMPONENT: exporter, pager, alertmanager, prometheus or grafana")
+        pid = sv.restart(run, args.component, timeout_s=args.timeout)
+        print(f"{args.component} restarted (pid {pid})")
+        return 0
     if args.action == "down":
         n = sv.down(run)
         print(f"stack down ({n} process{'es' if n != 1 else ''} stopped)")
@@ -43,7 +51,8 @@ def _stack(args: argparse.Namespace) -> int:
             return 1
         for r in rows:
             state = "healthy" if r["healthy"] else ("running, unhealthy" if r["running"] else "stopped")
-            print(f"{r['component']:<13} pid {r['pid']:<8} {state:<19} {r['url']}")
+            note = "" if r["pid"] == r["recorded_pid"] or not r["running"] else f"  (restarted by hand; recorded pid {r['recorded_pid']})"
+            print(f"{r['component']:<13} pid {r['pid']:<8} {state:<19} {r['url']}{note}")
         return 0 if all(r["healthy"] for r in rows) else 1
     ports = Ports(prometheus=args.prometheus_port, alertmanager=args.alertmanager_port, pager=args.pager_port,
                   node_base=args.base_port, engine_base=args.engine_base_port, grafana=args.grafana_port)
@@ -81,9 +90,11 @@ def _stack(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``stack`` group to ``sub``."""
-    s = sub.add_parser("stack", help="run the native stack: up | down | status",
+    s = sub.add_parser("stack", help="run the native stack: up | down | status | restart COMPONENT",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    s.add_argument("action", choices=["up", "down", "status"])
+    s.add_argument("action", choices=["up", "down", "status", "restart"])
+    s.add_argument("component", nargs="?", choices=["exporter", "pager", "alertmanager", "prometheus", "grafana"],
+                   help="the component `restart` stops and starts again with its recorded command line")
     s.add_argument("--run-dir", default=run_dir_default(), help="state, configs, logs (env GPUOBS_RUN_DIR)")
     s.add_argument("--nodes", type=int_range(1, 256), default=env("NODES", "4"), help="simulated nodes (GPUOBS_NODES)")
     s.add_argument("--gpus", type=int_range(1, 16), default=env("GPUS", "8"), help="GPUs per node (GPUOBS_GPUS)")
@@ -122,5 +133,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--clock-events-name", default="canonical", choices=["canonical", "legacy"],
                    help="field 112's name on the pages: DCGM_FI_DEV_CLOCKS_EVENT_REASONS (canonical) or "
                         "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (legacy counters files)")
-    s.add_argument("--timeout", type=pos_float, default=90.0, help="start-up deadline, seconds")
+    s.add_argument("--timeout", type=pos_float, default=90.0, help="start-up (or restart) deadline, seconds")
     s.set_defaults(func=cmd_stack)

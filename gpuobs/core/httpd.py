@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 #: Returned by :meth:`Handler.read_json` when it has already answered the error.
 INVALID = object()
+#: An HTTP method is a token (RFC 9110 section 9.1, tchar of section 5.6.2).
+_METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}")
 
 
 class Server(ThreadingHTTPServer):
@@ -76,6 +79,29 @@ class Handler(BaseHTTPRequestHandler):
             doc["field"] = field
         self.send_json(code, doc, headers)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own rejections (malformed request line, HTTP/0.9 or 2.x, header limits) as a
+        JSON answer with a status line, the connection closed. A version it cannot speak is the
+        client's error here: 505 becomes 400 (no 5xx for any client input)."""
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            self.request_version = "HTTP/1.0"  # else http.server writes a bare body without a status line
+        self.close_connection = True
+        if code == 505:
+            code = 400
+        try:
+            self.send_error_json(code, message or "bad request")
+        except OSError:
+            pass
+
+    def parse_request(self) -> bool:
+        """http.server's parsing, minus HTTP/0.9 (a request line without a version): answered 400."""
+        if not super().parse_request():
+            return False
+        if self.request_version == "HTTP/0.9":
+            self.send_error(400, "a request line needs an HTTP version (HTTP/1.0 or HTTP/1.1)")
+            return False
+        return True
+
     # ---- request bodies -----------------------------------------------------------------------
     def discard_body(self) -> None:
         """Before answering early (401/404/...) on a request that may carry a body: read it when it is
@@ -120,7 +146,18 @@ class Handler(BaseHTTPRequestHandler):
             return INVALID
 
     # ---- dispatch -----------------------------------------------------------------------------
+    def __getattr__(self, name: str):
+        # http.server answers 501 for a method without a do_<METHOD> attribute; route every method
+        # here instead, so an unknown one gets 405 + Allow (or 400 when it is not a token at all).
+        if name.startswith("do_"):
+            return self._dispatch
+        raise AttributeError(name)
+
     def _dispatch(self) -> None:
+        if not _METHOD.fullmatch(self.command or ""):
+            self.close_connection = True
+            self.send_error_json(400, "malformed request method")
+            return
         method = "GET" if self.command == "HEAD" else self.command
         name = self.methods.get(method)
         if name is None:

@@ -66,7 +66,7 @@ DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
               about="one uncorrectable ECC error pages once; its Xid 48/63 and pending remap are inhibited"),
     DrillSpec("node-down", "serving", 1, (Expect("GpuExporterDown", "page"),), ({"kind": "down"},),
               allowed=frozenset({"ServingEngineDown"}),
-              about="a node stops answering: exactly one page, its engine alert inhibited"),
+              about="a node stops answering: exactly one page (its engine alert stays quiet while the node is down)"),
     DrillSpec("fragmentation", "serving", 2, (Expect("KVFragmentationRisk", "ticket", labels={"gpu": "4"}),),
               ({"kind": "fragmentation", "gpu": 4, "rate_mib_per_min": 1500.0},),
               allowed=frozenset({"GpuFrameworkOom"}), fire_deadline_s=240,

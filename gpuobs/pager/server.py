@@ -2,13 +2,22 @@
 
 Routes:
 
-* ``POST /hook/page`` and ``POST /hook/ticket``: Alertmanager webhook v4 payloads; validated,
-  stored in SQLite (committed) and only then answered 200. Malformed -> 400 naming the field,
+* ``POST /hook/page`` and ``POST /hook/ticket``: Alertmanager webhook v4 payloads. With a token
+  (``--token-file``) they need ``Authorization: Bearer <token>`` (401 otherwise, nothing read or
+  stored); Alertmanager sends it from its webhook ``http_config.authorization.credentials_file``.
+  Validated, stored in SQLite (committed) and only then answered 200 ``{"stored": id,
+  "duplicate": false}``. A repeat of a notification already stored (same
+  :func:`~gpuobs.pager.store.delivery_key` within the dedupe window: a webhook retry, a re-send after
+  an Alertmanager restart) is answered 200 ``{"stored": id, "duplicate": true}`` and not stored, so
+  Alertmanager stops retrying and the on-call sees one page. Malformed -> 400 naming the field,
   nothing stored. Over 4 MiB -> 413.
 * ``GET /api/pages[?limit=N&alertname=X&status=firing|resolved]``: JSON, newest first.
-* ``GET /``: HTML list with channel, status, labels, summary and runbook link.
+* ``GET /``: HTML list with channel, status, labels, summary and runbook link (linked only when the
+  ``runbook_url`` annotation lies under the configured runbook base; any other URL is shown as
+  text, never as a link).
 * ``GET /runbooks/<name>.md``: the runbooks directory, so runbook links work air-gapped.
-* ``GET /health``: ``{"status": "ok", "notifications": N}``.
+* ``GET /health``: ``{"status": "ok", "notifications": N, "duplicates": D}`` (D: re-deliveries answered
+  without storing, among the keys still in the dedupe window).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import threading
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from gpuobs.core import httpd, log
+from gpuobs.core import httpd, log, tokens
 from gpuobs.pager.store import CHANNELS, STATUSES, PageStore, PayloadError, validate
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -33,27 +42,47 @@ class PagerServer(httpd.Server):
 
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], store: PageStore, runbooks_dir: Path | None = None):
+    def __init__(self, addr: tuple[str, int], store: PageStore, runbooks_dir: Path | None = None,
+                 token: str | None = None, runbook_base: str | None = None):
         super().__init__(addr, PagerHandler)
         self.store = store
         self.runbooks_dir = runbooks_dir
+        self.token = token
+        host, port = self.server_address[:2]
+        #: Where runbook links may point: ``<runbook base>/runbooks/``, the layout the rules use
+        #: (:func:`gpuobs.mixin.runbooks.runbook_url`); the base defaults to this pager.
+        self.runbook_prefix = (runbook_base or f"http://{host}:{port}").rstrip("/") + "/runbooks/"
 
 
-def _safe_url(url: str) -> str | None:
-    """Return ``url`` if it is http(s), else None (never render javascript: links)."""
-    return url if url.startswith(("http://", "https://")) else None
+def _safe_url(url: str, base: str) -> str | None:
+    """``url`` if it is an http(s) URL under ``base`` (the configured runbook base), else None.
+
+    "Under" is a prefix match on a base that ends in ``/`` (one is added), so
+    ``http://127.0.0.1:9097/runbooks/`` admits ``.../runbooks/xid.md#gpuxid`` but neither
+    ``http://127.0.0.1:9097/runbooksX`` nor ``http://127.0.0.1:90970/...``; ``..`` segments are refused.
+    """
+    if not base.endswith("/"):
+        base += "/"
+    if not url.startswith(("http://", "https://")) or not url.startswith(base):
+        return None
+    rest = url[len(base):].split("#", 1)[0].split("?", 1)[0]
+    if ".." in rest.split("/") or "%2e" in rest.lower():
+        return None
+    return url
 
 
-def render_html(pages: list[dict]) -> str:
-    """HTML page listing notifications (all values escaped)."""
+def render_html(pages: list[dict], runbook_prefix: str = "http://127.0.0.1:9097/runbooks/") -> str:
+    """HTML page listing notifications (all values escaped; runbook links only under ``runbook_prefix``)."""
     rows = []
     for p in pages:
         when = dt.datetime.fromtimestamp(p["received_at"], dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
         for a in p["alerts"]:
             labels = ", ".join(f"{k}={v}" for k, v in sorted(a["labels"].items()))
             ann = a["annotations"]
-            rb = _safe_url(ann.get("runbook_url", ""))
-            link = f'<a href="{html.escape(rb)}">runbook</a>' if rb else ""
+            raw_rb = ann.get("runbook_url", "")
+            rb = _safe_url(raw_rb, runbook_prefix)
+            link = (f'<a href="{html.escape(rb)}">runbook</a>' if rb
+                    else (f"<code>{html.escape(raw_rb[:200])}</code> (not under the runbook base)" if raw_rb else ""))
             rows.append(
                 f"<tr class=\"{html.escape(a['status'])}\"><td>{when}</td><td>{html.escape(p['channel'])}</td>"
                 f"<td>{html.escape(a['status'])}</td><td>{html.escape(a['labels'].get('alertname', ''))}</td>"
@@ -84,7 +113,7 @@ class PagerHandler(httpd.Handler):
         qs = parse_qs(url.query)
         store = self.server.store
         if url.path == "/health":
-            self.send_json(200, {"status": "ok", "notifications": store.count()})
+            self.send_json(200, {"status": "ok", "notifications": store.count(), "duplicates": store.duplicates()})
         elif url.path == "/api/pages":
             try:
                 limit = int(qs.get("limit", ["100"])[0])
@@ -101,13 +130,13 @@ class PagerHandler(httpd.Handler):
         elif url.path.startswith("/runbooks/"):
             name = url.path.removeprefix("/runbooks/")
             rb = self.server.runbooks_dir
-            path = rb / name if rb and re.fullmatch(r"[a-z0-9][a-z0-9-]*\.md", name) else None
+            path = rb / name if rb and len(name) <= 128 and re.fullmatch(r"[a-z0-9][a-z0-9-]*\.md", name) else None
             if path is None or not path.is_file():
                 self.send_json(404, {"error": f"no runbook {name!r}"})
                 return
             self.send_body(200, path.read_bytes(), "text/markdown; charset=utf-8")
         elif url.path == "/":
-            self.send_body(200, render_html(store.list(200)).encode("utf-8", "backslashreplace"), "text/html; charset=utf-8")
+            self.send_body(200, render_html(store.list(200), self.server.runbook_prefix).encode("utf-8", "backslashreplace"), "text/html; charset=utf-8")
         else:
             self.send_json(404, {"error": f"no route {url.path}"})
 
@@ -118,6 +147,11 @@ class PagerHandler(httpd.Handler):
             self.discard_body()
             self.send_json(404, {"error": f"no route {path}; POST to /hook/page or /hook/ticket"})
             return
+        if not self._authorized():
+            self.discard_body()
+            self.send_json(401, {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
+                           headers={"WWW-Authenticate": 'Bearer realm="gpuobs-pager"'})
+            return
         doc = self.read_json()
         if doc is httpd.INVALID:
             return
@@ -127,17 +161,22 @@ class PagerHandler(httpd.Handler):
             _log.warning("rejected payload", extra={"fields": {"field": exc.field, "error": str(exc)}})
             self.send_json(400, {"error": str(exc), "field": exc.field})
             return
-        nid = self.server.store.add(channel, payload)
-        _log.info("notification stored", extra={"fields": {
-            "id": nid, "channel": channel, "status": payload["status"],
+        nid, duplicate = self.server.store.deliver(channel, payload)
+        _log.info("duplicate notification not stored" if duplicate else "notification stored", extra={"fields": {
+            "id": nid, "channel": channel, "status": payload["status"], "duplicate": duplicate,
             "alerts": [a["labels"]["alertname"] for a in payload["alerts"]]}})
-        self.send_json(200, {"stored": nid})
+        self.send_json(200, {"stored": nid, "duplicate": duplicate})
+
+    def _authorized(self) -> bool:
+        """True when no token is configured or the request carries ``Authorization: Bearer <token>``."""
+        return tokens.bearer_ok(self.headers.get("Authorization"), self.server.token)
 
 
-def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None) -> None:
-    """Run the pager until SIGTERM/SIGINT."""
-    store = PageStore(db_path)
-    srv = PagerServer((host, port), store, runbooks_dir)
+def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None, token: str | None = None,
+          runbook_base: str | None = None, dedupe_window_s: float | None = None) -> None:
+    """Run the pager until SIGTERM/SIGINT (``token``: required bearer token of the webhooks)."""
+    store = PageStore(db_path) if dedupe_window_s is None else PageStore(db_path, dedupe_window_s)
+    srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -115,14 +115,25 @@ def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], eng
     return path
 
 
-def render_alertmanager(run: Path, ports: Ports, repo: Path | None = None) -> Path:
-    """Write ``run/alertmanager/alertmanager.yml`` with webhook URLs pointing at the pager's port."""
+def render_alertmanager(run: Path, ports: Ports, repo: Path | None = None, pager_token_file: Path | None = None,
+                        resolve_timeout: str | None = None) -> Path:
+    """Write ``run/alertmanager/alertmanager.yml`` with webhook URLs pointing at the pager's port.
+
+    ``pager_token_file``: every webhook gets ``http_config.authorization`` (type Bearer,
+    ``credentials_file``), so Alertmanager authenticates to the pager with the token in that file
+    (prometheus/common ``config.HTTPClientConfig``, read by Alertmanager 0.25 at each request).
+    ``resolve_timeout``: replaces ``global.resolve_timeout`` (see :mod:`gpuobs.stack.alert_timing`).
+    """
     repo = repo or assets.root()
     cfg = yaml.safe_load((repo / "alertmanager" / "alertmanager.yml").read_text())
+    if resolve_timeout:
+        cfg.setdefault("global", {})["resolve_timeout"] = resolve_timeout
     for rcv in cfg.get("receivers", []):
         for wh in rcv.get("webhook_configs", []):
             path = wh["url"].split("/", 3)[3]
             wh["url"] = f"http://127.0.0.1:{ports.pager}/{path}"
+            if pager_token_file is not None:
+                wh["http_config"] = {"authorization": {"type": "Bearer", "credentials_file": str(pager_token_file)}}
     out = run / "alertmanager" / "alertmanager.yml"
     atomic_write(out, yaml.safe_dump(cfg, sort_keys=False))
     return out

@@ -154,12 +154,15 @@ def _number(name: str, value: Any, spec: Param) -> float | int:
                 raise FaultError(name, f"field '{name}' must be an integer, got {value!r}")
             value = int(value)
     else:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer literal beyond 1.8e308
+            value = math.inf
         if not math.isfinite(value):
-            raise FaultError(name, f"field '{name}' must be a finite number, got {value!r}")
+            raise FaultError(name, f"field '{name}' must be a finite number, got {str(value)[:40]}")
     lo, hi = spec.minimum, spec.maximum
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise FaultError(name, f"field '{name}' must be between {lo:g} and {hi:g}, got {value!r}")
+        raise FaultError(name, f"field '{name}' must be between {lo:g} and {hi:g}, got {str(value)[:40]}")
     return value
 
 
