@@ -7,13 +7,16 @@ GPUOBS := $(VENV)/bin/gpuobs
 RUN_DIR ?= .run
 PYTEST_ARGS ?=
 
+# What the simulated exporters serve (stock | helm | recommended; design §4.6), for `make up` and `make drills`.
+EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
+
 DRILL_RUN_DIR ?= .run-drills
 DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --base-port 19400 --engine-base-port 18000
 
-.PHONY: help venv binaries up down status test lint rules drills bench bench-canary bench-latency clean
+.PHONY: help venv binaries up down status images test-compose test test-faults lint rules drills bench bench-canary bench-latency clean
 
 help:
-	@echo "make up | down | status | test | lint | drill-<name> | drills | rollout-good | rollout-bad |"
+	@echo "make up | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | rollout-good | rollout-bad |"
 	@echo "     rollout-incompatible | bench | bench-canary | bench-latency | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
@@ -27,27 +30,39 @@ venv: $(VENV)/.installed
 binaries:
 	@scripts/ensure-binaries.sh
 
-COMPOSE := docker compose -f compose/docker-compose.yml
+COMPOSE_PY := $(GPUOBS) compose
 
-# Compose when a Docker engine and the compose plugin answer, else the native stack; the choice is
+# Compose mode when the Docker engine, the Compose plugin and every image are there (`make images`
+# builds the images, air-gapped), else one line saying why and the native stack. The choice is
 # recorded in $(RUN_DIR)/mode so down/status act on the same one.
 up: venv binaries
 	@mkdir -p $(RUN_DIR)
-	@if docker info >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; then \
-	  echo "Docker engine found: starting the compose stack (compose/docker-compose.yml)."; \
-	  echo compose > $(RUN_DIR)/mode; $(COMPOSE) up -d --build; \
+	@if why=$$($(COMPOSE_PY) check 2>&1); then \
+	  echo compose > $(RUN_DIR)/mode; $(COMPOSE_PY) up --run-dir $(RUN_DIR); \
 	else \
-	  echo "No Docker engine answers: starting the native stack (prometheus + alertmanager from PATH)."; \
-	  echo native > $(RUN_DIR)/mode; $(GPUOBS) stack up --run-dir $(RUN_DIR); \
+	  echo "$$why; starting the native stack (prometheus + alertmanager from PATH)."; \
+	  echo native > $(RUN_DIR)/mode; $(GPUOBS) stack up --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE); \
 	fi
 
 down: venv
-	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE) down; \
+	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE_PY) down --run-dir $(RUN_DIR); \
 	else $(GPUOBS) stack down --run-dir $(RUN_DIR); fi
 
 status: venv
-	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE) ps; \
+	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE_PY) status --run-dir $(RUN_DIR); \
 	else $(GPUOBS) stack status --run-dir $(RUN_DIR); fi
+
+# The compose stack's images, with no container registry: Debian root filesystems (mmdebstrap) and the
+# gpuobs image from a local wheelhouse (scripts/build-images.sh). Installs and starts the Docker engine
+# and the Compose plugin first if needed (as root; scripts/ensure-docker.sh).
+images: venv
+	@scripts/ensure-docker.sh
+	@scripts/build-images.sh
+
+# The compose stack for real (tests/live/test_compose.py): engine (started if needed, stopped again if
+# started here), images, stack up, Xid and node-down drills across containers, network checks, teardown.
+test-compose: venv
+	@scripts/test-compose.sh $(PYTEST_ARGS)
 
 # One drill against the stack `make up` started (realistic rule timings: some drills take minutes).
 drill-%: venv
@@ -55,16 +70,18 @@ drill-%: venv
 	  echo "report: $$($(GPUOBS) report drill $* --run-dir $(RUN_DIR) | tail -n 1)"; exit $$rc
 
 # Every drill on a fresh stack of its own with the drill profile (shortened `for:`/windows, 1d SLO
-# period; see gpuobs/stack/render.py), lanes in parallel, then one table. Stops its stack afterwards.
+# period; see gpuobs/mixin/profile.py), lanes in parallel, then one table. Stops its stack afterwards.
 drills: venv binaries
 	@$(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR) >/dev/null 2>&1 || true
 	rm -rf $(DRILL_RUN_DIR)
-	$(GPUOBS) stack up --run-dir $(DRILL_RUN_DIR) --profile drill --nodes 4 --training-nodes 1 $(DRILL_PORTS)
+	$(GPUOBS) stack up --run-dir $(DRILL_RUN_DIR) --profile drill --nodes 4 --training-nodes 1 $(DRILL_PORTS) \
+	  --exporter-profile $(EXPORTER_PROFILE)
 	@rc=0; $(GPUOBS) drill all --run-dir $(DRILL_RUN_DIR) || rc=$$?; \
 	  $(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR); exit $$rc
 
 bench: venv binaries
 	$(PY) bench/bench_exporter.py
+	$(PY) bench/bench_logwatch.py
 
 bench-canary: venv
 	$(PY) bench/bench_canary.py
@@ -79,14 +96,26 @@ lint: venv binaries
 	amtool check-config alertmanager/alertmanager.yml
 	$(GPUOBS) rules xid --check prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo --check prometheus/rules/slo.yml
-	$(PY) grafana/generate.py --check
+	$(GPUOBS) rules kernel-log --check prometheus/rules/gpu-kernel-log.yml
+	$(GPUOBS) rules dashboards --check
+	$(GPUOBS) rules kubernetes --check
 
 rules: venv
 	$(GPUOBS) rules xid > prometheus/rules/gpu-xid.yml
 	$(GPUOBS) rules slo > prometheus/rules/slo.yml
+	$(GPUOBS) rules kernel-log > prometheus/rules/gpu-kernel-log.yml
+	$(GPUOBS) rules dashboards
+	$(GPUOBS) rules kubernetes
 
 test: venv binaries
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The fault suite (docs/alert-delivery.md): 1500 hostile requests per HTTP surface with slow clients,
+# and three live incidents (pager stopped 60 s, Alertmanager kill -9 + restart, Prometheus killed
+# 90 s), each on a stack of its own, at once. About 7 minutes; prints the table of what held.
+# `make test` runs the fuzzing part with 500 requests per surface and skips the live incidents.
+test-faults: venv binaries
+	GPUOBS_FAULT_SUITE=1 GPUOBS_FUZZ_CASES=1500 GPUOBS_FAULT_TABLE=fault-table.txt $(PY) -m pytest -q -rs tests/faults
 
 clean:
 	rm -rf $(VENV) $(RUN_DIR) $(DRILL_RUN_DIR) .pytest_cache
@@ -115,3 +144,8 @@ rollout-bad: venv
 
 rollout-incompatible: venv
 	$(call rollout_demo,2.0.0,Rejected)
+
+# Which alert families work on the running stack's Prometheus (or GPUOBS_PROMETHEUS_URL): docs/doctor.md.
+.PHONY: doctor
+doctor: venv
+	$(GPUOBS) doctor --prometheus $${GPUOBS_PROMETHEUS_URL:-http://127.0.0.1:$${GPUOBS_PROMETHEUS_PORT:-9090}}

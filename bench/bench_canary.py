@@ -1,10 +1,10 @@
 """Canary analyzer benchmark through the product path (``make bench-canary``).
 
 Every look of every run calls :meth:`gpuobs.canary.analyzer.Analyzer.analyze` with a real
-:class:`gpuobs.canary.promapi.PromClient` whose HTTP session is :class:`tests.fakes.prom_fleet.FakeSession`:
+:class:`gpuobs.promapi.prometheus.PromClient` whose HTTP session is :class:`tests.fakes.prom_fleet.FakeSession`:
 a fake Prometheus that answers the analyzer's queries from simulated scrapes with ``increase()``
 computed by Prometheus 2.42's extrapolation rules (checked against promtool in
-tests/unit/test_prom_fleet.py). So query building, response decoding, bucket parsing, the per-node
+tests/canary/test_prom_fleet.py). So query building, response decoding, bucket parsing, the per-node
 statistics, the sequential boundaries and the verdict rule all run as in production; the analyzer is
 stateless per look (``state=None``, as ``gpuobs canary analyze`` and an Argo web metric without a run
 key use it).
@@ -12,7 +12,7 @@ key use it).
 Fleet: ``--fleet-rps`` requests/s (default 40) over one canary pod (5% of the traffic) and
 ``--pods - 1`` baseline pods (default 19, the canary is one of 20 replicas), each scraped every 15 s
 at its own phase; baseline pods have long-running counters, the canary pod starts with the stage.
-TTFT from the simulator's model (gpuobs.exporter.latency: lognormal, median 0.25 s, sigma 0.6),
+TTFT from the simulator's model (gpuobs.exporter.sim.latency: lognormal, median 0.25 s, sigma 0.6),
 multiplied by a per-pod factor exp(N(0, h)) for node heterogeneity h; errors Bernoulli at 0.05%.
 Looks every 30 s for 20 looks (the 10 minute horizon of the default config); a run stops at its first
 PROMOTE or ROLLBACK. Anchors on the same runs (exact per-interval counts of the canary pod and the
@@ -50,11 +50,11 @@ from scipy.stats import mannwhitneyu
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuobs.canary.analyzer import Analyzer  # noqa: E402
-from gpuobs.canary.canary_config import load_config  # noqa: E402
-from gpuobs.canary.promapi import PromClient  # noqa: E402
+from gpuobs.canary.config import load_config  # noqa: E402
+from gpuobs.promapi.prometheus import PromClient  # noqa: E402
 from gpuobs.canary.stats import histogram_quantile  # noqa: E402
-from gpuobs.exporter.histogram import TTFT_BUCKETS  # noqa: E402
-from gpuobs.exporter.latency import TTFT_MEDIAN_S, TTFT_SIGMA, sample_ttft  # noqa: E402
+from gpuobs.exporter.sim.latency import TTFT_MEDIAN_S, TTFT_SIGMA, sample_ttft  # noqa: E402
+from gpuobs.reference.buckets import TTFT_BUCKETS  # noqa: E402
 from tests.fakes.prom_fleet import FakeSession, Pod  # noqa: E402
 
 INTERVAL_S, LOOKS, SCRAPE_S, CANARY_SHARE = 30.0, 20, 15.0, 0.05

@@ -41,9 +41,10 @@ from prometheus_client import CollectorRegistry, start_http_server  # noqa: E402
 from prometheus_client.core import GaugeMetricFamily  # noqa: E402
 from prometheus_client.registry import Collector  # noqa: E402
 
-from gpuobs.exporter import collector as collmod  # noqa: E402
+from gpuobs.exporter.collectors import dcgm as collmod  # noqa: E402
+from gpuobs.reference.dcgm_exporter import xid_text  # noqa: E402
 from gpuobs.exporter.fleet import Fleet, FleetConfig  # noqa: E402
-from gpuobs.exporter.node import Node, NodeConfig  # noqa: E402
+from gpuobs.exporter.sim.node import Node, NodeConfig  # noqa: E402
 from gpuobs.stack.ports import free_port_range  # noqa: E402
 
 NODE_EXPORTER = "prometheus-node-exporter"
@@ -57,7 +58,9 @@ def build_fleet(nodes: int, engine: bool) -> Fleet:
         base = free_port_range(nodes, start=12000 + attempt * 3000)
         eng = free_port_range(nodes, start=base + nodes) if engine else None
         try:
-            return Fleet(FleetConfig(nodes=nodes, gpus=8, base_port=base, engine_base_port=eng), "bench")
+            # the recommended profile: the largest DCGM page (stock fields + extras + allocator)
+            return Fleet(FleetConfig(nodes=nodes, gpus=8, base_port=base, engine_base_port=eng,
+                                     exporter_profile="recommended"), "bench")
         except OSError:
             continue
     raise RuntimeError(f"could not bind {nodes} node ports on 127.0.0.1")
@@ -150,7 +153,7 @@ class DcgmLikeCollector(Collector):
 
     def __init__(self, node: Node):
         self.node = node
-        self.dcgm = collmod.DcgmCollector(node)  # only for its label helper
+        self.dcgm = collmod.DcgmCollector(node, profile="recommended")  # only for its label helper
 
     def collect(self):
         node = self.node
@@ -168,10 +171,17 @@ class DcgmLikeCollector(Collector):
                                       labels=names + ["window_size_in_ms", "xid"])
             for g, ident in zip(present, idents):
                 last = g.last_xid
-                code, msg = (last.code, last.message) if last else (0, "No Error")
-                xid.add_metric([v for _, v in ident] + [str(code), msg], code)
-                for c, n in sorted(g.xid_counts().items()):
-                    count.add_metric([v for _, v in ident] + [str(node.cfg.xid_window_ms), str(c)], n)
+                if last is not None:  # no series before the first Xid (dcgm-exporter 4.4+)
+                    xid.add_metric([v for _, v in ident] + [str(last.code), xid_text(last.code)], last.code)
+                window = str(node.cfg.xid_window_ms)
+                counts = sorted(g.xid_counts().items())
+                if not counts:  # one 0 series without `xid` (expcollector.go)
+                    zero = GaugeMetricFamily("DCGM_EXP_XID_ERRORS_COUNT", collmod.XID_COUNT_HELP,
+                                             labels=names + ["window_size_in_ms"])
+                    zero.add_metric([v for _, v in ident] + [window], 0)
+                    count.samples.extend(zero.samples)
+                for c, n in counts:
+                    count.add_metric([v for _, v in ident] + [window, str(c)], n)
             yield xid
             yield count
             for name, _t, help_text, get in collmod.ALLOCATOR_FIELDS:

@@ -18,14 +18,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import requests
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuobs.exporter.admin_client import AdminClient  # noqa: E402
+from gpuobs.core.assets import root as _assets_root  # noqa: E402
+from gpuobs.promapi.alertmanager import AlertsClient, PagerClient  # noqa: E402
+from gpuobs.promapi.exporter_admin import AdminClient  # noqa: E402
 from gpuobs.stack import supervisor  # noqa: E402
-from gpuobs.stack.render import REPO_ROOT, Ports  # noqa: E402
+from gpuobs.stack.render import Ports  # noqa: E402
+
+REPO_ROOT = _assets_root()
 from gpuobs.stack.ports import free_port_range  # noqa: E402
 
 RUNS = 10
@@ -47,30 +50,30 @@ def main() -> int:
     base = free_port_range(16)
     ports = Ports(prometheus=base, alertmanager=base + 1, pager=base + 2, node_base=base + 3, engine_base=base + 10)
     with tempfile.TemporaryDirectory() as tmp:
-        state = supervisor.up(supervisor.StackConfig(run_dir=Path(tmp), nodes=5, gpus=2, training_nodes=0,
+        state = supervisor.up(supervisor.StackConfig(run_dir=Path(tmp), nodes=5, gpus=2, training_nodes=0, exporter_profile="recommended",
                                                      ports=ports), out=sys.stderr)
         try:
-            token = Path(state["token_file"]).read_text().strip()
-            admins = [AdminClient(u.removesuffix("/metrics"), token) for u in state["urls"]["nodes"]]
-            prom, pager = state["urls"]["prometheus"], state["urls"]["pager"]
+            token = state.token()
+            admins = [AdminClient(u, token) for u in state.urls.node_bases]
+            alerts_api, pager_api = AlertsClient(state.urls.prometheus), PagerClient(state.urls.pager)
             rows = []
             for i in range(RUNS):
                 node, gpu = i % 5, i // 5
-                host = state["hostnames"][node]
+                host = state.hostnames[node]
                 if i == 5:  # let the first groups resolve so the next runs start fresh groups
-                    _poll(lambda: len([p for p in requests.get(f"{pager}/api/pages", timeout=5).json()["pages"]
+                    _poll(lambda: len([p for p in pager_api.pages()
                                        if p["status"] == "resolved"]) >= 5, 240, 1.0)
                 t0 = time.time()
                 fid = admins[node].inject({"kind": "xid", "gpu": gpu, "code": 48})["id"]
 
                 def firing():
-                    alerts = requests.get(f"{prom}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+                    alerts = alerts_api.alerts()
                     return any(a["state"] == "firing" and a["labels"].get("alertname") == "GpuXidCritical"
                                and a["labels"].get("Hostname") == host and a["labels"].get("gpu") == str(gpu)
                                for a in alerts)
 
                 def paged():
-                    for p in requests.get(f"{pager}/api/pages", timeout=5).json()["pages"]:
+                    for p in pager_api.pages():
                         if p["received_at"] >= t0 and p["status"] == "firing" and any(
                                 a["labels"].get("Hostname") == host and a["labels"].get("gpu") == str(gpu)
                                 for a in p["alerts"]):

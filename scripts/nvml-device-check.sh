@@ -54,7 +54,7 @@ except metadata.PackageNotFoundError:
 print(f"python {sys.version.split()[0]} at {sys.executable}; nvidia-ml-py {v}")
 PYEOF
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-timeout -k 10 "$CHECK_TIMEOUT_S" "$PY" -m gpuobs.exporter.nvml_check
+timeout -k 10 "$CHECK_TIMEOUT_S" "$PY" -m gpuobs.exporter.nvml.check
 rc=$?
 [ "$rc" -eq 124 ] && { echo "FAIL: the check ran past ${CHECK_TIMEOUT_S} s"; exit 1; }
 exit "$rc"

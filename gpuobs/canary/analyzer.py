@@ -22,7 +22,7 @@ spread test, each at its share of the metric's alpha with its own group-sequenti
 (DerSimonian-Laird). ``config.warmup_s`` of data after ``start`` is excluded, and every look says
 whether a PROMOTE is reachable within the horizon (``Verdict.promote_reachable``).
 
-Errors: :class:`~gpuobs.canary.promapi.PrometheusUnavailable` and the other PrometheusError types are
+Errors: :class:`~gpuobs.promapi.prometheus.PrometheusUnavailable` and the other PrometheusError types are
 raised, never turned into a verdict; empty results, NaN, vanished series, a missing error series and
 too few samples give NoData, and a critical NoData metric makes the look HOLD (never PROMOTE).
 """
@@ -40,15 +40,15 @@ import numpy as np
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
-from gpuobs import log
-from gpuobs.canary.canary_config import CanaryConfig, MetricSpec, parse_selector, quantile_of
-from gpuobs.canary.promapi import PromClient, QueryResult
+from gpuobs.canary.config import CanaryConfig, MetricSpec, parse_selector, quantile_of
 from gpuobs.canary.sequential import (MIN_INFO_GROWTH, binomial_upper_bound, group_sequential_boundaries,
                                       planned_looks, rate_ratio_interval, rate_ratio_log_evalue)
 from gpuobs.canary.stats import (CANARY_VARIANCE_PRIOR, CLASS_NAMES, Clustered, Shift, bin_log_centres, classify,
                                  clustered, common_bounds, exceedance_z, fold_nonpositive, harmful,
                                  histogram_quantile, paired_shift, parse_buckets, rebin, unit_moments)
 from gpuobs.canary.verdict import MetricResult, Verdict, combine
+from gpuobs.core import log
+from gpuobs.promapi.prometheus import PromClient, QueryResult
 
 LOG = log.get("canary")
 OUTLOOK_MARGIN = 1.5  # "out of reach" = the horizon brings less than 1/1.5 of the requests needed
@@ -85,7 +85,7 @@ class Analyzer:
     """Judges one canary against one baseline with ``config``'s metrics.
 
     ``canary`` / ``baseline``: PromQL label matchers injected into every query (e.g.
-    ``track="canary"``). Raises :class:`~gpuobs.canary.canary_config.ConfigError` on a bad selector.
+    ``track="canary"``). Raises :class:`~gpuobs.canary.config.ConfigError` on a bad selector.
     """
 
     def __init__(self, client: PromClient, config: CanaryConfig, canary: str, baseline: str):
@@ -290,6 +290,9 @@ class Analyzer:
             if total < spec.min_samples:
                 res.needed_canary = spec.min_samples
                 raise NoData(f"{side} has {total:.0f} requests in the window, needs {spec.min_samples:.0f}")
+        for side, eff in (("canary", ec_u), ("baseline", eb_u)):
+            if not float(eff.sum()) > 0:  # e.g. the clustered_by count is 0 while the buckets grew
+                raise NoData(f"{side}: no effective requests in the window (the sample or request count is 0)")
         pc, pb = cc.sum(0), cb.sum(0)
         for side, counts in (("canary", pc), ("baseline", pb)):
             getattr(res, side).update({f"p{int(q * 100)}": float(histogram_quantile(q, common, counts))

@@ -9,6 +9,7 @@ physics stays deterministic per tick for tests that call :meth:`Node.advance` di
 from __future__ import annotations
 
 import collections
+import json
 import os
 import secrets
 import signal
@@ -19,13 +20,16 @@ from pathlib import Path
 
 import yaml
 
-from gpuobs import log
-from gpuobs.exporter.collector import DcgmCollector, EngineCollector, K8sMap
-from gpuobs.exporter.engine import EngineConfig
-from gpuobs.exporter.mig import MigProfile
-from gpuobs.exporter.node import Node, NodeConfig
-from gpuobs.exporter.releases import load as load_releases
+from gpuobs.core import log
+from gpuobs.core.files import atomic_write
+from gpuobs.exporter.collectors.dcgm import DcgmCollector, K8sMap
+from gpuobs.exporter.collectors.vllm import EngineCollector
 from gpuobs.exporter.server import NodeServer
+from gpuobs.exporter.sim import profiles
+from gpuobs.exporter.sim.behaviour import load as load_releases
+from gpuobs.exporter.sim.engine import EngineConfig
+from gpuobs.exporter.sim.mig import MigProfile
+from gpuobs.exporter.sim.node import Node, NodeConfig
 
 _log = log.get("exporter")
 
@@ -64,7 +68,13 @@ class FleetConfig:
     host: str = "127.0.0.1"
     host_prefix: str = "gpu-node"
     driver_version: str = "550.54.15"
-    hostname_label: str = "Hostname"
+    host_label_mode: str = "Hostname"
+    exporter_profile: str = "stock"
+    clock_events_name: str = "canonical"
+    collect_interval_s: float = 0.0
+    #: file_sd file of the DCGM targets in ServiceMonitor shape: the fleet rewrites a node's ``pod``
+    #: target label when its exporter pod is replaced (as Kubernetes discovery would).
+    targets_file: Path | None = None
     xid_window_ms: int = 300_000
     tick_s: float = 1.0
     engine_base_port: int | None = 8000
@@ -120,15 +130,16 @@ class Fleet:
                                       driver_version=cfg.driver_version, xid_window_ms=cfg.xid_window_ms,
                                       start_time=now, engine=EngineConfig(rate_rps=cfg.rate_rps)), releases)
                       for i in range(cfg.node_offset, cfg.node_offset + cfg.nodes)]
+        self.profile = profiles.load(cfg.exporter_profile, cfg.clock_events_name)
         self.servers: list[NodeServer] = []
         try:
             for i, node in enumerate(self.nodes):
-                dcgm = DcgmCollector(node, cfg.hostname_label, cfg.mig, cfg.k8s)
-                self.servers.append(NodeServer((cfg.host, cfg.base_port + i), node, token, dcgm, True,
-                                               cfg.hostname_label))
+                dcgm = DcgmCollector(node, cfg.host_label_mode, cfg.mig, cfg.k8s, profile=self.profile,
+                                     collect_interval_s=cfg.collect_interval_s)
+                self.servers.append(NodeServer((cfg.host, cfg.base_port + i), node, token, dcgm, True))
                 if node.engine is not None and cfg.engine_base_port is not None:
                     self.servers.append(NodeServer((cfg.host, cfg.engine_base_port + i), node, token,
-                                                   EngineCollector(node), False, cfg.hostname_label))
+                                                   EngineCollector(node), False))
         except OSError:
             for s in self.servers:
                 s.server_close()
@@ -137,6 +148,7 @@ class Fleet:
         self._threads: list[threading.Thread] = []
         #: Wall seconds each recent tick spent advancing every node (the bench reads it).
         self.tick_seconds: collections.deque[float] = collections.deque(maxlen=3600)
+        self._pods = {n.hostname: n.exporter_pod for n in self.nodes}
 
     def start(self) -> None:
         """Start one serving thread per node and the ticker thread."""
@@ -155,7 +167,31 @@ class Fleet:
             for node in self.nodes:
                 node.advance(now - last)
             last = now
+            if self.cfg.targets_file is not None:
+                self._sync_pod_labels()
             self.tick_seconds.append(time.monotonic() - now)
+
+    def _sync_pod_labels(self) -> None:
+        """Rewrite the ``pod`` target label of nodes whose exporter pod was replaced since the last tick
+        (only targets whose ``node`` and old ``pod`` match; other labels, e.g. a rollout's, are kept)."""
+        changed = {n.hostname: (self._pods[n.hostname], n.exporter_pod) for n in self.nodes
+                   if n.exporter_pod != self._pods[n.hostname]}
+        if not changed:
+            return
+        path = Path(self.cfg.targets_file)
+        try:
+            groups = json.loads(path.read_text())
+            for g in groups:
+                old_new = changed.get(g.get("labels", {}).get("node"))
+                if old_new and g["labels"].get("pod") == old_new[0]:
+                    g["labels"]["pod"] = old_new[1]
+            atomic_write(path, json.dumps(groups, indent=2) + "\n")
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            _log.warning("cannot update the pod labels of the targets", extra={"fields": {"file": str(path),
+                                                                                          "error": str(exc)}})
+            return
+        for host, (_old, new) in changed.items():
+            self._pods[host] = new
 
     def stop(self) -> None:
         """Stop the ticker and every server; idempotent."""

@@ -1,9 +1,9 @@
 """Prometheus access shared by the reports: range queries to plot lines, PromQL quoting, legends.
 
-Error policy: :class:`~gpuobs.canary.promapi.PrometheusUnavailable` (connection refused, 5xx) and
-:class:`~gpuobs.canary.promapi.PrometheusResponseError` (wrong URL, auth, garbage) concern every
+Error policy: :class:`~gpuobs.promapi.prometheus.PrometheusUnavailable` (connection refused, 5xx) and
+:class:`~gpuobs.promapi.prometheus.PrometheusResponseError` (wrong URL, auth, garbage) concern every
 query alike, so they propagate and stop the report; a query the server rejects
-(:class:`~gpuobs.canary.promapi.PrometheusQueryError`) only costs its own panel, which then says why.
+(:class:`~gpuobs.promapi.prometheus.PrometheusQueryError`) only costs its own panel, which then says why.
 """
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from gpuobs.canary.promapi import PrometheusQueryError, PromClient, QueryResult, Series
+from gpuobs.promapi.prometheus import (
+    PromClient,
+    PrometheusQueryError,
+    QueryResult,
+    Series,
+)
 from gpuobs.reports.plots import Line
 
 #: Labels that never help tell two plotted series apart.

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from gpuobs.stack.render import REPO_ROOT, atomic_write
+from gpuobs.core import assets
+from gpuobs.core.files import atomic_write
 
 #: Where distribution packages put Grafana's static files (``--homepath``), first match wins.
 HOMEPATHS = ("/usr/share/grafana", "/usr/local/share/grafana", "/opt/grafana")
@@ -39,11 +40,12 @@ def _secret(path: Path) -> str:
     return value
 
 
-def render(run: Path, port: int, prometheus: str, alertmanager: str, repo: Path = REPO_ROOT) -> tuple[list[str], dict]:
+def render(run: Path, port: int, prometheus: str, alertmanager: str, repo: Path | None = None) -> tuple[list[str], dict]:
     """Write ``run/grafana/provisioning`` and return (extra argv, environment) for the server.
 
     Raises FileNotFoundError if the repository's provisioning files are missing.
     """
+    repo = repo or assets.root()
     out = run / "grafana"
     ds = yaml.safe_load((repo / "grafana/provisioning/datasources/datasources.yml").read_text())
     urls = {"prometheus": prometheus, "alertmanager": alertmanager}

@@ -3,35 +3,61 @@
 Starts, on 127.0.0.1, the simulated fleet (one process, one port per node), the pager, Alertmanager
 and Prometheus (binaries from PATH: ``prometheus``; ``prometheus-alertmanager`` or ``alertmanager``),
 with rendered configs, data, logs and pids under the run directory, and records everything in
-``<run>/stack.json``. ``down`` stops only processes it started: each pid is checked against the
-command line it was started with before it is signalled.
+``<run>/stack.json``. The run directory is mode 0700 and everything in it is created 0600/0700
+(umask 077 for the supervisor's writes and every component), since it holds tokens, pages and
+alert data.
+
+``down`` stops every process of the stack, found by its recorded command line (any pid: a component
+restarted by hand with the same argv is found too) and by the ports the stack owns (a process
+listening on one of them that runs the same program); nothing else is ever signalled. ``restart``
+stops one component that way and starts it again with its recorded argv. ``status`` reports a
+component as running when any such process exists, with its current pid.
+
+Alert-delivery flags (Prometheus resend delay and ``for`` grace period, Alertmanager notification-log
+maintenance interval and resolve timeout) come from :mod:`gpuobs.stack.alert_timing`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import requests
+import yaml
 
-from gpuobs.exporter.identity import hostname
-from gpuobs.stack.ports import port_free
+from gpuobs.core import assets, tokens
+from gpuobs.core.durations import format_duration
+from gpuobs.core.errors import Failure
+from gpuobs.core.files import atomic_write
+from gpuobs.exporter.sim import k8s, profiles
+from gpuobs.exporter.sim.identity import exporter_pod_name, hostname
+from gpuobs.stack import alert_timing
+from gpuobs.stack import state as state_file
 from gpuobs.stack.grafana import find_grafana
 from gpuobs.stack.grafana import render as render_grafana
-from gpuobs.stack.render import REPO_ROOT, Ports, atomic_write, render_alertmanager, render_prometheus
+from gpuobs.stack.ports import port_free
+from gpuobs.stack.render import (
+    Ports,
+    render_alertmanager,
+    render_prometheus,
+    scrape_pools,
+    write_targets,
+)
+from gpuobs.stack.state import Component, StackState, StackUrls
 
 APT_HINT = ("install them with: apt-get install -y --no-install-recommends prometheus prometheus-alertmanager "
             "(Debian/Ubuntu, as root), or put the upstream binaries on PATH")
 
 
-class StackError(RuntimeError):
+class StackError(Failure):
     """A stack operation failed; ``exit_code`` is 2 for user/setup errors, 1 otherwise."""
 
     def __init__(self, message: str, exit_code: int = 1):
@@ -54,6 +80,18 @@ class StackConfig:
     profile: str = "default"
     runbook_base: str | None = None
     timeout_s: float = 60.0
+    #: One ``gpuobs logwatch`` per node on the node's simulated kernel log (job ``logwatch``).
+    logwatch: bool = True
+    #: What the simulated exporters serve (gpuobs.exporter.sim.profiles): stock | helm | recommended.
+    exporter_profile: str = "stock"
+    #: The DCGM pages' host label: Hostname | hostname | localhost | pod | none.
+    host_label_mode: str = "Hostname"
+    #: How Prometheus finds and labels the pages: file_sd | servicemonitor (gpuobs.exporter.sim.k8s).
+    scrape_mode: str = "file_sd"
+    #: DCGM's field update interval in seconds (0: fresh values on every scrape).
+    collect_interval_s: float = 0.0
+    #: Name of field 112 on the pages: canonical (DCGM_FI_DEV_CLOCKS_EVENT_REASONS) or legacy (..._CLOCK_THROTTLE_REASONS).
+    clock_events_name: str = "canonical"
 
 
 def find_binaries() -> dict[str, str]:
@@ -81,28 +119,16 @@ def alive(pid: int, argv: list[str]) -> bool:
     return _cmdline(pid) == list(argv)
 
 
-def load_state(run_dir: Path) -> dict | None:
-    """The run directory's stack.json, or None if there is none.
+def load_state(run_dir: Path) -> StackState | None:
+    """The run directory's stack.json (:class:`~gpuobs.stack.state.StackState`), or None if there is none.
 
     Raises StackError (exit 2) if the file is unreadable or not the shape ``up`` writes, naming the
     problem, so a damaged file never turns into a traceback or a signal to the wrong process.
     """
-    path = run_dir / "stack.json"
-    if not path.exists():
-        return None
-    hint = f"{path} is damaged ({{}}); if no stack is running from {run_dir}, delete it and start again"
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise StackError(hint.format(exc), 2) from None
-    comps = state.get("components") if isinstance(state, dict) else None
-    if not isinstance(comps, dict) or not isinstance(state.get("urls"), dict):
-        raise StackError(hint.format("missing 'components' or 'urls'"), 2)
-    for name, c in comps.items():
-        if (not isinstance(c, dict) or not isinstance(c.get("pid"), int) or not isinstance(c.get("argv"), list)
-                or not c["argv"] or not all(isinstance(a, str) for a in c["argv"])):
-            raise StackError(hint.format(f"component {name!r} has no valid pid/argv"), 2)
-    return state
+        return state_file.load(run_dir)
+    except state_file.StateError as exc:
+        raise StackError(str(exc), 2) from None
 
 
 def check_run_dir(run_dir: Path) -> Path:
@@ -114,12 +140,33 @@ def check_run_dir(run_dir: Path) -> Path:
     if not str(run_dir).strip():
         raise StackError("--run-dir must not be empty", 2)
     run = run_dir.resolve()
-    if run == REPO_ROOT or run in REPO_ROOT.parents:
+    checkout = assets.checkout_root()
+    if checkout is not None and (run == checkout or run in checkout.parents):
         raise StackError(f"--run-dir {run} is the gpuobs repository (or contains it); use a directory "
                          "of its own such as .run", 2)
     if run.exists() and not run.is_dir():
         raise StackError(f"--run-dir {run} exists and is not a directory", 2)
     return run
+
+
+#: umask of everything the stack writes and starts: files 0600, directories 0700.
+UMASK = 0o077
+
+
+@contextmanager
+def private_files() -> Iterator[None]:
+    """Run the block with umask 077 (restored afterwards)."""
+    old = os.umask(UMASK)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _make_private(run: Path) -> None:
+    """chmod the run directory 0700 (existing files inside are left to :func:`private_files`)."""
+    run.mkdir(parents=True, exist_ok=True)
+    os.chmod(run, 0o700)
 
 
 def _wait(what: str, check, deadline: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
@@ -141,21 +188,34 @@ def _ok(url: str) -> bool:
     return requests.get(url, timeout=2).status_code == 200
 
 
-def _all_targets_up(prom: str, expected: int) -> bool:
+def _all_targets_up(prom: str, expected: int, pools: tuple[str, ...] = ("dcgm", "vllm")) -> bool:
     resp = requests.get(f"{prom}/api/v1/targets", params={"state": "active"}, timeout=2).json()
-    nodes = [t for t in resp["data"]["activeTargets"] if t["labels"].get("job") in ("dcgm", "vllm")]
+    nodes = [t for t in resp["data"]["activeTargets"] if t.get("scrapePool") in pools]
     return len(nodes) == expected and all(t["health"] == "up" for t in nodes)
 
 
-def up(cfg: StackConfig, out=sys.stdout) -> dict:
-    """Start the stack and wait until Prometheus reports every node target up; returns the state dict.
+def up(cfg: StackConfig, out=sys.stdout) -> StackState:
+    """Start the stack and wait until Prometheus reports every node target up; returns the :class:`~gpuobs.stack.state.StackState`.
 
     Raises StackError: exit 2 for missing binaries, busy ports or a stack already running in the run
     directory; exit 1 when a component fails to start (the components already started are stopped).
     """
+    with private_files():
+        return _up(cfg, out)
+
+
+def _up(cfg: StackConfig, out) -> StackState:
     run = check_run_dir(cfg.run_dir)
+    for what, value, allowed in (("exporter profile", cfg.exporter_profile, profiles.PROFILES),
+                                 ("host label mode", cfg.host_label_mode, profiles.HOST_LABEL_MODES),
+                                 ("scrape mode", cfg.scrape_mode, k8s.SCRAPE_MODES),
+                                 ("clock events name", cfg.clock_events_name, profiles.CLOCK_EVENTS_NAMES)):
+        if value not in allowed:
+            raise StackError(f"{what} must be one of {', '.join(allowed)}; got {value!r}", 2)
+    if cfg.collect_interval_s < 0:
+        raise StackError(f"collect interval must be >= 0 seconds; got {cfg.collect_interval_s:g}", 2)
     old = load_state(run)
-    if old and any(alive(c["pid"], c["argv"]) for c in old["components"].values()):
+    if old and any(find_processes(old, name) for name in old.components):
         raise StackError(f"a stack is already running from {run}; run `gpuobs stack down --run-dir {cfg.run_dir}` first", 2)
     bins = find_binaries()
     p = cfg.ports
@@ -172,33 +232,62 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
     busy = [str(x) for x in wanted if not port_free(x)]
     if busy:
         raise StackError(f"ports already in use on 127.0.0.1: {', '.join(busy)}; choose others with the --*-port flags", 2)
+    _make_private(run)
     for sub in ("logs", "prometheus/data", "alertmanager/data"):
         (run / sub).mkdir(parents=True, exist_ok=True)
+    timing = alert_timing.DEFAULT
+    pager_token_file = run / "pager-token"
+    try:
+        tokens.load_or_create(pager_token_file)
+    except tokens.TokenError as exc:
+        raise StackError(str(exc), 2) from None
     nodes = [(hostname("gpu-node", i), port) for i, port in enumerate(node_ports)]
     engines = [(hostname("gpu-node", i), port) for i, port in enumerate(engine_ports)]
     pager_url = f"http://127.0.0.1:{p.pager}"
     runbook_base = cfg.runbook_base or pager_url
-    prom_cfg = render_prometheus(run, p, nodes, engines, runbook_base, cfg.profile)
-    am_cfg = render_alertmanager(run, p)
+    exporter_extra = ["--exporter-profile", cfg.exporter_profile, "--host-label-mode", cfg.host_label_mode]
+    if cfg.collect_interval_s:
+        exporter_extra += ["--collect-interval", f"{cfg.collect_interval_s:g}"]
+    if cfg.clock_events_name != "canonical":
+        exporter_extra += ["--clock-events-name", cfg.clock_events_name]
+    pods = None
+    if cfg.scrape_mode == "servicemonitor":
+        # Kubernetes shapes: exporter and engine pod names in the targets; the workload pods that own
+        # the GPUs on the pages (stored by Prometheus as exported_pod/namespace/container).
+        pods = {h: (exporter_pod_name(cfg.seed, i), k8s.engine_pod_name(cfg.seed, i)) for i, (h, _p) in enumerate(nodes)}
+        roles = [(h, i, "serving" if i < serving else "training") for i, (h, _p) in enumerate(nodes)]
+        k8s_map = run / "k8s-map.yaml"
+        atomic_write(k8s_map, yaml.safe_dump(k8s.pod_map(roles, cfg.gpus, cfg.seed), sort_keys=True))
+        exporter_extra += ["--k8s-map", str(k8s_map),
+                           "--targets-file", str(run / "prometheus" / "targets" / "dcgm-nodes.json")]
+    prom_cfg = render_prometheus(run, p, nodes, engines, runbook_base, cfg.profile, scrape_mode=cfg.scrape_mode,
+                                 pods=pods)
+    lw_specs, lw_checks, lw_urls = _logwatch_specs(cfg, run, nodes) if cfg.logwatch else ({}, {}, [])
+    am_cfg = render_alertmanager(run, p, pager_token_file=pager_token_file,
+                                 resolve_timeout=format_duration(timing.resolve_timeout_s))
     py = [sys.executable, "-m", "gpuobs"]
     specs = {
         "exporter": py + ["exporter", "--nodes", str(cfg.nodes), "--gpus", str(cfg.gpus), "--base-port", str(p.node_base),
                           "--seed", str(cfg.seed), "--token-file", str(run / "admin-token"),
                           "--xid-window-ms", str(cfg.xid_window_ms), "--engine-base-port", str(p.engine_base),
-                          "--training-nodes", str(cfg.training_nodes), "--rate", str(cfg.rate_rps)],
+                          "--training-nodes", str(cfg.training_nodes), "--rate", str(cfg.rate_rps)] + exporter_extra,
         "pager": py + ["pager", "--port", str(p.pager), "--db", str(run / "pager.sqlite"),
-                       "--runbooks-dir", str(REPO_ROOT / "runbooks")],
+                       "--runbooks-dir", str(assets.path("runbooks")), "--token-file", str(pager_token_file),
+                       "--runbook-base", runbook_base],
         "alertmanager": [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / 'alertmanager/data'}",
                          f"--web.listen-address=127.0.0.1:{p.alertmanager}", "--cluster.listen-address=",
-                         f"--web.external-url=http://127.0.0.1:{p.alertmanager}", "--log.format=json"],
+                         f"--web.external-url=http://127.0.0.1:{p.alertmanager}", "--log.format=json",
+                         *timing.alertmanager_flags()],
         "prometheus": [bins["prometheus"], f"--config.file={prom_cfg}", f"--storage.tsdb.path={run / 'prometheus/data'}",
                        f"--web.listen-address=127.0.0.1:{p.prometheus}", "--storage.tsdb.retention.time=7d",
                        f"--web.external-url=http://127.0.0.1:{p.prometheus}", "--log.format=json",
-                       # Resend firing alerts every 15 s (default 1 m): a first send that races
-                       # Alertmanager's start-up is repeated quickly (the Watchdog shows up at once).
-                       "--rules.alert.resend-delay=15s"],
+                       # Resend delay and `for` grace period derived so that a Prometheus outage of
+                       # up to 5 min never resolves a firing alert (gpuobs/stack/alert_timing.py).
+                       *timing.prometheus_flags()],
     }
+    specs = {"exporter": specs.pop("exporter"), **lw_specs, **specs}  # the agents follow their nodes
     checks = {
+        **lw_checks,
         "exporter": lambda: all(_ok(f"http://127.0.0.1:{port}/health") for port in node_ports + engine_ports),
         "pager": lambda: _ok(f"{pager_url}/health"),
         "alertmanager": lambda: _ok(f"http://127.0.0.1:{p.alertmanager}/-/ready"),
@@ -213,66 +302,236 @@ def up(cfg: StackConfig, out=sys.stdout) -> dict:
                                                  f"http://127.0.0.1:{p.alertmanager}")
         specs["grafana"] = grafana_cmd + g_argv
         checks["grafana"] = lambda: _ok(f"http://127.0.0.1:{p.grafana}/api/health")
-    state = {"run_dir": str(run), "started_at": time.time(), "ports": asdict(p), "nodes": cfg.nodes, "gpus": cfg.gpus,
-             "seed": cfg.seed, "training_nodes": cfg.training_nodes, "profile": cfg.profile, "hostnames": [h for h, _ in nodes],
-             "token_file": str(run / "admin-token"),
-             "urls": {"prometheus": f"http://127.0.0.1:{p.prometheus}",
-                      "alertmanager": f"http://127.0.0.1:{p.alertmanager}", "pager": pager_url,
-                      "grafana": f"http://127.0.0.1:{p.grafana}" if grafana_cmd else None,
-                      "nodes": [f"http://127.0.0.1:{port}/metrics" for port in node_ports],
-                      "engines": [f"http://127.0.0.1:{port}/metrics" for port in engine_ports]},
-             "components": {}}
+    urls = StackUrls(prometheus=f"http://127.0.0.1:{p.prometheus}", alertmanager=f"http://127.0.0.1:{p.alertmanager}",
+                     pager=pager_url, grafana=f"http://127.0.0.1:{p.grafana}" if grafana_cmd else None,
+                     nodes=[f"http://127.0.0.1:{port}/metrics" for port in node_ports],
+                     engines=[f"http://127.0.0.1:{port}/metrics" for port in engine_ports], logwatch=lw_urls)
+    state = StackState(run_dir=str(run), started_at=time.time(), ports=asdict(p), nodes=cfg.nodes, gpus=cfg.gpus,
+                       seed=cfg.seed, training_nodes=cfg.training_nodes, profile=cfg.profile,
+                       exporter_profile=cfg.exporter_profile, host_label_mode=cfg.host_label_mode,
+                       scrape_mode=cfg.scrape_mode,
+                       hostnames=[h for h, _ in nodes], token_file=str(run / "admin-token"), urls=urls,
+                       logwatch=cfg.logwatch)
     deadline = time.monotonic() + cfg.timeout_s
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
         for name, argv in specs.items():
             log = run / "logs" / f"{name}.log"
-            with open(log, "ab") as fh:
-                proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, env=envs.get(name, env), cwd=run)
-            state["components"][name] = {"pid": proc.pid, "argv": argv, "log": str(log)}
-            atomic_write(run / "stack.json", json.dumps(state, indent=2))
+            proc = _spawn(argv, log, envs.get(name, env), run)
+            state.components[name] = Component(proc.pid, argv, str(log),
+                                               lw_urls[int(name.rsplit("-", 1)[1])] if name.startswith("logwatch-") else "")
+            state_file.save(state)
             print(f"started {name:<12} pid {proc.pid}", file=out, flush=True)
             _wait(name, checks[name], deadline, proc, log)
         _wait("Prometheus to report every node target up",
-              lambda: _all_targets_up(state["urls"]["prometheus"], cfg.nodes + serving), deadline)
+              lambda: _all_targets_up(state.urls.prometheus, cfg.nodes * (2 if cfg.logwatch else 1) + serving,
+                                      scrape_pools(cfg.scrape_mode) + (("logwatch",) if cfg.logwatch else ())),
+              deadline)
     except BaseException:
         down(cfg.run_dir, out=out)
         raise
     return state
 
 
+def _logwatch_specs(cfg: StackConfig, run: Path, nodes: list[tuple[str, int]]):
+    """argv, health checks and /metrics URLs of one ``gpuobs logwatch`` per node.
+
+    Each follows its node's ``/admin/kernel-log`` (state under ``run/logwatch/``) and maps bus ids with
+    a ``--gpu-map`` file in nvidia-smi's ``index, pci.bus_id, uuid`` form, written here from the
+    simulated identities (what ``nvidia-smi --query-gpu`` prints on a real node without NVML access).
+    Ports: ``ports.logwatch_base + i``, or free loopback ports chosen now when it is 0. Prometheus
+    scrapes them as job ``logwatch`` (file_sd, label ``node``).
+    """
+    from gpuobs.exporter.sim.gpu import H100_SXM
+    from gpuobs.exporter.sim.identity import gpu_identity
+    from gpuobs.stack.ports import free_port_range
+
+    base = cfg.ports.logwatch_base or free_port_range(len(nodes), start=20000)
+    lw_ports = [base + i for i in range(len(nodes))]
+    busy = [str(x) for x in lw_ports if not port_free(x)]
+    if busy:
+        raise StackError(f"logwatch ports already in use on 127.0.0.1: {', '.join(busy)}", 2)
+    py = [sys.executable, "-m", "gpuobs"]
+    specs, checks, urls = {}, {}, []
+    for i, ((host, node_port), port) in enumerate(zip(nodes, lw_ports)):
+        gmap = run / "logwatch" / f"{host}-gpus.csv"
+        rows = [gpu_identity(cfg.seed, i, g, H100_SXM.name) for g in range(cfg.gpus)]
+        atomic_write(gmap, "index, pci.bus_id, uuid\n" + "".join(f"{r.index}, {r.pci_bus_id}, {r.uuid}\n" for r in rows))
+        specs[f"logwatch-{i}"] = py + ["logwatch", "--source", "sim", "--url", f"http://127.0.0.1:{node_port}",
+                                       "--token-file", str(run / "admin-token"), "--state-file",
+                                       str(run / "logwatch" / f"{host}.state.json"), "--port", str(port),
+                                       "--hostname", host, "--gpu-map", str(gmap), "--no-nvml", "--interval", "0.5"]
+        checks[f"logwatch-{i}"] = (lambda u: lambda: _ok(u))(f"http://127.0.0.1:{port}/health")
+        urls.append(f"http://127.0.0.1:{port}/metrics")
+    write_targets(run, "logwatch", [(h, port, {}) for (h, _), port in zip(nodes, lw_ports)])
+    return specs, checks, urls
+
+
+def _spawn(argv: list[str], log: Path, env: dict, cwd: Path) -> subprocess.Popen:
+    """Start one component in a session of its own, output appended to ``log``, umask 077."""
+    with open(log, "ab") as fh:
+        return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env, cwd=cwd, umask=UMASK)
+
+
+def component_ports(state: StackState, name: str) -> list[int]:
+    """The TCP ports component ``name`` listens on, from the recorded ports and fleet shape."""
+    p = state.ports
+    if name == "exporter":
+        serving = state.nodes - state.training_nodes
+        return ([p["node_base"] + i for i in range(state.nodes)] + [p["engine_base"] + i for i in range(serving)]
+                if "node_base" in p and "engine_base" in p else [])
+    return [p[name]] if name in p else []
+
+
+def _listening_inodes(ports: set[int]) -> set[str]:
+    """Socket inodes of TCP sockets in LISTEN state on any of ``ports`` (IPv4 and IPv6)."""
+    found: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) in ports:
+                found.add(f[9])
+    return found
+
+
+def _pids_owning(inodes: set[str]) -> set[int]:
+    """Pids with an open file descriptor on one of the socket ``inodes`` (our own user's processes)."""
+    pids: set[int] = set()
+    if not inodes:
+        return pids
+    wanted = {f"socket:[{i}]" for i in inodes}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            for fd in (d / "fd").iterdir():
+                if os.readlink(fd) in wanted:
+                    pids.add(int(d.name))
+                    break
+        except OSError:
+            continue
+    return pids
+
+
+def _same_program(cmd: list[str], argv: list[str]) -> bool:
+    """Whether ``cmd`` runs the program of ``argv``: the same executable and, for ``python -m gpuobs
+    GROUP``, the same group (so a port holder of another kind is never taken for a component)."""
+    if not cmd or not argv:
+        return False
+    if argv[1:3] == ["-m", "gpuobs"]:
+        return len(cmd) > 3 and cmd[1:4] == argv[1:4] and os.path.basename(cmd[0]).startswith("python")
+    return os.path.basename(cmd[0]) == os.path.basename(argv[0])
+
+
+def find_processes(state: StackState, name: str) -> list[int]:
+    """Pids of component ``name`` now: its recorded pid if it still runs the recorded argv, any other
+    process running exactly that argv, and any process listening on the component's ports that runs
+    the same program. Sorted; empty when the component is down."""
+    comp = state.components.get(name)
+    if comp is None:
+        return []
+    pids = {comp.pid} if alive(comp.pid, comp.argv) else set()
+    me = os.getpid()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) not in (me, 1) and _cmdline(int(d.name)) == comp.argv:
+            pids.add(int(d.name))
+    for pid in _pids_owning(_listening_inodes(set(component_ports(state, name)))):
+        if pid not in (me, 1) and _same_program(_cmdline(pid), comp.argv):
+            pids.add(pid)
+    return sorted(pids)
+
+
+def _stop_pids(pids: list[int], grace_s: float) -> list[int]:
+    """SIGTERM ``pids`` (their process group when they lead one), wait up to ``grace_s``, then
+    SIGKILL what is left; returns the pids that were signalled."""
+    cmds = {pid: _cmdline(pid) for pid in pids}
+    sent = []
+    for pid in pids:
+        try:
+            kill = os.killpg if os.getpgid(pid) == pid else os.kill
+            kill(pid, signal.SIGTERM)
+            sent.append(pid)
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + grace_s
+
+    def running(pid: int) -> bool:
+        _reap(pid)
+        return bool(cmds[pid]) and _cmdline(pid) == cmds[pid]
+
+    while any(running(pid) for pid in sent) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in sent:
+        if running(pid):
+            try:
+                kill = os.killpg if os.getpgid(pid) == pid else os.kill
+                kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap(pid)
+    kill_deadline = time.monotonic() + 5.0
+    while any(running(pid) for pid in sent) and time.monotonic() < kill_deadline:
+        time.sleep(0.05)
+    return sent
+
+
 def down(run_dir: Path, out=sys.stdout, grace_s: float = 10.0) -> int:
-    """Stop the processes recorded in ``run_dir``'s stack.json (reverse start order); returns how many.
+    """Stop every process of the stack recorded in ``run_dir``'s stack.json (reverse start order;
+    found by argv and ports, see :func:`find_processes`); returns how many were stopped.
     Raises StackError (exit 2) if stack.json is damaged."""
     state = load_state(run_dir.resolve())
     if not state:
         print(f"no stack recorded in {run_dir}", file=out)
         return 0
     stopped = 0
-    for name, comp in reversed(list(state["components"].items())):
-        pid, argv = comp["pid"], comp["argv"]
-        if not alive(pid, argv):
-            continue
-        try:
-            # We started every component in a session of its own (pgid == pid); signal the group
-            # only when that still holds, else just the process.
-            kill = os.killpg if os.getpgid(pid) == pid else os.kill
-            kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
-        deadline = time.monotonic() + grace_s
-        while alive(pid, argv) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.1)
-        if alive(pid, argv):
-            kill(pid, signal.SIGKILL)
-        _reap(pid)
-        stopped += 1
-        print(f"stopped {name:<12} pid {pid}", file=out)
-    state["components"] = {}
-    atomic_write(run_dir.resolve() / "stack.json", json.dumps(state, indent=2))
+    for name in reversed(list(state.components)):
+        for pid in _stop_pids(find_processes(state, name), grace_s):
+            stopped += 1
+            print(f"stopped {name:<12} pid {pid}", file=out)
+    state.components = {}
+    with private_files():
+        state_file.save(state)
     return stopped
+
+
+def restart(run_dir: Path, name: str, out=sys.stdout, grace_s: float = 10.0, timeout_s: float = 60.0) -> int:
+    """Stop component ``name`` (every process of it, :func:`find_processes`) and start it again with its
+    recorded argv, log and environment; waits until it is healthy and returns the new pid.
+
+    Raises StackError: exit 2 when no stack is recorded or ``name`` is not one of its components;
+    exit 1 when it does not come back healthy within ``timeout_s`` (its log tail is in the message).
+    """
+    run = run_dir.resolve()
+    state = load_state(run)
+    if not state or not state.components:
+        raise StackError(f"no stack running from {run_dir}; start one with `gpuobs stack up`", 2)
+    if name not in state.components:
+        raise StackError(f"unknown component {name!r}; this stack has: {', '.join(state.components)}", 2)
+    comp = state.components[name]
+    for pid in _stop_pids(find_processes(state, name), grace_s):
+        print(f"stopped {name:<12} pid {pid}", file=out)
+    busy = [str(x) for x in component_ports(state, name) if not port_free(x)]
+    if busy:
+        raise StackError(f"{name}: ports still in use after stopping it: {', '.join(busy)}")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if name == "grafana":
+        _, env = render_grafana(run, state.ports["grafana"], state.urls.prometheus, state.urls.alertmanager)
+    log = Path(comp.log) if comp.log else run / "logs" / f"{name}.log"
+    with private_files():
+        proc = _spawn(comp.argv, log, env, run)
+        comp.pid = proc.pid
+        state_file.save(state)
+    print(f"started {name:<12} pid {proc.pid}", file=out, flush=True)
+    checks = {"pager": [f"{state.urls.pager}/health"], "alertmanager": [f"{state.urls.alertmanager}/-/ready"],
+              "prometheus": [f"{state.urls.prometheus}/-/ready"], "grafana": [f"{state.urls.grafana}/api/health"],
+              "exporter": [n.replace("/metrics", "/health") for n in state.urls.nodes + state.urls.engines]}
+    _wait(name, lambda: all(_ok(u) for u in checks[name]), time.monotonic() + timeout_s, proc, log)
+    return proc.pid
 
 
 def _reap(pid: int) -> None:
@@ -288,21 +547,26 @@ def status(run_dir: Path) -> list[dict]:
     state = load_state(run_dir.resolve())
     if not state:
         return []
-    u = state["urls"]
-    probes = {"exporter": [n.replace("/metrics", "/health") for n in u["nodes"]], "pager": [f"{u['pager']}/health"],
-              "alertmanager": [f"{u['alertmanager']}/-/healthy"], "prometheus": [f"{u['prometheus']}/-/healthy"],
-              "grafana": [f"{u.get('grafana')}/api/health"]}
-    shown = {"exporter": u["nodes"][0].removesuffix("/metrics"), "pager": u["pager"],
-             "alertmanager": u["alertmanager"], "prometheus": u["prometheus"], "grafana": u.get("grafana")}
+    u = state.urls
+    probes = {"exporter": [n.replace("/metrics", "/health") for n in u.nodes], "pager": [f"{u.pager}/health"],
+              "alertmanager": [f"{u.alertmanager}/-/healthy"], "prometheus": [f"{u.prometheus}/-/healthy"],
+              "grafana": [f"{u.grafana}/api/health"]}
+    shown = {"exporter": u.node_bases[0] if u.node_bases else "", "pager": u.pager,
+             "alertmanager": u.alertmanager, "prometheus": u.prometheus, "grafana": u.grafana}
     rows = []
-    for name, comp in state["components"].items():
-        running = alive(comp["pid"], comp["argv"])
+    for name, comp in state.components.items():
+        pids = find_processes(state, name)
+        running = bool(pids)
+        pid = comp.pid if comp.pid in pids or not pids else pids[0]
         healthy = False
+        if name.startswith("logwatch-"):
+            probes[name] = [comp.url.replace("/metrics", "/health")]
+            shown[name] = comp.url.removesuffix("/metrics")
         if running:
             try:
                 healthy = all(_ok(url) for url in probes[name])
             except requests.RequestException:
                 healthy = False
-        rows.append({"component": name, "pid": comp["pid"], "running": running, "healthy": healthy,
-                     "url": shown[name]})
+        rows.append({"component": name, "pid": pid, "running": running, "healthy": healthy,
+                     "url": shown[name], "recorded_pid": comp.pid, "pids": pids})
     return rows

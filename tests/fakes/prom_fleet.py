@@ -2,14 +2,14 @@
 Prometheus 2.42 does, for the canary benchmark (bench/bench_canary.py) and unit tests.
 
 Why not the real Prometheus: the benchmark needs hundreds of thousands of looks; the real engine is
-checked against this fake on the same scrapes in tests/unit/test_prom_fleet.py (promtool, real
+checked against this fake on the same scrapes in tests/canary/test_prom_fleet.py (promtool, real
 Prometheus 2.42 PromQL engine), so the fake's answers are the engine's answers.
 
 :class:`Fleet` holds, per run, scrapes of one canary pod and ``pods - 1`` baseline pods: every pod is
 scraped every ``scrape_s`` seconds at its own phase; each scrape records the cumulative
 ``_bucket``/``_count`` counters of the TTFT histogram and ``request_success_total`` per
 ``finished_reason`` (stop, error), with labels ``job="vllm"``, ``track``, ``instance``.
-:class:`FakeSession` stands in for ``requests.Session`` inside :class:`gpuobs.canary.promapi.PromClient`,
+:class:`FakeSession` stands in for ``requests.Session`` inside :class:`gpuobs.promapi.prometheus.PromClient`,
 so the client's request building, response decoding and the analyzer's parsing all run.
 
 Supported expressions (exactly what the analyzer sends; anything else raises AssertionError):

@@ -1,0 +1,60 @@
+"""The ``gpuobs`` command: one module per command group, registered from :data:`GROUPS`.
+
+Each group module has ``register(subparsers)``; its leaves set ``func(args) -> int`` (the exit code).
+:func:`run` maps the error hierarchy of :mod:`gpuobs.core.errors` to exit codes (0 success,
+1 failure, 2 usage or input error, 3 inconclusive, 130 interrupted) and prints every user error as
+one line ``gpuobs <group>: error: ...``; nothing below the CLI prints errors or picks exit codes.
+Flags fall back to ``GPUOBS_*`` environment variables where their help says so.
+
+To add a group: write ``gpuobs/cli/<group>.py`` with ``register`` and add it to :data:`GROUPS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gpuobs import __version__
+from gpuobs.cli import common
+from gpuobs.cli.common import LOG_LEVELS, env, fail
+from gpuobs.core import log
+from gpuobs.core.errors import EXIT_INTERRUPTED, GpuobsError
+
+#: Command groups in the order ``gpuobs --help`` lists them (module names under gpuobs.cli).
+GROUPS = ("exporter", "logwatch", "pager", "fault", "stack", "compose", "drill", "rules", "doctor", "compat", "canary", "rollout", "report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (every group registered)."""
+    p = argparse.ArgumentParser(prog="gpuobs", description="Observability and release safety for GPU platforms.")
+    p.add_argument("--version", action="version", version=f"gpuobs {__version__}")
+    p.add_argument("--log-level", default=env("LOG_LEVEL", "info"), choices=LOG_LEVELS,
+                   help="JSON log level on stderr (env GPUOBS_LOG_LEVEL; default info)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in GROUPS:
+        importlib.import_module(f"gpuobs.cli.{group}").register(sub)
+    return p
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the command, return its exit code (what the tests call)."""
+    args = build_parser().parse_args(argv)
+    common.GROUP[:] = [args.command]
+    if hasattr(args, "param_names"):  # `fault inject <kind>`: collect that kind's parameters
+        args.params = {n: getattr(args, n) for n in args.param_names}
+    if str(args.log_level).lower() not in LOG_LEVELS:
+        return fail(f"log level {args.log_level!r} (--log-level or GPUOBS_LOG_LEVEL) must be one of "
+                    f"{', '.join(LOG_LEVELS)}")
+    log.setup(args.log_level)
+    try:
+        return args.func(args)
+    except GpuobsError as exc:  # a damaged stack.json, a bad run dir, a bad file: the user's to fix
+        return fail(exc, exc.exit_code)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``gpuobs`` console script."""
+    sys.exit(run(argv))

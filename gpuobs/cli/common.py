@@ -1,0 +1,83 @@
+"""What every command group shares: ``GPUOBS_*`` environment defaults, argparse value types and the
+one error line format ``gpuobs <group>: error: <message>`` (exit codes: :mod:`gpuobs.core.errors`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from gpuobs.core.durations import DurationError, parse_duration
+from gpuobs.core.errors import EXIT_USAGE
+
+#: The command group being run (``stack``, ``canary`` ...); set by :func:`gpuobs.cli.run`.
+GROUP: list[str] = []
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """``$GPUOBS_<name>`` or ``default``."""
+    return os.environ.get(f"GPUOBS_{name}", default)
+
+
+def run_dir_default() -> str:
+    """The run directory flags default to: ``$GPUOBS_RUN_DIR`` or ``.run``."""
+    return env("RUN_DIR", ".run") or ".run"
+
+
+def fail(msg: object, code: int = EXIT_USAGE) -> int:
+    """Print ``gpuobs <group>: error: msg`` on stderr and return ``code`` (the exit code)."""
+    where = " ".join(["gpuobs", *GROUP[:1]])
+    print(f"{where}: error: {msg}", file=sys.stderr)
+    return code
+
+
+def int_range(lo: int, hi: int):
+    """argparse type: an integer in ``lo..hi``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer {lo}..{hi}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer {lo}..{hi}, got {value}")
+        return value
+    return parse
+
+
+def pos_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def finite(kind: type):
+    """argparse type for fault parameters: int, str, or a finite float (no nan/inf)."""
+    if kind is not float:
+        return kind
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        return value
+    return parse
+
+
+def duration(text: str) -> float:
+    """argparse type: a duration in the one grammar (:mod:`gpuobs.core.durations`), seconds."""
+    try:
+        return parse_duration(text, "duration")
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(f"expected {exc.accepted}, got {text!r}") from None
+
+
+PORT = int_range(1, 65535)
+LOG_LEVELS = ["debug", "info", "warning", "error"]

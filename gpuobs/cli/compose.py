@@ -1,0 +1,49 @@
+"""``gpuobs compose``: the compose stack (check, up, down, status); ``make up`` picks it when Docker,
+Compose and the images are all there (docs/compose.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gpuobs.cli.common import run_dir_default
+from gpuobs.core.errors import EXIT_FAILURE
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    """Run one compose action; ComposeError (a Failure) is printed by the CLI with exit 1."""
+    from gpuobs.stack import compose
+
+    run_dir = Path(args.run_dir)
+    if args.action == "check":
+        ok, reason, extras = compose.check()
+        print(reason + (f"; optional services with their image loaded: {', '.join(extras) or 'none'}" if ok else ""))
+        return 0 if ok else EXIT_FAILURE
+    if args.action == "up":
+        run_dir.mkdir(parents=True, exist_ok=True)
+        st = compose.up(run_dir, args.project)
+        u = st["urls"]
+        print(f"compose stack up (project {st['project']}, {st['nodes']} node containers):\n"
+              f"  Prometheus    {u['prometheus']}\n  Alertmanager  {u['alertmanager']}\n"
+              f"  Pager         {u['pager']}  (/api/pages, /runbooks/)")
+        for p in ("grafana", "jaeger"):
+            print(f"  {p.capitalize():<13} " + ("started" if p in st["profiles"] else
+                  "not started: its image is not loaded (docs/compose.md, docker load)"))
+        print("Try: make drill-xid    Stop: make down")
+        return 0
+    if args.action == "down":
+        compose.down(run_dir, volumes=args.volumes)
+        return 0
+    print(compose.status(run_dir), end="")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``compose`` group to ``sub``."""
+    c = sub.add_parser("compose", help="the compose stack: check | up | down | status (docs/compose.md)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    c.add_argument("action", choices=["check", "up", "down", "status"])
+    c.add_argument("--run-dir", default=run_dir_default(), help="where compose.json is kept (env GPUOBS_RUN_DIR)")
+    c.add_argument("--project", default="gpuobs", help="compose project name")
+    c.add_argument("--volumes", action="store_true", help="down: also delete the data volumes")
+    c.set_defaults(func=cmd_compose)

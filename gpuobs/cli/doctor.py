@@ -1,0 +1,52 @@
+"""``gpuobs doctor``: which alert families work on this Prometheus (live / degraded / blind), why, and the fix.
+
+Exit codes: 0 no paging family is blind (degraded ones included), 1 a paging family is blind or
+Prometheus cannot be reached, 2 bad input (flag, selector, label name, a query the server rejects).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from gpuobs.cli.common import env, pos_float
+from gpuobs.doctor import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, render, run
+from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL
+
+EPILOG = f"""examples:
+  gpuobs doctor --prometheus http://127.0.0.1:9090
+  gpuobs doctor --prometheus http://prometheus.monitoring:9090 --dcgm-selector 'job="nvidia-dcgm-exporter"' --json
+families: {', '.join(f.name for f in FAMILIES)}
+exit codes: 0 no paging family is blind, 1 a paging family is blind or Prometheus is unreachable, 2 bad input"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``doctor`` to ``subparsers``; its ``func(args) -> int`` is :func:`cmd_doctor`."""
+    p = subparsers.add_parser(
+        "doctor", help="check a live Prometheus: which alert families are live, degraded or blind, and the fix",
+        description="Read a live Prometheus (any Prometheus-API backend; instant queries only) and print, per alert "
+                    "family, live / degraded / blind, why (missing series, identity label, host labels, selectors, "
+                    "driver label, MIG) and the exact fix (counters-CSV lines, relabel snippets).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prometheus", default=env("PROMETHEUS_URL"), required=env("PROMETHEUS_URL") is None,
+                   help="base URL of the Prometheus API, e.g. http://127.0.0.1:9090 (env GPUOBS_PROMETHEUS_URL)")
+    p.add_argument("--dcgm-selector", default=DEFAULT_DCGM_SELECTOR,
+                   help=f"label matchers of the dcgm-exporter targets (default {DEFAULT_DCGM_SELECTOR})")
+    p.add_argument("--vllm-selector", default=DEFAULT_VLLM_SELECTOR,
+                   help=f"label matchers of the vLLM engine targets (default {DEFAULT_VLLM_SELECTOR})")
+    p.add_argument("--identity-label", default=IDENTITY_LABEL,
+                   help=f"the node-identity label rules and dashboards group by (default {IDENTITY_LABEL})")
+    p.add_argument("--skip", action="append", default=[], metavar="FAMILY[,FAMILY]",
+                   help="families this fleet does not run (e.g. kv-cache,slo on a training-only fleet); "
+                        "reported as skipped, left out of the exit code")
+    p.add_argument("--timeout", type=pos_float, default=10.0, help="seconds per HTTP request (default 10)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--no-fixes", action="store_true", help="text output without the fix snippets")
+    p.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Run the checks and print the report; returns the exit code (errors raise and the CLI maps them)."""
+    report = run(args.prometheus, args.identity_label, args.dcgm_selector, args.vllm_selector, args.skip,
+                 timeout=args.timeout)
+    print(render.as_json(report) if args.json else render.text(report, fixes=not args.no_fixes), end="")
+    return report.exit_code

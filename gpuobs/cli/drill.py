@@ -1,0 +1,67 @@
+"""``gpuobs drill``: failure drills on the running stack."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gpuobs.cli.common import fail, int_range, pos_float, run_dir_default
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from gpuobs.drills import runner as drill
+    from gpuobs.drills.catalogue import xid_drill
+    from gpuobs.stack.supervisor import load_state
+
+    state = load_state(Path(args.run_dir))
+    if not state:  # `make up` in compose mode records the stack in compose.json instead
+        from gpuobs.stack.compose import load_stack_state
+
+        state = load_stack_state(Path(args.run_dir))
+    if not state or not state.running:
+        return fail(f"no running stack in {args.run_dir}; start one with `make up`")
+    progress = None if args.json else (lambda m: print(f"  .. {m}", flush=True))
+    if args.drill == "soak":
+        from gpuobs.drills.soak import run_soak
+
+        res = run_soak(state, args.minutes, progress=progress)
+        print(json.dumps(res.to_json(), indent=2) if args.json else res.summary())
+        return 0 if res.ok else 1
+    try:
+        if args.drill == "all":
+            results = drill.run_all(state, progress)
+        else:
+            spec = None
+            if args.drill == "xid" and args.code != 48:
+                spec = xid_drill(args.code)
+            results = [drill.run_drill(state, args.drill, progress=progress, spec=spec)]
+    except (drill.DrillError, ValueError) as exc:
+        return fail(str(exc))
+    from gpuobs.core.files import atomic_write
+
+    for r in results:  # kept for `gpuobs report drill <name>`
+        atomic_write(Path(state.run_dir) / "drills" / f"{r.drill}-{int(r.injected_at)}.json",
+                     json.dumps(r.to_json(), indent=2))
+    if args.json:
+        print(json.dumps([r.to_json() for r in results] if args.drill == "all" else results[0].to_json(), indent=2))
+    else:
+        for r in results:
+            print(drill.format_timeline(r))
+        if len(results) > 1:
+            print()
+            print(drill.format_table(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``drill`` group to ``sub``."""
+    from gpuobs.drills.catalogue import DRILLS
+    d = sub.add_parser("drill", help="failure drills on the running stack: inject, page, clear, resolve")
+    d.add_argument("drill", choices=[*DRILLS, "all", "soak"],
+                   help="drill name, all (lanes in parallel, then slo-burn), or soak (watch a healthy fleet)")
+    d.add_argument("--minutes", type=pos_float, default=30.0, help="soak: minutes to watch (default 30)")
+    d.add_argument("--code", type=int_range(1, 65535), default=48, help="xid drill: Xid code (default 48, DBE)")
+    d.add_argument("--run-dir", default=run_dir_default())
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_drill)

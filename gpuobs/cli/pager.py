@@ -1,0 +1,53 @@
+"""``gpuobs pager``: the Alertmanager webhook receiver."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gpuobs.cli.common import PORT, duration, fail, run_dir_default
+
+
+def cmd_pager(args: argparse.Namespace) -> int:
+    import sqlite3
+
+    from gpuobs.core import tokens
+    from gpuobs.pager.server import serve
+
+    if args.runbooks_dir and not Path(args.runbooks_dir).is_dir():
+        return fail(f"--runbooks-dir {args.runbooks_dir} is not a directory")
+    if not args.token_file and not args.no_auth:
+        return fail("--token-file FILE is required (webhooks need Authorization: Bearer <token>); "
+                    "--no-auth accepts unauthenticated webhooks")
+    try:
+        token = None if args.no_auth else tokens.load_or_create(Path(args.token_file))
+    except tokens.TokenError as exc:
+        return fail(f"--token-file: {exc}")
+    if args.runbook_base and not args.runbook_base.startswith(("http://", "https://")):
+        return fail(f"--runbook-base {args.runbook_base!r}: expected an http:// or https:// URL")
+    try:
+        serve(args.host, args.port, Path(args.db), Path(args.runbooks_dir) if args.runbooks_dir else None,
+              token=token, runbook_base=args.runbook_base, dedupe_window_s=args.dedupe_window)
+    except sqlite3.Error as exc:
+        return fail(f"--db {args.db}: not a usable SQLite database ({exc})")
+    except OSError as exc:
+        return fail(f"pager cannot start on {args.host}:{args.port} with --db {args.db}: {exc}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``pager`` group to ``sub``."""
+    g = sub.add_parser("pager", help="Alertmanager webhook receiver storing pages in SQLite")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=PORT, default=9097)
+    g.add_argument("--db", default=str(Path(run_dir_default()) / "pager.sqlite"))
+    g.add_argument("--runbooks-dir", default=None, help="serve runbooks/*.md from here under /runbooks/")
+    g.add_argument("--token-file", default=None, metavar="FILE",
+                   help="bearer token the webhooks require (created, mode 0600, if missing)")
+    g.add_argument("--no-auth", action="store_true", help="accept webhooks without a token (not recommended)")
+    g.add_argument("--runbook-base", default=None, metavar="URL",
+                   help="link runbook_url annotations only under URL/runbooks/ (default: this pager)")
+    g.add_argument("--dedupe-window", type=duration, default=3600.0, metavar="DURATION",
+                   help="a repeat of a stored notification within this window is answered 200 and not stored "
+                        "(default 1h; keep it below Alertmanager's repeat_interval)")
+    g.set_defaults(func=cmd_pager)

@@ -1,0 +1,137 @@
+"""``gpuobs stack``: the native stack's supervisor (up, down, status, restart COMPONENT)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gpuobs.cli.common import (
+    PORT,
+    env,
+    fail,
+    finite,
+    int_range,
+    pos_float,
+    run_dir_default,
+)
+
+
+def cmd_stack(args: argparse.Namespace) -> int:
+    from gpuobs.stack import supervisor as sv
+
+    try:
+        return _stack(args)
+    except sv.StackError as exc:
+        return fail(str(exc), exc.exit_code)
+
+
+def _stack(args: argparse.Namespace) -> int:
+    from gpuobs.stack import supervisor as sv
+    from gpuobs.stack.render import Ports
+
+    run = Path(args.run_dir)
+    if args.action != "restart" and args.component:
+        return fail(f"unexpected argument {args.component!r}: only `stack restart COMPONENT` takes a component")
+    if args.action in ("down", "status", "restart"):
+        sv.check_run_dir(run)
+    if args.action == "restart":
+        if not args.component:
+            return fail("stack restart needs a COMPONENT: exporter, pager, alertmanager, prometheus or grafana")
+        pid = sv.restart(run, args.component, timeout_s=args.timeout)
+        print(f"{args.component} restarted (pid {pid})")
+        return 0
+    if args.action == "down":
+        n = sv.down(run)
+        print(f"stack down ({n} process{'es' if n != 1 else ''} stopped)")
+        return 0
+    if args.action == "status":
+        rows = sv.status(run)
+        if not rows:
+            print(f"no stack running from {run}")
+            return 1
+        for r in rows:
+            state = "healthy" if r["healthy"] else ("running, unhealthy" if r["running"] else "stopped")
+            note = "" if r["pid"] == r["recorded_pid"] or not r["running"] else f"  (restarted by hand; recorded pid {r['recorded_pid']})"
+            print(f"{r['component']:<13} pid {r['pid']:<8} {state:<19} {r['url']}{note}")
+        return 0 if all(r["healthy"] for r in rows) else 1
+    ports = Ports(prometheus=args.prometheus_port, alertmanager=args.alertmanager_port, pager=args.pager_port,
+                  node_base=args.base_port, engine_base=args.engine_base_port, grafana=args.grafana_port)
+    if args.training_nodes >= args.nodes:
+        return fail(f"--training-nodes {args.training_nodes} must leave at least one serving node (--nodes {args.nodes})")
+    cfg = sv.StackConfig(run_dir=run, nodes=args.nodes, gpus=args.gpus, seed=args.seed, ports=ports,
+                         training_nodes=args.training_nodes, profile=args.profile, rate_rps=args.rate,
+                         xid_window_ms=args.xid_window_ms, runbook_base=args.runbook_base, timeout_s=args.timeout,
+                         exporter_profile=args.exporter_profile, host_label_mode=args.host_label_mode,
+                         scrape_mode=args.scrape_mode, collect_interval_s=args.collect_interval,
+                         clock_events_name=args.clock_events_name)
+    try:
+        state = sv.up(cfg)
+    except sv.StackError as exc:
+        return fail(str(exc), exc.exit_code)
+    u = state.urls
+    print("gpuobs stack is up (native mode):")
+    print(f"  Prometheus    {u.prometheus}")
+    print(f"  Alertmanager  {u.alertmanager}  (no web UI in Debian's build: use amtool or the API)")
+    print(f"  Pager         {u.pager}  (/api/pages, /runbooks/)")
+    if u.grafana:
+        print(f"  Grafana       {u.grafana}  (anonymous viewer; admin password in run dir grafana/admin-password)")
+    else:
+        print("  Grafana       not started: no `grafana`/`grafana-server` binary on PATH "
+              "(dashboards: grafana/dashboards/*.json; compose mode runs Grafana)")
+    print(f"  GPU nodes     {u.nodes[0]} .. {u.nodes[-1]}  ({state.nodes} nodes x {state.gpus} GPUs, "
+          f"{state.training_nodes} training)")
+    print(f"  vLLM engines  {u.engines[0]} .. {u.engines[-1]}")
+    print(f"  run dir       {state.run_dir}  (logs/, stack.json, admin-token); rule profile {state.profile}")
+    print(f"  exporters     profile {state.exporter_profile}, host label {state.host_label_mode}, "
+          f"scrape mode {state.scrape_mode}")
+    print("Try: make drill-xid    Stop: make down")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``stack`` group to ``sub``."""
+    s = sub.add_parser("stack", help="run the native stack: up | down | status | restart COMPONENT",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("action", choices=["up", "down", "status", "restart"])
+    s.add_argument("component", nargs="?", choices=["exporter", "pager", "alertmanager", "prometheus", "grafana"],
+                   help="the component `restart` stops and starts again with its recorded command line")
+    s.add_argument("--run-dir", default=run_dir_default(), help="state, configs, logs (env GPUOBS_RUN_DIR)")
+    s.add_argument("--nodes", type=int_range(1, 256), default=env("NODES", "4"), help="simulated nodes (GPUOBS_NODES)")
+    s.add_argument("--gpus", type=int_range(1, 16), default=env("GPUS", "8"), help="GPUs per node (GPUOBS_GPUS)")
+    s.add_argument("--seed", type=int, default=1, help="RNG seed of the fleet")
+    s.add_argument("--prometheus-port", type=PORT, default=env("PROMETHEUS_PORT", "9090"), help="GPUOBS_PROMETHEUS_PORT")
+    s.add_argument("--alertmanager-port", type=PORT, default=env("ALERTMANAGER_PORT", "9093"), help="GPUOBS_ALERTMANAGER_PORT")
+    s.add_argument("--pager-port", type=PORT, default=env("PAGER_PORT", "9097"), help="GPUOBS_PAGER_PORT")
+    s.add_argument("--base-port", type=PORT, default=env("BASE_PORT", "9400"), help="first node port")
+    s.add_argument("--rate", type=pos_float, default=env("RATE", "4"),
+                   help="mean request rate per serving node, req/s (default 4; the simulated engine's KV cache "
+                        "saturates above ~7 req/s, which then queues and slows TTFT like a real overloaded engine)")
+    s.add_argument("--grafana-port", type=PORT, default=env("GRAFANA_PORT", "3000"),
+                   help="Grafana, started only if a grafana binary is on PATH")
+    s.add_argument("--engine-base-port", type=PORT, default=env("ENGINE_BASE_PORT", "8000"),
+                   help="first serving-engine port")
+    s.add_argument("--training-nodes", type=int_range(0, 255), default=env("TRAINING_NODES", "1"),
+                   help="the last N nodes run training instead of serving (default 1)")
+    s.add_argument("--xid-window-ms", type=int_range(1000, 86_400_000), default=15_000,
+                   help="exporter Xid window for the local stack (default 15000 so drills resolve in ~1.5 min)")
+    s.add_argument("--runbook-base", default=env("RUNBOOK_BASE"), help="runbook_url base (default: the pager)")
+    s.add_argument("--profile", choices=["default", "drill"], default=env("PROFILE", "default"),
+                   help="default: the rule files as they are; drill: `for:` capped at 20s and a 1d SLO period "
+                        "so every drill fires and resolves in minutes (see gpuobs/mixin/profile.py)")
+    s.add_argument("--exporter-profile", default=env("EXPORTER_PROFILE", "stock"),
+                   help="what the simulated DCGM pages serve: stock (dcgm-exporter 4.x default counters), helm "
+                        "(the Helm chart's ConfigMap), recommended (deploy/dcgm-exporter/recommended.csv + gpuobs "
+                        "extras); env GPUOBS_EXPORTER_PROFILE")
+    s.add_argument("--host-label-mode", default=env("HOST_LABEL_MODE", "Hostname"),
+                   help="the DCGM pages' host label: Hostname, hostname, localhost, pod, none; env GPUOBS_HOST_LABEL_MODE")
+    s.add_argument("--scrape-mode", default=env("SCRAPE_MODE", "file_sd"),
+                   help="file_sd: targets labelled node, jobs dcgm/vllm; servicemonitor: kube-prometheus "
+                        "ServiceMonitor target labels (job = Service name, namespace, pod, service, endpoint, "
+                        "instance) plus node, page pod labels stored as exported_*; env GPUOBS_SCRAPE_MODE")
+    s.add_argument("--collect-interval", type=finite(float), default=0.0, metavar="SECONDS",
+                   help="DCGM field update interval (DCGM's default 30): values repeat across scrapes; 0 = fresh")
+    s.add_argument("--clock-events-name", default="canonical", choices=["canonical", "legacy"],
+                   help="field 112's name on the pages: DCGM_FI_DEV_CLOCKS_EVENT_REASONS (canonical) or "
+                        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (legacy counters files)")
+    s.add_argument("--timeout", type=pos_float, default=90.0, help="start-up (or restart) deadline, seconds")
+    s.set_defaults(func=cmd_stack)

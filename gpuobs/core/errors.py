@@ -1,0 +1,48 @@
+"""The one error hierarchy and exit-code table of gpuobs.
+
+Every error a user can cause or meet derives from :class:`GpuobsError` and carries the process exit
+code the CLI returns for it (``gpuobs.cli.main`` maps them; nothing else prints exit codes):
+
+====  =================  ===========================================================================
+code  constant           meaning
+====  =================  ===========================================================================
+0     EXIT_OK            success: drill passed, compatible, PROMOTE, stack healthy
+1     EXIT_FAILURE       failure: drill missed, incompatible, ROLLBACK, a component failed to start,
+                         a backend that cannot be reached
+2     EXIT_USAGE         usage or input error: a bad flag, file, selector, duration or payload
+3     EXIT_INCONCLUSIVE  inconclusive: not enough evidence yet (HOLD, unknown GPU, aborted rollout)
+130   EXIT_INTERRUPTED   interrupted by Ctrl-C
+====  =================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INCONCLUSIVE = 3
+EXIT_INTERRUPTED = 130
+
+
+class GpuobsError(Exception):
+    """Base of every gpuobs error; ``exit_code`` is what the CLI exits with."""
+
+    exit_code = EXIT_FAILURE
+
+
+class InputError(GpuobsError, ValueError):
+    """The user's input is wrong (flag, file, payload); the message names the field and what is allowed."""
+
+    exit_code = EXIT_USAGE
+
+
+class Failure(GpuobsError, RuntimeError):
+    """Something the user asked for failed (a component, a backend, a drill)."""
+
+    exit_code = EXIT_FAILURE
+
+
+class Inconclusive(GpuobsError):
+    """Not enough evidence to decide."""
+
+    exit_code = EXIT_INCONCLUSIVE

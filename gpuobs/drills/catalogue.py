@@ -1,0 +1,250 @@
+"""The failure drills: which fault to inject where, and which alerts must page or ticket.
+
+Each drill names the node role it runs on, the faults (admin-API bodies) or release deploys that
+cause the failure, the alerts that must reach the pager (with their receiver), and the alerts that
+may fire as consequences only if Alertmanager inhibits them (so they never notify). Anything else
+that starts firing during the drill is a false alert. ``LANES`` groups drills that share a node so
+``gpuobs drill all`` can run lanes in parallel on different nodes; ``FINAL`` runs alone afterwards
+because it touches the whole serving fleet. :data:`PANELS` names, per drill, the metrics its fault
+moves, which the drill report plots (:mod:`gpuobs.reports.drill`): one file owns everything a drill is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gpuobs.reference import xid as xidcat
+
+
+@dataclass(frozen=True)
+class Expect:
+    """An alert that must fire and reach ``receiver`` (page|ticket); ``scoped``: on the drill's node."""
+
+    alertname: str
+    receiver: str
+    scoped: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DrillSpec:
+    """One drill. ``faults`` are admin-API bodies for the drill's node; ``deploy`` a release version
+    rolled onto every serving node (and rolled back on clear). Deadlines are for the drill profile;
+    the default profile multiplies them (its ``for:`` durations are longer)."""
+
+    name: str
+    role: str
+    slot: int
+    expect: tuple[Expect, ...]
+    faults: tuple[dict, ...] = ()
+    deploy: str | None = None
+    allowed: frozenset[str] = frozenset()
+    fire_deadline_s: float = 150.0
+    resolve_deadline_s: float = 240.0
+    about: str = ""
+    #: Alerts of the other detection path whose firing time on the drill's node is recorded next to
+    #: the expected ones (they fire but are inhibited; e.g. DCGM's GpuXidCritical where logwatch pages).
+    observe: tuple[str, ...] = ()
+
+
+DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
+    DrillSpec("xid", "serving", 0, (Expect("GpuXidCritical", "page", labels={"gpu": "0", "xid": "48"}),),
+              ({"kind": "xid", "gpu": 0, "code": 48},), fire_deadline_s=60,
+              about="Xid 48 (double-bit ECC error) on one GPU pages with the Xid runbook"),
+    DrillSpec("thermal", "serving", 0, (Expect("GPUThrottling", "ticket", labels={"gpu": "1"}),),
+              ({"kind": "thermal", "gpu": 1, "cooling_factor": 3.0},),
+              about="failed cooling: temperature past slowdown, clocks throttled, ticket"),
+    DrillSpec("gpu-missing", "serving", 0, (Expect("GpuMissing", "page"),),
+              ({"kind": "xid", "gpu": 6, "code": 79},), allowed=frozenset({"ServingEngineDown"}),
+              about="Xid 79: the GPU falls off the bus and vanishes from the page; its engine crashes (inhibited)"),
+    DrillSpec("power-brake", "serving", 1, (Expect("GPUThrottling", "ticket", labels={"gpu": "2"}),),
+              ({"kind": "power-brake", "gpu": 2},),
+              about="external power brake: clocks collapse, power violation accrues, ticket"),
+    DrillSpec("ecc-dbe", "serving", 1, (Expect("GpuEccDoubleBitError", "page", labels={"gpu": "3"}),),
+              ({"kind": "ecc-dbe", "gpu": 3},),
+              allowed=frozenset({"GpuXidCritical", "GpuXidWarning", "GpuRowRemapPending"}),
+              about="one uncorrectable ECC error pages once; its Xid 48/63 and pending remap are inhibited"),
+    DrillSpec("node-down", "serving", 1, (Expect("GpuExporterDown", "page"),), ({"kind": "down"},),
+              allowed=frozenset({"ServingEngineDown"}),
+              about="a node stops answering: exactly one page (its engine alert stays quiet while the node is down)"),
+    DrillSpec("fragmentation", "serving", 2, (Expect("KVFragmentationRisk", "ticket", labels={"gpu": "4"}),),
+              ({"kind": "fragmentation", "gpu": 4, "rate_mib_per_min": 1500.0},),
+              allowed=frozenset({"GpuFrameworkOom"}), fire_deadline_s=240,
+              about="allocator gap grows with allocated flat: ticket before the OOM"),
+    DrillSpec("kv-pressure", "serving", 2, (Expect("ServingKVCachePressure", "ticket"),),
+              ({"kind": "kv-pressure", "factor": 2.5},),
+              about="long-context surge: KV cache full, preemptions, ticket"),
+    DrillSpec("collective-hang", "training", 0, (Expect("TrainingCollectiveHang", "page"),),
+              ({"kind": "collective-hang"},), fire_deadline_s=210,
+              about="NCCL hang: GPU util ~100 % while SM active, power and steps collapse; page"),
+    DrillSpec("straggler", "training", 0, (Expect("TrainingStraggler", "ticket", labels={"gpu": "5"}),),
+              ({"kind": "straggler", "gpu": 5, "slowdown": 1.6},), fire_deadline_s=210, resolve_deadline_s=420,
+              about="one slow rank: its step time stands out from the job median; ticket"),
+    DrillSpec("driver-skew", "serving", 2, (Expect("GpuDriverSkew", "ticket", scoped=False),),
+              ({"kind": "driver", "version": "580.95.05"},),
+              about="one node on another driver branch: skew in the pool; ticket"),
+    DrillSpec("slo-burn", "fleet", 0,
+              (Expect("ServingErrorBudgetBurn", "page", scoped=False, labels={"slo": "availability", "severity": "critical"}),),
+              deploy="1.6.1", fire_deadline_s=240, resolve_deadline_s=360,
+              about="a release with +3% errors on every serving node burns the availability budget; page"),
+)}
+
+#: Drills grouped by the node they use; lanes run in parallel, drills within a lane in order.
+LANES: tuple[tuple[str, ...], ...] = (
+    ("xid", "thermal", "gpu-missing"),
+    ("power-brake", "ecc-dbe", "node-down"),
+    ("fragmentation", "kv-pressure", "driver-skew"),
+    ("collective-hang", "straggler"),
+)
+FINAL: tuple[str, ...] = ("slo-burn",)
+
+
+def xid_drill(code: int) -> DrillSpec:
+    """The xid drill for another Xid code: catalogue-critical codes page (``GpuXidCritical``), ticket
+    codes ticket (``GpuXidWarning``), 79 shows as ``GpuMissing``. Raises ValueError for info-class
+    codes, which alert nowhere by design."""
+    base = DRILLS["xid"]
+    if code == 79:
+        return replace(DRILLS["gpu-missing"], name="xid")
+    if code in xidcat.critical_codes():
+        exp = Expect("GpuXidCritical", "page", labels={"gpu": "0", "xid": str(code)})
+    elif code in xidcat.ticket_codes():
+        exp = Expect("GpuXidWarning", "ticket", labels={"gpu": "0", "xid": str(code)})
+    else:
+        raise ValueError(f"Xid {code} is info-class ({xidcat.message(code)}): no alert is expected; choose a "
+                         f"critical code ({', '.join(map(str, xidcat.critical_codes()[:8]))}, ...) or a ticket code")
+    return replace(base, expect=(exp,), faults=({"kind": "xid", "gpu": 0, "code": code},))
+
+
+# ---- what each drill's report plots ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Panel:
+    """One plot: title, y-axis unit, and ``(legend, expr)`` queries. Exprs are :class:`string.Template`
+    text: ``$gpu`` (Hostname and gpu matchers), ``$host`` (Hostname), ``$node`` (the scrape target's
+    ``node``), ``$w`` (rate window); a fleet-wide drill substitutes empty selectors."""
+
+    title: str
+    unit: str
+    queries: tuple[tuple[str, str], ...]
+
+
+def _p(title: str, unit: str, *queries: tuple[str, str]) -> Panel:
+    return Panel(title, unit, tuple(queries))
+
+
+_XID = _p("Xids in the exporter's sliding window (DCGM_EXP_XID_ERRORS_COUNT)", "Xids",
+          ("GPU {gpu} xid {xid}", "DCGM_EXP_XID_ERRORS_COUNT{$gpu}"))
+_SM_CLOCK = _p("SM clock", "MHz", ("GPU {gpu}", "DCGM_FI_DEV_SM_CLOCK{$gpu}"))
+_POWER = _p("Power draw", "W", ("GPU {gpu}", "DCGM_FI_DEV_POWER_USAGE{$gpu}"))
+
+#: The metrics each drill's fault moves (keyed by drill name, falling back to the fault's kind).
+PANELS: dict[str, tuple[Panel, ...]] = {
+    "xid": (_XID, _p("Last Xid seen (DCGM_FI_DEV_XID_ERRORS; never resets)", "Xid code",
+                     ("GPU {gpu}", "DCGM_FI_DEV_XID_ERRORS{$gpu}"))),
+    "gpu-missing": (
+        _p("GPUs reporting vs expected", "GPUs",
+           ("reporting", "count(count by (gpu) (DCGM_FI_DEV_GPU_TEMP{$host}))"),
+           ("expected", "max(gpuobs_node_expected_gpus{$host})")),
+        _p("Xids in the exporter's window (the GPU's series vanish with it)", "Xids",
+           ("GPU {gpu} xid {xid}", "DCGM_EXP_XID_ERRORS_COUNT{$host}")),
+        _p("Serving engine scrape health", "up", ("vLLM engine", 'up{job="vllm",$node}'))),
+    "thermal": (
+        _p("GPU temperature", "degrees C", ("GPU {gpu}", "DCGM_FI_DEV_GPU_TEMP{$gpu}")),
+        _SM_CLOCK,
+        _p("Fraction of time thermally throttled (rate of DCGM_FI_DEV_THERMAL_VIOLATION / 1e9)", "ratio",
+           ("GPU {gpu}", "rate(DCGM_FI_DEV_THERMAL_VIOLATION{$gpu}[$w]) / 1e9")),
+        _p("The node's TTFT p50 (vLLM histogram)", "s",
+           ("p50", "histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{$host}[$w])))"))),
+    "power-brake": (
+        _SM_CLOCK, _POWER,
+        _p("Fraction of time power-throttled (rate of DCGM_FI_DEV_POWER_VIOLATION / 1e9)", "ratio",
+           ("GPU {gpu}", "rate(DCGM_FI_DEV_POWER_VIOLATION{$gpu}[$w]) / 1e9"))),
+    "ecc-dbe": (
+        _p("Double-bit ECC errors", "errors", ("volatile", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{$gpu}"),
+           ("aggregate", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL{$gpu}")),
+        _p("Remapped rows", "rows", ("uncorrectable", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{$gpu}"),
+           ("correctable", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{$gpu}"),
+           ("remap failure", "DCGM_FI_DEV_ROW_REMAP_FAILURE{$gpu}")),
+        _XID),
+    "fragmentation": (
+        _p("PyTorch allocator: reserved vs allocated", "GiB",
+           ("reserved", "pytorch_cuda_memory_reserved_bytes{$gpu} / 2^30"),
+           ("allocated", "pytorch_cuda_memory_allocated_bytes{$gpu} / 2^30")),
+        _p("Fragmentation gap (reserved - allocated)", "GiB",
+           ("gap", "(pytorch_cuda_memory_reserved_bytes{$gpu} - pytorch_cuda_memory_allocated_bytes{$gpu}) / 2^30")),
+        _p("Allocator retries and OOMs", "per second",
+           ("alloc retries", "rate(pytorch_cuda_alloc_retries_total{$gpu}[$w])"),
+           ("OOMs", "rate(pytorch_cuda_ooms_total{$gpu}[$w])"))),
+    "kv-pressure": (
+        _p("KV-cache usage", "ratio", ("usage", "vllm:kv_cache_usage_perc{$host}")),
+        _p("Preemptions", "per second", ("preemptions", "sum(rate(vllm:num_preemptions_total{$host}[$w]))")),
+        _p("Queue time p50", "s",
+           ("p50", "histogram_quantile(0.5, sum by (le) (rate(vllm:request_queue_time_seconds_bucket{$host}[$w])))"))),
+    "collective-hang": (
+        _p("GPU utilisation vs SM active (why GPU util lies)", "ratio",
+           ("GPU_UTIL / 100", "avg(DCGM_FI_DEV_GPU_UTIL{$host}) / 100"),
+           ("SM_ACTIVE", "avg(DCGM_FI_PROF_SM_ACTIVE{$host})")),
+        _p("Power draw (node average per GPU)", "W", ("power", "avg(DCGM_FI_DEV_POWER_USAGE{$host})")),
+        _p("Training step rate", "steps per second", ("steps", "max(rate(training_steps_total{$host}[$w]))"))),
+    "straggler": (
+        _p("Mean step time per rank", "s",
+           ("rank {rank} (GPU {gpu})", "rate(training_step_duration_seconds_sum{$host}[$w]) "
+                                       "/ rate(training_step_duration_seconds_count{$host}[$w])")),
+        _p("MFU per rank", "ratio", ("rank {rank}", "training_mfu_ratio{$host}"))),
+    "driver-skew": (
+        _p("Driver versions in the fleet", "versions",
+           ("versions", "count(count by (DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP))")),
+        _p("GPUs per driver version", "GPUs",
+           ("{DCGM_FI_DRIVER_VERSION}", "count by (DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP)"))),
+    "node-down": (
+        _p("Scrape health of the node", "up", ("dcgm exporter", 'up{job="dcgm",$node}'),
+           ("vLLM engine", 'up{job="vllm",$node}')),),
+    "slo-burn": (
+        _p("Request error ratio (all serving nodes)", "ratio",
+           ("errors", 'sum(rate(vllm:request_success_total{finished_reason="error"}[$w])) '
+                      "/ sum(rate(vllm:request_success_total[$w]))")),
+        _p("Availability error-budget burn rate, every window the rules record", "x budget",
+           ("burn rate", '{__name__=~"slo:burn_rate:ratio_rate.+",slo="availability"}'))),
+}
+#: Fault kinds whose drill is named differently (``{"kind": "down"}`` is node-down, ...).
+_KIND_ALIASES = {"down": "node-down", "driver": "driver-skew"}
+GENERIC: tuple[Panel, ...] = (
+    _p("GPU temperature", "degrees C", ("GPU {gpu}", "DCGM_FI_DEV_GPU_TEMP{$gpu}")), _SM_CLOCK, _POWER)
+
+
+def panels_for(result: dict) -> tuple[Panel, ...]:
+    """The panels of a drill result: by drill name, else by its first fault's kind, else generic."""
+    if result.get("drill") in PANELS:
+        return PANELS[result["drill"]]
+    for fault in result.get("faults") or ():
+        kind = _KIND_ALIASES.get(str(fault.get("kind")), str(fault.get("kind")))
+        if kind in PANELS:
+            return PANELS[kind]
+    return GENERIC
+
+
+def kernel_log_variant(spec: DrillSpec) -> DrillSpec:
+    """The drill as it plays on a stack whose nodes run logwatch (``state["logwatch"]``).
+
+    There the kernel-log alerts page and the DCGM ones they replace fire but are inhibited
+    (prometheus/rules/gpu-kernel-log.yml, alertmanager/alertmanager.yml): an Xid pages as
+    ``GpuKernelXid*`` (``for: 1m`` for memory codes such as 48; firing while the line is recent: 5
+    minutes, 1 minute in the drill profile),
+    Xid 79 as ``GpuFallenOffBus`` (at once; ``GpuMissing`` inhibited), and an ECC DBE still pages once,
+    for the DBE, with the kernel-log Xid 48/63 inhibited.
+    """
+    kernel = {"GpuXidCritical": "GpuKernelXidCritical", "GpuXidWarning": "GpuKernelXidWarning",
+              "GpuMissing": "GpuFallenOffBus"}
+    expect = tuple(replace(e, alertname=kernel.get(e.alertname, e.alertname)) for e in spec.expect)
+    allowed = set(spec.allowed) | {e.alertname for e in spec.expect if e.alertname in kernel}
+    if any(e.alertname.startswith("GpuXid") for e in spec.expect) or "GpuXidCritical" in spec.allowed:
+        allowed |= {"GpuKernelXidCritical", "GpuKernelXidWarning"} - {e.alertname for e in expect}
+    if any(e.alertname == "GpuMissing" for e in spec.expect):
+        gpu = next((f["gpu"] for f in spec.faults if f.get("kind") == "xid"), None)
+        expect = tuple(replace(e, labels={**e.labels, "gpu": str(gpu)}) if e.alertname == "GpuFallenOffBus"
+                       and gpu is not None else e for e in expect)
+    slow = any(e.alertname.startswith("GpuKernelXid") for e in expect)
+    observe = tuple(e.alertname for e in spec.expect if e.alertname in kernel)
+    return replace(spec, expect=expect, allowed=frozenset(allowed), observe=spec.observe or observe,
+                   fire_deadline_s=max(spec.fire_deadline_s, 120.0) if slow else spec.fire_deadline_s)
+

@@ -1,0 +1,362 @@
+"""Run failure drills on the running native stack and time every hop.
+
+A drill injects its fault(s), then polls Prometheus (``/api/v1/alerts``) and the pager
+(``/api/pages``) until every expected alert is firing and has reached its receiver, clears the
+fault, and waits until each expected alert has resolved in Prometheus and the pager has the resolved
+notification. Throughout, any alert that *starts* firing during the drill and is neither expected,
+nor an allowed (inhibited) consequence, nor claimed by another drill running at the same time on
+another node, is a false alert. Alerts already firing before the drill are not counted.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime as dt
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from gpuobs.core.errors import Failure
+from gpuobs.drills.catalogue import (
+    DRILLS,
+    FINAL,
+    LANES,
+    DrillSpec,
+    Expect,
+    kernel_log_variant,
+)
+from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient
+from gpuobs.promapi.exporter_admin import AdminClient
+from gpuobs.stack.state import StackState
+
+
+class DrillError(Failure):
+    """A drill cannot run (unknown name, too few nodes, no stack); exit code 2."""
+
+
+class Claims:
+    """Thread-safe registry of what concurrently running drills expect or allow: (alertname, host|None)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_drill: dict[str, set[tuple[str, str | None]]] = {}
+
+    def add(self, drill: str, entries: set[tuple[str, str | None]]) -> None:
+        with self._lock:
+            self._by_drill[drill] = entries
+
+    def remove(self, drill: str) -> None:
+        with self._lock:
+            self._by_drill.pop(drill, None)
+
+    def allows(self, alertname: str, host: str | None, exclude: str) -> bool:
+        with self._lock:
+            return any((alertname, None) in e or (alertname, host) in e
+                       for d, e in self._by_drill.items() if d != exclude)
+
+
+@dataclass
+class AlertOutcome:
+    """What happened to one expected alert; times in seconds since injection."""
+
+    alertname: str
+    expected_receiver: str
+    fired_s: float | None = None
+    paged_s: float | None = None
+    receiver: str | None = None
+    resolved_s: float | None = None
+    runbook_url: str | None = None
+
+
+@dataclass
+class DrillResult:
+    """Timeline and verdict of one drill."""
+
+    drill: str
+    hostname: str
+    profile: str
+    faults: list[dict] = field(default_factory=list)
+    alerts: list[AlertOutcome] = field(default_factory=list)
+    injected_at: float = 0.0
+    cleared_s: float | None = None
+    unexpected: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    #: The other detection path's alerts (DrillSpec.observe): first firing time on the node, or None.
+    observed: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.unexpected
+
+    @property
+    def firing_s(self) -> float | None:
+        times = [a.fired_s for a in self.alerts]
+        return max(times) if times and None not in times else None
+
+    @property
+    def paged_s(self) -> float | None:
+        times = [a.paged_s for a in self.alerts]
+        return max(times) if times and None not in times else None
+
+    @property
+    def resolved(self) -> bool:
+        return bool(self.alerts) and all(a.resolved_s is not None for a in self.alerts)
+
+    def to_json(self) -> dict:
+        doc = asdict(self)
+        doc.update(ok=self.ok, firing_s=self.firing_s, paged_s=self.paged_s, resolved=self.resolved)
+        return doc
+
+
+def _parse_ts(text: str) -> float:
+    """RFC 3339 with up to nanoseconds (Prometheus activeAt) -> epoch seconds."""
+    main, _, frac = text.rstrip("Z").partition(".")
+    base = dt.datetime.fromisoformat(main.split("+")[0]).replace(tzinfo=dt.timezone.utc).timestamp()
+    digits = "".join(c for c in frac if c.isdigit())
+    return base + (float("0." + digits) if digits else 0.0)
+
+
+def _nodes_for(state: StackState, spec: DrillSpec) -> list[int]:
+    n, training = state.nodes, state.training_nodes
+    serving = list(range(n - training))
+    pool = list(range(n - training, n)) if spec.role == "training" else serving
+    if spec.role == "fleet":
+        return serving
+    if spec.slot >= len(pool):
+        raise DrillError(f"drill {spec.name} needs {spec.slot + 1} {spec.role} node(s); the stack has {len(pool)} "
+                         f"(start it with more --nodes / --training-nodes)")
+    return [pool[spec.slot]]
+
+
+def _matches(labels: dict, exp: Expect, host: str | None) -> bool:
+    if labels.get("alertname") != exp.alertname:
+        return False
+    if exp.scoped and host is not None and labels.get("Hostname") != host:
+        return False
+    return all(labels.get(k) == v for k, v in exp.labels.items())
+
+
+class _Session:
+    """HTTP access to the stack for one drill."""
+
+    def __init__(self, state: StackState):
+        self.urls = state.urls
+        self._alerts, self._pager = AlertsClient(self.urls.prometheus), PagerClient(self.urls.pager)
+        if state.mode == "compose":  # node admin APIs are inside the containers
+            from gpuobs.stack.compose import ComposeAdmin
+
+            self.admin = [ComposeAdmin(c) for c in state.containers]
+            return
+        token = state.token()
+        self.admin = [AdminClient(u, token) for u in self.urls.node_bases]
+
+    def alerts(self) -> list[dict]:
+        return self._alerts.alerts()
+
+    def pages(self, since: float) -> list[dict]:
+        pages = self._pager.pages(limit=1000)
+        return [p for p in reversed(pages) if p["received_at"] >= since]  # oldest first
+
+
+def run_drill(state: StackState, name: str, claims: Claims | None = None, progress=None,
+              spec: DrillSpec | None = None) -> DrillResult:
+    """Run drill ``name`` (or the given ``spec``) on the stack described by ``state`` (stack.json).
+    Misses, wrong receivers, false alerts and missing resolutions are reported in the result, never
+    raised. Raises DrillError for an unknown drill or a stack too small for it."""
+    if spec is None:
+        if name not in DRILLS:
+            raise DrillError(f"unknown drill {name!r}; drills: {', '.join(DRILLS)}")
+        spec = DRILLS[name]
+    if state.logwatch:  # the nodes run logwatch: kernel-log alerts page, DCGM's are inhibited
+        spec = kernel_log_variant(spec)
+    idx = _nodes_for(state, spec)
+    host = state.hostnames[idx[0]] if spec.role != "fleet" else None
+    profile = state.profile
+    # The default profile keeps production `for:` durations (up to 10 min) and windows (the 1h SLO
+    # window): its deadlines stretch accordingly.
+    scale_fire = 1.0 if profile == "drill" else 6.0
+    say = progress or (lambda msg: None)
+    s = _Session(state)
+    claims = claims or Claims()
+    mine = {(e.alertname, host if e.scoped else None) for e in spec.expect}
+    mine |= {(a, host) for a in spec.allowed}
+    claims.add(name, mine)
+    res = DrillResult(name, host or "fleet", profile)
+    res.alerts = [AlertOutcome(e.alertname, e.receiver) for e in spec.expect]
+    res.observed = {name: None for name in spec.observe}
+    seen_unexpected: set[str] = set()
+
+    def check_false(alerts: list[dict], pages: list[dict], t0: float) -> None:
+        for a in alerts:
+            labels = a["labels"]
+            an, ah = labels.get("alertname"), labels.get("Hostname")
+            # Meta alerts fire all the time (GpuKernelLogWatching: logwatch reads the node's log).
+            if a["state"] != "firing" or an in ("Watchdog", "GpuKernelLogWatching") or _parse_ts(a["activeAt"]) < t0 - 1:
+                continue
+            own = any(e.alertname == an and (not e.scoped or host is None or ah == host) for e in spec.expect)
+            allowed = an in spec.allowed and (host is None or ah in (host, None))
+            if own or allowed or claims.allows(an, ah, name):
+                continue
+            key = f"{an}{{Hostname={ah}}}" if ah else an
+            if key not in seen_unexpected:
+                seen_unexpected.add(key)
+                res.unexpected.append(key)
+                say(f"{name}: FALSE ALERT {key}")
+        for p in pages:
+            for a in p["alerts"]:
+                an = a["labels"]["alertname"]
+                if an in spec.allowed and (host is None or a["labels"].get("Hostname") == host) \
+                        and not any(e.alertname == an for e in spec.expect):
+                    msg = f"{an} reached the pager ({p['channel']}) although it should be inhibited"
+                    if msg not in res.problems:
+                        res.problems.append(msg)
+
+    def poll(until: float, done, t0: float) -> bool:
+        while time.time() < until:
+            try:
+                alerts, pages = s.alerts(), s.pages(t0)
+            except AlertApiError:
+                time.sleep(1)
+                continue
+            check_false(alerts, pages, t0)
+            if done(alerts, pages):
+                return True
+            time.sleep(1.0)
+        return False
+
+    t0 = time.time()
+    res.injected_at = t0
+    previous: dict[int, str] = {}
+    injected: list[tuple[int, str]] = []
+    try:
+        if spec.deploy:
+            for i in idx:
+                previous[i] = s.admin[i].deploy(spec.deploy)["previous"]
+            res.faults.append({"deploy": spec.deploy, "nodes": [state.hostnames[i] for i in idx]})
+        for body in spec.faults:
+            f = s.admin[idx[0]].inject(body)
+            injected.append((idx[0], f["id"]))
+            res.faults.append({**body, "id": f["id"]})
+        say(f"{name}: injected " + "; ".join(", ".join(f"{k}={v}" for k, v in f.items()) for f in res.faults)
+            + f" on {res.hostname}")
+
+        def fired_and_paged(alerts, pages):
+            now = time.time() - t0
+            for out, exp in zip(res.alerts, spec.expect):
+                if out.fired_s is None and any(a["state"] == "firing" and _matches(a["labels"], exp, host)
+                                               for a in alerts):
+                    out.fired_s = now
+                    say(f"{name}: {exp.alertname} firing after {now:.1f}s")
+                if out.paged_s is None:
+                    for p in pages:
+                        hit = next((a for a in p["alerts"] if a["status"] == "firing"
+                                    and _matches({**a["labels"]}, exp, host)), None)
+                        if hit:
+                            out.paged_s, out.receiver = p["received_at"] - t0, p["channel"]
+                            out.runbook_url = hit["annotations"].get("runbook_url")
+                            say(f"{name}: {exp.alertname} reached '{p['channel']}' after {out.paged_s:.1f}s")
+                            break
+            for other in res.observed:
+                if res.observed[other] is None and any(
+                        a["state"] == "firing" and a["labels"].get("alertname") == other
+                        and (host is None or a["labels"].get("Hostname") == host) for a in alerts):
+                    res.observed[other] = now
+                    say(f"{name}: {other} firing after {now:.1f}s (other detection path, inhibited)")
+            return (all(o.fired_s is not None and o.paged_s is not None for o in res.alerts)
+                    and all(v is not None for v in res.observed.values()))
+
+        poll(t0 + spec.fire_deadline_s * scale_fire, fired_and_paged, t0)
+    finally:
+        for i, fid in injected:
+            s.admin[i].clear(fid)
+        for i, version in previous.items():
+            s.admin[i].deploy(version)
+        res.cleared_s = time.time() - t0
+    say(f"{name}: cleared after {res.cleared_s:.1f}s, waiting for resolution")
+
+    def resolved(alerts, pages):
+        now = time.time() - t0
+        for out, exp in zip(res.alerts, spec.expect):
+            if out.paged_s is None or out.resolved_s is not None:
+                continue
+            still = any(a["state"] == "firing" and _matches(a["labels"], exp, host) for a in alerts)
+            got = any(a["status"] == "resolved" and _matches(a["labels"], exp, host)
+                      for p in pages if p["status"] == "resolved" for a in p["alerts"])
+            if not still and got:
+                out.resolved_s = now
+        return all(o.resolved_s is not None or o.paged_s is None for o in res.alerts)
+
+    poll(time.time() + spec.resolve_deadline_s * scale_fire, resolved, t0)
+    claims.remove(name)
+    for out in res.alerts:
+        if out.fired_s is None:
+            res.problems.append(f"{out.alertname} did not fire")
+        if out.paged_s is None:
+            res.problems.append(f"{out.alertname} did not reach the pager")
+        elif out.receiver != out.expected_receiver:
+            res.problems.append(f"{out.alertname} reached '{out.receiver}', expected '{out.expected_receiver}'")
+        if out.paged_s is not None and out.resolved_s is None:
+            res.problems.append(f"{out.alertname} did not resolve after the fault was cleared")
+    return res
+
+
+def run_all(state: StackState, progress=None) -> list[DrillResult]:
+    """Every drill: the lanes in parallel (one node each), then the fleet-wide drills alone."""
+    claims = Claims()
+    for lane in LANES:  # fail fast if the stack is too small
+        for name in lane:
+            _nodes_for(state, DRILLS[name])
+    results: dict[str, DrillResult] = {}
+
+    def lane_runner(lane: tuple[str, ...]) -> None:
+        for name in lane:
+            results[name] = run_drill(state, name, claims, progress)
+
+    with concurrent.futures.ThreadPoolExecutor(len(LANES)) as pool:
+        for fut in [pool.submit(lane_runner, lane) for lane in LANES]:
+            fut.result()
+    for name in FINAL:
+        results[name] = run_drill(state, name, claims, progress)
+    return [results[n] for lane in (*LANES, FINAL) for n in lane]
+
+
+def _t(v: float | None) -> str:
+    return f"{v:6.1f}" if v is not None else "     -"
+
+
+def format_timeline(res: DrillResult) -> str:
+    """Human timeline of one drill with per-hop latencies."""
+    lines = [f"drill {res.drill} on {res.hostname} (profile {res.profile}): faults {res.faults}",
+             f"  {_t(0.0)}s  injected"]
+    for a in res.alerts:
+        hop = f"(+{a.paged_s - a.fired_s:.1f}s)" if a.fired_s is not None and a.paged_s is not None else ""
+        lines.append(f"  {_t(a.fired_s)}s  firing    {a.alertname} in Prometheus")
+        lines.append(f"  {_t(a.paged_s)}s  paged     {a.alertname} -> {a.receiver or '-'} "
+                     f"(expected {a.expected_receiver}) {hop}")
+    for name, t in res.observed.items():
+        lines.append(f"  {_t(t)}s  firing    {name} in Prometheus (other detection path; inhibited)")
+    lines.append(f"  {_t(res.cleared_s)}s  cleared")
+    for a in res.alerts:
+        lines.append(f"  {_t(a.resolved_s)}s  resolved  {a.alertname}")
+        lines.append(f"  runbook: {a.runbook_url or '-'}")
+    lines.append(f"  fault-to-page: {res.paged_s:.1f}s" if res.paged_s is not None else "  fault-to-page: not paged")
+    for name, t in res.observed.items():
+        lines.append(f"  other path: {name} firing after {t:.1f}s" if t is not None else f"  other path: {name} did not fire")
+    lines.append(f"  false alerts: {', '.join(res.unexpected) or 'none'}")
+    lines.append("  result: PASS" if res.ok else "  result: FAIL\n" + "\n".join(f"    - {p}" for p in res.problems))
+    return "\n".join(lines)
+
+
+def format_table(results: list[DrillResult]) -> str:
+    """One row per drill: expected alerts, fired, fault-to-firing, fault-to-page, false alerts, resolved."""
+    head = f"{'drill':<16} {'expected alerts':<34} {'fired':<5} {'to firing s':>11} {'to page s':>9}  " \
+           f"{'unexpected alerts':<24} {'resolved':<8} result"
+    rows = [head, "-" * len(head)]
+    for r in results:
+        exp = ",".join(f"{a.alertname}->{a.expected_receiver}" for a in r.alerts)
+        rows.append(f"{r.drill:<16} {exp[:34]:<34} {'y' if r.firing_s is not None else 'n':<5} "
+                    f"{_t(r.firing_s):>11} {_t(r.paged_s):>9}  {(','.join(r.unexpected) or 'none')[:24]:<24} "
+                    f"{'y' if r.resolved else 'n':<8} {'PASS' if r.ok else 'FAIL'}")
+    other = [f"  {r.drill}: other path {name} firing after {_t(t).strip()}s (inhibited)"
+             for r in results for name, t in r.observed.items()]
+    return "\n".join(rows + other)

@@ -1,0 +1,97 @@
+"""Facts about NVIDIA dcgm-exporter that the simulator imitates: its counters-file format, the counters
+files it ships, and the ``err_msg`` texts of its Xid gauge.
+
+Sources (read at tag 4.5.3-4.8.2, commit 691c92762eb5, of https://github.com/NVIDIA/dcgm-exporter):
+
+* counters-file format: ``internal/pkg/counters/counter_config.go`` (Go ``encoding/csv`` with
+  ``Comment = '#'``; each field trimmed of spaces; exactly 3 fields per record: DCGM field name,
+  Prometheus type, help text; the type must be one of gauge, counter, histogram, summary, label);
+  label-typed fields become labels of every series instead of series of their own.
+* ``data/dcgm_exporter_default_counters.csv``: ``etc/default-counters.csv`` (what a stock exporter serves).
+* ``data/dcgm_exporter_helm_counters.csv``: the Helm chart's ConfigMap
+  (``deployment/templates/metrics-configmap.yaml``, chart 4.8.2; same fields in charts 4.0.0-4.7.1).
+* ``data/dcgm_exporter_xid_text.csv``: ``internal/pkg/collector/xid_errors.go`` (``xidErrCodeToText``)
+  and ``gpu_collector.go`` (``unknownErr``).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+from dataclasses import dataclass
+from importlib import resources
+
+#: Prometheus types a counters file may name (dcgm-exporter ``promMetricType`` plus ``label``).
+COUNTER_TYPES = ("gauge", "counter", "histogram", "summary", "label")
+#: ``err_msg`` for codes outside ``xidErrCodeToText`` (gpu_collector.go ``unknownErr``).
+UNKNOWN_XID_TEXT = "Unknown Error"
+
+
+@dataclass(frozen=True)
+class CounterField:
+    """One record of a counters file: DCGM field name, Prometheus type (or ``label``), help text."""
+
+    name: str
+    type: str
+    help: str
+
+    @property
+    def is_label(self) -> bool:
+        return self.type == "label"
+
+
+class CountersError(ValueError):
+    """A counters file that dcgm-exporter would reject; the message names the source and line."""
+
+
+def parse_counters(text: str, source: str = "counters file") -> list[CounterField]:
+    """Parse dcgm-exporter counters-file text into its records, in file order.
+
+    Blank lines and lines starting with ``#`` are skipped. Raises :class:`CountersError` naming
+    ``source`` and the line for a record without exactly 3 fields, an unknown type, or a field
+    listed twice.
+    """
+    out: list[CounterField] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        record = [f.strip(" ") for f in next(csv.reader([line]))]
+        if len(record) != 3:
+            raise CountersError(f"{source} line {lineno}: expected 3 fields (DCGM field, Prometheus type, help), "
+                                f"got {len(record)}: {line.strip()!r}")
+        name, mtype, help_text = record
+        if mtype not in COUNTER_TYPES:
+            raise CountersError(f"{source} line {lineno}: type {mtype!r} of {name} is not one of {', '.join(COUNTER_TYPES)}")
+        if name in seen:
+            raise CountersError(f"{source} line {lineno}: {name} is listed twice")
+        seen.add(name)
+        out.append(CounterField(name, mtype, help_text))
+    return out
+
+
+def _data(name: str) -> str:
+    return resources.files("gpuobs.reference").joinpath(f"data/{name}").read_text(encoding="utf-8")
+
+
+@functools.cache
+def default_counters() -> tuple[CounterField, ...]:
+    """``etc/default-counters.csv`` of dcgm-exporter 4.5.3-4.8.2: 25 metrics + the driver-version label."""
+    return tuple(parse_counters(_data("dcgm_exporter_default_counters.csv"), "dcgm_exporter_default_counters.csv"))
+
+
+@functools.cache
+def helm_counters() -> tuple[CounterField, ...]:
+    """The Helm chart's ConfigMap counters (chart 4.8.2): default-counters without the driver label and FB_RESERVED."""
+    return tuple(parse_counters(_data("dcgm_exporter_helm_counters.csv"), "dcgm_exporter_helm_counters.csv"))
+
+
+@functools.cache
+def _xid_texts() -> dict[int, str]:
+    lines = [ln for ln in _data("dcgm_exporter_xid_text.csv").splitlines() if ln and not ln.startswith("#")]
+    return {int(row["code"]): row["text"] for row in csv.DictReader(lines)}
+
+
+def xid_text(code: int) -> str:
+    """dcgm-exporter's ``err_msg`` for Xid ``code`` (``Unknown Error`` outside its table)."""
+    return _xid_texts().get(code, UNKNOWN_XID_TEXT)

@@ -1,0 +1,77 @@
+"""Release catalogue: release version -> what it ships (engine requirement, CUDA build).
+
+Loaded from YAML (default: the packaged ``data/releases.yaml``). Shape::
+
+    default: "1.4.0"
+    releases:
+      "1.4.0": {engine: "vllm==0.10.1", cuda: "12.8"}
+
+Versions only: a release may also carry a ``profile`` key, the simulator's hidden behaviour for it
+(:mod:`gpuobs.exporter.sim.behaviour`), which this loader ignores, so release tooling never sees it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from gpuobs.core.errors import InputError
+
+
+class CatalogueError(InputError):
+    """The release catalogue is malformed; the message names the version and field."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """One version: name, engine requirement (``vllm==0.11.0``) and CUDA build."""
+
+    version: str
+    engine: str
+    cuda: str
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """All releases and the version nodes start on."""
+
+    default: str
+    releases: dict[str, Release]
+
+    def get(self, version: str) -> Release:
+        """The release named ``version``; KeyError listing the known versions otherwise."""
+        try:
+            return self.releases[version]
+        except KeyError:
+            raise KeyError(f"unknown version {version!r}; known: {', '.join(self.releases)}") from None
+
+
+def load(path: Path | None = None) -> Catalogue:
+    """Parse a catalogue file (default: packaged). Raises CatalogueError naming the bad field."""
+    where = "packaged catalogue" if path is None else str(path)
+    try:
+        if path is None:
+            text = resources.files("gpuobs.reference").joinpath("data/releases.yaml").read_text(encoding="utf-8")
+        else:
+            text = Path(path).read_text(encoding="utf-8")
+        doc = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise CatalogueError(f"release catalogue {where}: cannot read it as YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("releases"), dict) or not doc["releases"]:
+        raise CatalogueError("release catalogue needs a non-empty 'releases' mapping")
+    releases = {}
+    for version, spec in doc["releases"].items():
+        version = str(version)
+        if not isinstance(spec, dict):
+            raise CatalogueError(f"release {version}: must be a mapping")
+        for key in ("engine", "cuda"):
+            if not isinstance(spec.get(key), str):
+                raise CatalogueError(f"release {version}: field '{key}' must be a string")
+        releases[version] = Release(version, spec["engine"], spec["cuda"])
+    default = str(doc.get("default", next(iter(releases))))
+    if default not in releases:
+        raise CatalogueError(f"default version {default!r} is not in releases")
+    return Catalogue(default, releases)

@@ -1,0 +1,334 @@
+"""The rollout's final report: canary against baseline, over the rollout and stage by stage.
+
+Input contract (a plain dict, e.g. the rollout controller's final document; every key but
+``final_verdict.metrics[].name`` is optional and has a fallback)::
+
+    {
+      "rollout_id": "r-20250601-1200",            # default "rollout"
+      "version": "1.6.1", "baseline_version": "1.6.0",
+      "state": "Succeeded" | "RolledBack" | "Rejected" | "Aborted",
+      "reason": "why it ended (optional)",
+      "started_at": 1748779200.0, "ended_at": 1748780100.0,   # epoch s (ISO 8601 strings accepted);
+                                                  # default: first stage start / last stage end / now
+      "stages": [{"index": 0, "share": "5%", "nodes": ["gpu-node-00"],   # "hosts" accepted for "nodes"
+                  "started_at": ..., "ended_at": ..., "verdict": "PROMOTE" | "HOLD" | "ROLLBACK" | ...}],
+      "final_verdict": {"verdict": "PROMOTE", "reasons": [...], "warnings": [...],
+                        "metrics": [{"name": "ttft", "classification": "Pass", "effect": 0.02,
+                                     "interval": [-0.01, 0.05], "evidence": {"z": 1.2, "boundary": 3.1},
+                                     "baseline": {"p50": 0.1, "p99": 0.9}, "canary": {...},
+                                     "scale": "relative", "critical": true, "harmful": false}]},
+      "prometheus": "http://127.0.0.1:9090",      # no URL: tables only, plots omitted (noted)
+      "canary_selector": 'track="canary"', "baseline_selector": 'track="baseline"'
+    }
+
+The report has: a header (versions, state, duration, selectors), the stages table, the final verdict
+table, canary-vs-baseline distributions of TTFT, ITL and E2E latency from
+``sum by (le) (increase(<metric>_bucket{<selector>}[<rollout window>]))``, and TTFT p99, ITL p99,
+error ratio and request rate per track over time with the stages as shaded spans and boundaries.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from gpuobs.core.files import atomic_write
+from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusQueryError
+from gpuobs.reports import html as h
+from gpuobs.reports.plots import Marker, Span, distribution_png, timeseries_png
+from gpuobs.reports.query import client_for, fetch_lines, step_for, tidy
+
+RATE_WINDOW = "1m"
+BEFORE_S = 60.0
+#: Histograms shown as distributions: (metric, title, unit).
+DISTRIBUTIONS = (("vllm:time_to_first_token_seconds", "TTFT", "s"),
+                 ("vllm:inter_token_latency_seconds", "Inter-token latency", "s"),
+                 ("vllm:e2e_request_latency_seconds", "End-to-end request latency", "s"))
+#: Panels over time: (title, unit, expr template with {sel} and {w}).
+OVER_TIME = (
+    ("TTFT p99", "s",
+     "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{sel}}}[{w}])))"),
+    ("Inter-token latency p99", "s",
+     "histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{{sel}}}[{w}])))"),
+    ("Request error ratio", "ratio",
+     'sum(rate(vllm:request_success_total{{{sel},finished_reason="error"}}[{w}])) '
+     "/ sum(rate(vllm:request_success_total{{{sel}}}[{w}]))"),
+    ("Request rate (traffic share per track)", "requests per second",
+     "sum(rate(vllm:request_success_total{{{sel}}}[{w}]))"),
+)
+_STATE_KIND = {"Succeeded": "ok", "RolledBack": "bad", "Rejected": "bad", "Aborted": "warn"}
+_VERDICT_KIND = {"PROMOTE": "ok", "ROLLBACK": "bad", "HOLD": "warn"}
+_CLASS_KIND = {"Pass": "ok", "NoData": "info", "Inconclusive": "warn"}
+
+
+def epoch(value: Any) -> float | None:
+    """Epoch seconds from a number or an ISO 8601 string (``Z`` allowed); None when absent or invalid."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        pass
+    try:
+        parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+def _selector(text: Any, default: str) -> str:
+    s = str(text or default).strip()
+    return s[1:-1].strip() if s.startswith("{") and s.endswith("}") else s
+
+
+def rollout_window(doc: dict, now: float | None = None) -> tuple[float, float]:
+    """[start, end] of the rollout: its own times, else the stages', else (end) now."""
+    now = time.time() if now is None else now
+    stages = _stages(doc)
+    starts = [s for s in (epoch(st.get("started_at")) for st in stages) if s is not None]
+    ends = [e for e in (epoch(st.get("ended_at")) for st in stages) if e is not None]
+    end = epoch(doc.get("ended_at")) or (max(ends) if ends else now)
+    start = epoch(doc.get("started_at")) or (min(starts) if starts else end - 600.0)
+    return start, max(end, start + 60.0)
+
+
+def _stages(doc: dict) -> list[dict]:
+    return [s for s in doc.get("stages") or [] if isinstance(s, dict)]
+
+
+def bucket_counts(samples: Sequence[tuple[str, float]]) -> tuple[list[float], list[float]]:
+    """Finite ``le`` bounds and per-bucket counts (last one +Inf) from cumulative ``(le, count)`` pairs.
+
+    Cumulative counts are made monotonic first (as histogram_quantile does)."""
+    pairs = sorted(((float(le), c) for le, c in samples if c == c), key=lambda p: p[0])
+    bounds = [b for b, _ in pairs if math.isfinite(b)]
+    cum, acc = [], 0.0
+    for _, c in pairs:
+        acc = max(acc, c)
+        cum.append(acc)
+    if pairs and math.isfinite(pairs[-1][0]):  # no +Inf bucket: nothing above the last bound
+        cum.append(cum[-1])
+    counts = [cum[0]] + [b - a for a, b in zip(cum, cum[1:])] if cum else []
+    return bounds, counts
+
+
+def bucket_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float:
+    """Prometheus' histogram_quantile on per-bucket counts: linear inside the bucket, NaN if empty."""
+    total = sum(counts)
+    if total <= 0 or not bounds:
+        return math.nan
+    rank, acc = q * total, 0.0
+    for i, c in enumerate(counts):
+        if acc + c >= rank and c > 0:
+            if i >= len(bounds):
+                return bounds[-1]
+            lower = bounds[i - 1] if i > 0 else (0.0 if bounds[0] > 0 else bounds[0])
+            return lower + (bounds[i] - lower) * (rank - acc) / c
+        acc += c
+    return bounds[-1]
+
+
+def _fmt_effect(value: Any, scale: str) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return f"{value * 100:+.1f}%" if scale == "relative" else f"{value:+.4g}"
+    return h.num(value)
+
+
+def _fmt_side(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={h.num(v)}" for k, v in value.items()) or "-"
+    return h.num(value)
+
+
+def _fmt_evidence(value: Any) -> str:
+    if isinstance(value, dict):
+        if "log_e" in value and isinstance(value.get("log_e"), (int, float)):
+            e = math.exp(min(float(value["log_e"]), 700))
+            bound = value.get("threshold")
+            return f"e={e:.3g}" + (f" (bound {math.exp(bound):.3g})" if isinstance(bound, (int, float)) else "")
+        return ", ".join(f"{k}={h.num(v, 3)}" for k, v in value.items()) or "-"
+    return h.num(value)
+
+
+def verdict_rows(metrics: Sequence[Any]) -> list[tuple]:
+    """Table rows of the final verdict's metrics (tolerant of missing fields)."""
+    rows = []
+    for m in metrics:
+        if not isinstance(m, dict):
+            continue
+        scale = "relative" if m.get("kind") == "errors" else str(m.get("scale", "relative"))
+        iv = m.get("interval")
+        interval = (f"[{_fmt_effect(iv[0], scale)}, {_fmt_effect(iv[1], scale)}]"
+                    if isinstance(iv, (list, tuple)) and len(iv) == 2 else "-")
+        cls = str(m.get("classification", "-"))
+        kind = "bad" if m.get("harmful") else _CLASS_KIND.get(cls, "warn")
+        rows.append((m.get("name", "?"), h.badge(cls + ("!" if m.get("harmful") else ""), kind),
+                     _fmt_side(m.get("baseline")), _fmt_side(m.get("canary")), _fmt_effect(m.get("effect"), scale),
+                     interval, _fmt_evidence(m.get("evidence") or m.get("reason")),
+                     "-" if m.get("critical") is None else ("yes" if m.get("critical") else "no")))
+    return rows
+
+
+def _distributions(client: PromClient, sels: dict[str, str], versions: dict[str, str], start: float,
+                   end: float) -> list[h.Raw]:
+    span = f"{max(60, int(round(end - start)))}s"
+    out: list[h.Raw] = []
+    for metric, title, unit in DISTRIBUTIONS:
+        groups, notes, shared, rows = [], [], None, []
+        for track, sel in sels.items():
+            expr = tidy(f"sum by (le) (increase({metric}_bucket{{{sel}}}[{span}]))")
+            try:
+                res = client.query(expr, at=end)
+            except PrometheusQueryError as exc:
+                notes.append(f"query rejected ({exc.error_type}): {exc.message}: {expr}")
+                continue
+            bounds, counts = bucket_counts([(s.labels.get("le", "+Inf"), s.value) for s in res.samples])
+            if not counts or sum(counts) <= 0:
+                notes.append(f"no requests: {expr}")
+                continue
+            if shared is not None and bounds != shared:
+                notes.append(f"{track}: bucket bounds differ from the other track's; not plotted")
+                continue
+            shared = bounds
+            n = sum(counts)
+            p50, p99 = bucket_quantile(0.5, bounds, counts), bucket_quantile(0.99, bounds, counts)
+            groups.append((f"{track} {versions.get(track, '')} (n={n:.0f}, p50 {p50:.3g} {unit}, "
+                           f"p99 {p99:.3g} {unit})", counts))
+            rows.append((track, versions.get(track) or "-", f"{n:.0f}",
+                         *(h.num(bucket_quantile(q, bounds, counts), 3) for q in (0.5, 0.9, 0.99))))
+        png = distribution_png(title, unit, shared or [], groups)
+        out.append(h.figure(png, f"{title}: requests over the whole rollout window ({span}), from "
+                                 f"increase({metric}_bucket[{span}]) per track", alt=title))
+        if rows:
+            out.append(h.table(["track", "version", "requests", f"p50 ({unit})", f"p90 ({unit})", f"p99 ({unit})"],
+                               rows, numeric=(2, 3, 4, 5)))
+        if notes:
+            out.append(h.bullet_list(notes))
+    return out
+
+
+def _stage_overlays(doc: dict, origin: float, end: float) -> tuple[list[Span], list[Marker]]:
+    stages = _stages(doc)
+    spans, markers = [], []
+    for i, st in enumerate(stages):
+        s0 = epoch(st.get("started_at"))
+        if s0 is None:
+            continue
+        nxt = epoch(stages[i + 1].get("started_at")) if i + 1 < len(stages) else None
+        s1 = epoch(st.get("ended_at")) or nxt or end
+        label = f"S{_stage_no(st, i)}/{len(stages)} {st.get('share', '')} {st.get('verdict', '')}".strip()
+        spans.append(Span((s0 - origin) / 60.0, (s1 - origin) / 60.0, label))
+        markers.append(Marker((s0 - origin) / 60.0, "stage boundary", "stage"))
+    markers.append(Marker((end - origin) / 60.0, f"rollout ended ({doc.get('state', '?')})", "cleared"))
+    return spans, markers
+
+
+def _over_time(client: PromClient, doc: dict, sels: dict[str, str], versions: dict[str, str], start: float,
+               end: float, now: float) -> list[h.Raw]:
+    q_start, q_end = start - BEFORE_S, min(end + 30.0, now)
+    q_end = max(q_end, q_start + 60.0)
+    step = step_for(q_end - q_start)
+    spans, markers = _stage_overlays(doc, start, end)
+    out: list[h.Raw] = []
+    for title, unit, template in OVER_TIME:
+        queries = [(f"{track} {versions.get(track, '')}".strip(), tidy(template.format(sel=sel, w=RATE_WINDOW)))
+                   for track, sel in sels.items()]
+        got = fetch_lines(client, queries, q_start, q_end, step, origin=start, x_unit_s=60.0)
+        png = timeseries_png(title, unit, got.lines, markers, spans, xlabel="minutes since the rollout started",
+                             xlim=((q_start - start) / 60.0, (q_end - start) / 60.0))
+        out.append(h.figure(png, "PromQL: " + "  |  ".join(q for _, q in queries), alt=title))
+        if got.notes:
+            out.append(h.bullet_list(got.notes))
+    return out
+
+
+def _header(doc: dict, start: float, end: float, sels: dict[str, str]) -> list[h.Raw]:
+    state = str(doc.get("state", "unknown"))
+    summary = h.kv_table([
+        ("rollout", doc.get("rollout_id", "rollout")),
+        ("canary version", doc.get("version", "?")), ("baseline version", doc.get("baseline_version", "?")),
+        ("state", h.badge(state, _STATE_KIND.get(state, "info"))), ("reason", doc.get("reason") or "-"),
+        ("started", h.utc(start)), ("ended", h.utc(end)), ("duration", f"{(end - start) / 60:.1f} min"),
+        ("canary selector", h.Raw(f"<code>{h.esc(sels['canary'])}</code>")),
+        ("baseline selector", h.Raw(f"<code>{h.esc(sels['baseline'])}</code>")),
+        ("Prometheus", doc.get("prometheus") or "-"),
+    ])
+    stage_rows = []
+    all_stages = _stages(doc)
+    for i, st in enumerate(all_stages):
+        s0, s1 = epoch(st.get("started_at")), epoch(st.get("ended_at"))
+        nodes = st.get("nodes", st.get("hosts")) or []
+        verdict = str(st.get("verdict") or "-")
+        stage_rows.append((f"{_stage_no(st, i)}/{len(all_stages)}", st.get("share", "-"),
+                           ", ".join(map(str, nodes)) if isinstance(nodes, list) else str(nodes),
+                           h.utc(s0), f"{(s1 - s0) / 60:.1f} min" if s0 is not None and s1 is not None else "-",
+                           h.badge(verdict, _VERDICT_KIND.get(verdict, "info"))))
+    fv = doc.get("final_verdict") if isinstance(doc.get("final_verdict"), dict) else {}
+    verdict = str(fv.get("verdict") or "-")
+    metrics = h.table(["metric", "class", "baseline", "canary", "effect", "interval", "evidence", "critical"],
+                      verdict_rows(fv.get("metrics") or []), numeric=(4,))
+    return [h.section("Summary", summary),
+            h.section("Stages", h.table(["stage", "share", "nodes", "started", "duration", "verdict"], stage_rows)),
+            h.section("Final verdict", h.paragraph("Verdict: ", h.badge(verdict, _VERDICT_KIND.get(verdict, "info"))),
+                      metrics, h.bullet_list([f"reason: {r}" for r in fv.get("reasons") or []]
+                                             + [f"warning: {w}" for w in fv.get("warnings") or []], empty=""))]
+
+
+def _stage_no(st: dict, i: int) -> int:
+    """1-based stage number as the controller prints it (``stage 1/3``); ``index`` is 0-based."""
+    idx = st.get("index", i)
+    return (idx if isinstance(idx, int) else i) + 1
+
+
+def write_rollout_report(doc: dict, out_dir: Path, *, client: PromClient | None = None, strict: bool = False,
+                         now: float | None = None) -> Path:
+    """Write ``rollout-<rollout_id>.html`` into ``out_dir`` and return its path.
+
+    ``doc`` follows the module's input contract. Without a Prometheus URL, or when Prometheus cannot
+    answer and ``strict`` is false (the controller's case: the report must exist even if Prometheus
+    went away), the report has the tables and a note instead of the plots. With ``strict`` the
+    Prometheus error propagates (PrometheusUnavailable / PrometheusResponseError) and nothing is
+    written. Raises ValueError when ``doc`` is not a dict or the URL is not http(s).
+    """
+    if not isinstance(doc, dict):
+        raise ValueError("a rollout document must be a JSON object")
+    start, end = rollout_window(doc, now)
+    sels = {"canary": _selector(doc.get("canary_selector"), 'track="canary"'),
+            "baseline": _selector(doc.get("baseline_selector"), 'track="baseline"')}
+    versions = {"canary": str(doc.get("version") or ""), "baseline": str(doc.get("baseline_version") or "")}
+    sections = _header(doc, start, end, sels)
+    url = doc.get("prometheus")
+    if client is None and url:
+        client = client_for(str(url))
+    if not _stages(doc):
+        # Rejected by a gate before any deploy: there is no canary traffic to plot; the reason
+        # (with the gate's verdict) is in the header.
+        sections.append(h.section("Plots", "No stage ran (nothing was deployed): no canary traffic to plot."))
+    elif client is None:
+        sections.append(h.section("Plots", "No Prometheus URL in the rollout document: plots omitted."))
+    else:
+        try:
+            dists = _distributions(client, sels, versions, start, end)
+            timeline = _over_time(client, doc, sels, versions, start, end, time.time() if now is None else now)
+        except PrometheusError as exc:
+            if strict:
+                raise
+            sections.append(h.section("Plots", f"Prometheus could not answer ({exc}): plots omitted."))
+        else:
+            sections.append(h.section("Canary vs baseline: distributions over the rollout", *dists))
+            sections.append(h.section("Over time (shaded: stages; dashed: stage boundaries)", *timeline))
+    rid = str(doc.get("rollout_id") or "rollout")
+    state = str(doc.get("state", "unknown"))
+    subtitle = h.join([h.badge(state, _STATE_KIND.get(state, "info")), f" {versions['canary'] or '?'} against "
+                       f"{versions['baseline'] or '?'}, {h.utc(start)} .. {h.utc(end)}"])
+    text = h.page(f"Rollout report: {rid} - {state}", subtitle, sections, time.time() if now is None else now)
+    out_dir = Path(out_dir)
+    path = out_dir / f"rollout-{re.sub(r'[^A-Za-z0-9_.-]+', '_', rid)[:80] or 'rollout'}.html"
+    atomic_write(path, text)  # creates out_dir; readers never see half a report
+    return path

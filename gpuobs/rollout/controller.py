@@ -1,0 +1,448 @@
+"""Progressive rollout controller: compatibility gate, error-budget gates, canary stages by node share
+with statistical analysis, automatic rollback, SQLite persistence after every transition.
+
+:meth:`Controller.run` reads the persisted state and applies one handler per state until a terminal
+state; every handler commits its transition before acting on the next, and deploys are write-ahead
+logged (:mod:`gpuobs.rollout.store`), so a resumed controller never redeploys a node. States (with their
+Flagger/Argo names), gates, rollback policy and exit codes: :mod:`gpuobs.rollout.model` and docs/rollout.md.
+Sources: Flagger's canary analysis (phases, webhooks), Argo Rollouts' analysis runs (Successful /
+Failed / Inconclusive / Error, consecutiveErrorLimit), the SRE workbook's error-budget policy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable
+
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from gpuobs.canary.analyzer import AnalysisState
+from gpuobs.canary.verdict import describe
+from gpuobs.compat.fleet import judge_fleet
+from gpuobs.core import log
+from gpuobs.rollout import tracing
+from gpuobs.rollout.interfaces import (
+    AnalyzerFactory,
+    Fleet,
+    FleetError,
+    Signals,
+    SignalsUnavailable,
+)
+from gpuobs.rollout.model import (
+    ABORTED,
+    CANARY,
+    COMPAT_CHECKED,
+    EXIT_CODES,
+    PENDING,
+    PROMOTING,
+    REJECTED,
+    ROLLED_BACK,
+    ROLLING_BACK,
+    SUCCEEDED,
+    TERMINAL,
+    RolloutSpec,
+    UsageError,
+    fmt_labels,
+)
+from gpuobs.rollout.store import NodeRecord, RolloutRecord, RolloutStore, StageRecord
+
+LOG = log.get("rollout")
+
+
+class Controller:
+    """Drives rollouts stored in ``store`` against ``fleet``; every dependency is injected.
+
+    ``clock()`` -> unix seconds and ``sleep(s)`` are used for all waiting (tests pass a fake clock);
+    ``out(line)`` receives the progress lines; ``poll_s`` is how often an operator's abort is
+    noticed while waiting.
+    """
+
+    def __init__(self, store: RolloutStore, fleet: Fleet, signals: Signals, analyzers: AnalyzerFactory, *,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 out: Callable[[str], None] = print, tracer: tracing.Tracing | None = None, poll_s: float = 1.0):
+        self.store, self.fleet, self.signals, self.analyzers = store, fleet, signals, analyzers
+        self.clock, self.sleep, self.out, self.poll_s = clock, sleep, out, poll_s
+        self.tracer = (tracer or tracing.noop()).tracer
+
+    # ---- entry points -------------------------------------------------------------------------
+    def create(self, spec: RolloutSpec) -> RolloutRecord:
+        """Persist a new Pending rollout with a snapshot of the current target labels.
+
+        Raises :class:`UsageError` if another rollout in this store is not finished, or an override
+        has no reason. Raises :class:`FleetError` if the labels cannot be read.
+        """
+        active = self.store.latest(active_only=True, terminal=TERMINAL)
+        if active:
+            raise UsageError(f"rollout {active.id} ({active.version}) is {active.state}: resume or abort it first")
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
+        rid, n = f"{spec.version}-{stamp}", 1
+        while self._exists(rid):
+            n += 1
+            rid = f"{spec.version}-{stamp}-{n}"
+        doc = {**spec.to_dict(), "label_snapshot": self.fleet.label_snapshot()}
+        rec = self.store.create(RolloutRecord(rid, spec.version, PENDING, -1, doc))
+        self._say(rec, f"created: {spec.version} ({spec.engine}, CUDA {spec.cuda}) on {len(spec.hosts)} serving "
+                       f"node(s), stages {'/'.join(str(s) for s in spec.stages)} nodes")
+        return rec
+
+    def run(self, rollout_id: str) -> RolloutRecord:
+        """Drive the rollout from its persisted state to a terminal state (or an incomplete rollback)."""
+        rec = self.store.get(rollout_id)
+        if rec.state in TERMINAL:
+            return rec
+        parent = tracing.remote_parent(rec.trace) if rec.trace else None
+        attrs = {"rollout.id": rec.id, "rollout.version": rec.version, "rollout.stages": rec.spec["stages"]}
+        with self.tracer.start_as_current_span("rollout.resume" if parent else "rollout", context=parent,
+                                               attributes=tracing.clean_attrs(attrs)) as root:
+            if not rec.trace:
+                self.store.update(rec.id, trace=tracing.span_ids(root))
+            while True:
+                rec = self.store.get(rollout_id)
+                if rec.state in TERMINAL:
+                    break
+                if rec.state == ROLLING_BACK:
+                    rec = self._rollback(rec)
+                    if rec.state == ROLLING_BACK:
+                        break
+                elif rec.abort_reason:
+                    self._begin_rollback(rec, ABORTED, f"aborted by operator: {rec.abort_reason}")
+                else:
+                    {PENDING: self._compat, COMPAT_CHECKED: self._start_gate, CANARY: self._canary_stage,
+                     PROMOTING: self._promote}[rec.state](rec)
+            root.set_attributes(tracing.clean_attrs({"rollout.state": rec.state, "rollout.reason": rec.reason,
+                                                     "rollout.exit_code": EXIT_CODES[rec.state]}))
+            if rec.state != SUCCEEDED:
+                root.set_status(Status(StatusCode.ERROR, f"{rec.state}: {rec.reason}"))
+        self._say(rec, f"{rec.state}: {rec.reason}")
+        return rec
+
+    def abort(self, rollout_id: str, reason: str) -> RolloutRecord:
+        """Abort a rollout no controller is driving: record the reason, roll back, end Aborted."""
+        rec = self.store.get(rollout_id)
+        if rec.state in TERMINAL:
+            return rec
+        self.store.update(rollout_id, abort_reason=reason or "no reason given")
+        return self.run(rollout_id)
+
+    # ---- states -------------------------------------------------------------------------------
+    def _compat(self, rec: RolloutRecord) -> None:
+        spec = RolloutSpec.from_dict(rec.spec)
+        gate = {"gate.name": "compat", "gate.stage": 0}
+        with self.tracer.start_as_current_span("rollout.gate", attributes=gate) as sp:
+            try:
+                rows = self._retry(rec, self.signals.inventory)
+            except SignalsUnavailable as err:
+                sp.set_attribute("gate.outcome", "error")
+                self._begin_rollback(rec, ABORTED, f"compatibility gate: cannot read the inventory: {err}")
+                return
+            report = judge_fleet(rows, spec.release, list(spec.hosts))
+            outcome = "rejected" if report.exit_code else "passed"
+            sp.set_attributes({"gate.outcome": outcome, "gate.detail": report.verdict})
+        self.store.log_gate(rec.id, "compat", 0, outcome, {**report.to_dict(), "table": report.table()})
+        for line in report.table().splitlines():
+            self._say(rec, f"compat | {line}")
+        if report.exit_code:
+            self.store.transition(rec.id, REJECTED, reason="compatibility gate: " + "; ".join(report.blockers()))
+        else:
+            self.store.transition(rec.id, COMPAT_CHECKED, reason=f"{report.verdict} on {len(spec.hosts)} node(s)")
+
+    def _start_gate(self, rec: RolloutRecord) -> None:
+        outcome, why = self._budget_gate(rec, 0)
+        if outcome == "error":
+            self.store.transition(rec.id, ABORTED, reason=f"error-budget gate: {why}")
+        elif outcome == "frozen":
+            self.store.transition(rec.id, REJECTED, reason=f"error-budget freeze: {why}; rerun with "
+                                                           "--override-freeze --reason TEXT to override")
+        else:
+            self.store.transition(rec.id, CANARY, 0, reason="gates passed")
+
+    def _budget_gate(self, rec: RolloutRecord, idx: int) -> tuple[str, str]:
+        """Evaluate the error-budget gate before stage ``idx`` (0-based; stage 0 also refuses a page
+        already firing). Returns ``(outcome, why)``: outcome open | overridden | frozen | error."""
+        spec = RolloutSpec.from_dict(rec.spec)
+        with self.tracer.start_as_current_span("rollout.gate", attributes={"gate.name": "error-budget",
+                                                                           "gate.stage": idx + 1}) as sp:
+            try:
+                rows = self._retry(rec, self.signals.budget)
+                pages = sorted(self._retry(rec, self.signals.pages)) if idx == 0 else []
+            except SignalsUnavailable as err:
+                sp.set_attribute("gate.outcome", "error")
+                self.store.log_gate(rec.id, "error-budget", idx, "error", {"error": str(err)})
+                return "error", f"cannot evaluate the error budget: {err}"
+            problems = [f"{fmt_labels(r.labels)} {r.remaining:+.1%} of the error budget left"
+                        for r in rows if r.exhausted]
+            problems += [f"SLO-burn page already firing: {p}" for p in pages]
+            outcome = "open" if not problems else "overridden" if spec.override_reason else "frozen"
+            detail = {"budget": [{"labels": r.labels, "remaining": r.remaining, "requests": r.requests,
+                                  "judged": r.judged} for r in rows], "pages": pages,
+                      "problems": problems, "override_reason": spec.override_reason}
+            sp.set_attributes({"gate.outcome": outcome, "gate.detail": "; ".join(problems) or "budget left"})
+        self.store.log_gate(rec.id, "error-budget", idx, outcome, detail)
+        left = ", ".join(f"{r.labels.get('slo', fmt_labels(r.labels))} {r.remaining:.1%}" + (
+            "" if r.judged else f" (not judged: {r.requests:.0f} < {r.min_requests:.0f} requests in the SLO window)")
+            for r in rows) or "no slo:error_budget_remaining:ratio series yet: nothing to judge"
+        self._say(rec, f"error-budget gate before stage {idx + 1}: {outcome} ({left})"
+                       + (f"; override: {spec.override_reason}" if outcome == "overridden" else ""))
+        if outcome == "overridden" and pages:
+            self.store.update(rec.id, pages_at_start=pages)
+        return outcome, "; ".join(problems)
+
+    def _canary_stage(self, rec: RolloutRecord) -> None:
+        spec, k = RolloutSpec.from_dict(rec.spec), rec.stage
+        st = self.store.stage(rec.id, k) or StageRecord(k, "canary", list(spec.hosts[: spec.stages[k]]), "deploying",
+                                                        self.clock())
+        with self.tracer.start_as_current_span("rollout.stage", attributes=self._stage_attrs(spec, st)) as sp:
+            if st.status == "deploying" and self._deploy(rec, spec, st):
+                st.analysis_start = self.clock() + spec.settle_s
+                st.deadline, st.status = st.analysis_start + spec.stage_timeout_s, "analysing"
+                self.store.save_stage(rec.id, st)
+            if st.status == "analysing":
+                self._analyse(rec, spec, st)
+            sp.set_attributes(tracing.clean_attrs({"stage.status": st.status, "stage.verdict": st.verdict,
+                                                   "stage.looks": st.looks}))
+        if st.status == "passed":
+            self._advance(rec, spec)
+
+    def _analyse(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord) -> None:
+        """Look every interval until PROMOTE, ROLLBACK, a page, the error limit or the deadline."""
+        analyzer = self.analyzers(spec.stage_timeout_s, spec.interval_s)
+        state = AnalysisState.from_dict(st.analysis_state)
+        name = self._stage_name(spec, st.idx)
+        while st.status == "analysing":
+            if self._wait_due(rec, spec, st):  # the wait is outside the look's span
+                continue
+            with self.tracer.start_as_current_span("rollout.analysis", attributes={"canary.look": st.looks + 1,
+                                                                                   "stage.index": st.idx + 1}) as sp:
+                done, v = self._step(rec, spec, st, lambda end: analyzer.analyze(st.analysis_start, end, state),
+                                     wait=False)
+                if v is not None:
+                    sp.set_attributes(tracing.verdict_attrs(v))
+            if done or v is None:
+                continue
+            st.verdict, st.verdict_doc, st.verdict_table = v.verdict, v.to_dict(), v.table()
+            st.analysis_state = state.to_dict()
+            self.store.save_stage(rec.id, st)
+            self.store.log_analysis(rec.id, st.idx, st.looks, v.end - v.start, v.verdict, v.final,
+                                    {"reasons": v.reasons, "metrics": {m.name: describe(m) for m in v.metrics}})
+            self._say(rec, f"{name} look {st.looks} ({v.end - v.start:.0f}s = {v.time_fraction:.0%} of the stage): "
+                           f"{v.verdict}  " + "; ".join(describe(m) for m in v.metrics if m.critical))
+            if v.verdict == "ROLLBACK":
+                self._begin_rollback(rec, ROLLED_BACK, f"canary analysis ROLLBACK in {name}: " + "; ".join(v.reasons),
+                                     st, "failed")
+            elif v.verdict == "PROMOTE":
+                self._end_stage(rec, st, "passed")
+            elif st.last_look >= st.deadline:
+                self._begin_rollback(rec, ABORTED, f"inconclusive: HOLD at the {name} deadline "
+                                                   f"({spec.stage_timeout_s:.0f}s): " + "; ".join(v.reasons),
+                                     st, "inconclusive")
+
+    def _wait_due(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord) -> bool:
+        """Wait until the next look of ``st`` is due; True when an operator aborted (rollback begun)."""
+        due = (st.last_look or st.analysis_start) + spec.interval_s
+        if (st.last_look or 0.0) < st.deadline:
+            due = min(due, st.deadline)
+        aborted = self._wait_until(rec.id, due)
+        if aborted:
+            self._begin_rollback(rec, ABORTED, f"aborted by operator: {aborted}", st, "aborted")
+            return True
+        return False
+
+    def _step(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord,
+              look: Callable[[float], Any], wait: bool = True) -> tuple[bool, Any]:
+        """One look of stage ``st``: wait until it is due (unless ``wait`` is false: the caller did),
+        honour an operator abort, check the SLO-burn page, then ``look(end)`` (end = now, capped at the
+        deadline).
+
+        Returns ``(True, None)`` when the stage ended (a rollback has begun), ``(False, None)`` after a
+        Prometheus error below the limit (``st.errors`` counts it), else ``(False, look's result)``.
+        """
+        if wait and self._wait_due(rec, spec, st):
+            return True, None
+        st.last_look = self.clock()
+        name = self._stage_name(spec, st.idx)
+        try:
+            pages = self.signals.pages() - set(rec.pages_at_start)
+            result = None if pages else look(min(st.last_look, st.deadline))
+        except SignalsUnavailable as err:
+            st.errors += 1
+            self.store.save_stage(rec.id, st)
+            trace.get_current_span().set_status(Status(StatusCode.ERROR, str(err)))
+            self._say(rec, f"{name}: Prometheus error {st.errors}/{spec.error_limit} (not a verdict): {err}")
+            if st.errors < spec.error_limit:
+                return False, None
+            self._begin_rollback(rec, ABORTED, f"{st.errors} consecutive Prometheus errors; last: {err}", st, "aborted")
+            return True, None
+        if pages:
+            trace.get_current_span().set_attribute("slo.pages", sorted(pages))
+            self._begin_rollback(rec, ROLLED_BACK, f"SLO-burn page firing during {name}: {', '.join(sorted(pages))}",
+                                 st, "failed")
+            return True, None
+        st.errors, st.looks = 0, st.looks + 1
+        return False, result
+
+    def _advance(self, rec: RolloutRecord, spec: RolloutSpec) -> None:
+        nxt = rec.stage + 1
+        outcome, why = self._budget_gate(rec, nxt)
+        if outcome in ("frozen", "error"):
+            self._begin_rollback(rec, ABORTED, f"error-budget {'freeze' if outcome == 'frozen' else 'gate'} "
+                                               f"before stage {nxt + 1}: {why}")
+        else:
+            self.store.transition(rec.id, CANARY if spec.stages[nxt] < len(spec.hosts) else PROMOTING, nxt,
+                                  reason=f"stage {rec.stage + 1} passed")
+
+    def _promote(self, rec: RolloutRecord) -> None:
+        spec, k = RolloutSpec.from_dict(rec.spec), rec.stage
+        st = self.store.stage(rec.id, k) or StageRecord(k, "promote", list(spec.hosts), "deploying", self.clock())
+        with self.tracer.start_as_current_span("rollout.stage", attributes=self._stage_attrs(spec, st)) as sp:
+            if st.status == "deploying" and self._deploy(rec, spec, st):
+                st.analysis_start = self.clock()
+                st.deadline, st.status = st.analysis_start + spec.bake_s, "baking"
+                self.store.save_stage(rec.id, st)
+                self._say(rec, f"promoting: baking {spec.bake_s:.0f}s while watching the SLO-burn page")
+            while st.status == "baking":
+                done, _ = self._step(rec, spec, st, lambda end: end)
+                if done:
+                    break
+                self.store.save_stage(rec.id, st)
+                if st.errors == 0 and st.last_look >= st.deadline:
+                    self._end_stage(rec, st, "passed")
+            sp.set_attributes({"stage.status": st.status, "stage.looks": st.looks})
+        if st.status != "passed":
+            return
+        try:
+            self.fleet.apply_labels(rec.spec["label_snapshot"], None)
+        except FleetError as err:
+            self._say(rec, f"warning: could not restore the target labels: {err}")
+        self.store.transition(rec.id, SUCCEEDED, reason=f"{spec.version} on {len(st.hosts)}/{len(spec.hosts)} "
+                                                        "serving nodes")
+
+    # ---- deploy and rollback ------------------------------------------------------------------
+    def _deploy(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord) -> bool:
+        """Deploy ``st.hosts`` not yet on the version (write-ahead), then label them canary; False if
+        that failed (the rollback to Aborted has then begun)."""
+        name = self._stage_name(spec, st.idx)
+        self.store.save_stage(rec.id, st)
+        done: list[str] = []
+        try:
+            for host in st.hosts:
+                node = self.store.node(rec.id, host)
+                if node is not None and node.status == "deployed":
+                    continue
+                current = self.fleet.version(host)
+                if node is None:
+                    node = NodeRecord(host, current, "deploying", st.idx)
+                    if current == spec.version:  # already there before the rollout: nothing to do or undo
+                        self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"))
+                        continue
+                    self.store.set_node(rec.id, node)
+                elif current == spec.version:  # killed after the call, before recording it
+                    self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"))
+                    continue
+                previous = self.fleet.deploy(host, spec.version)
+                self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"),
+                                    deploy=(spec.version, previous, f"stage {st.idx + 1}"))
+                trace.get_current_span().add_event("deploy", {"host": host, "version": spec.version,
+                                                              "previous": previous})
+                done.append(f"{host} ({previous} -> {spec.version})")
+            self.fleet.apply_labels(rec.spec["label_snapshot"], set(st.hosts))
+        except FleetError as err:
+            self._begin_rollback(rec, ABORTED, f"{name}: deploy or relabel failed: {err}", st, "aborted")
+            return False
+        self._say(rec, f"{name}: {len(st.hosts)}/{len(spec.hosts)} node(s) on {spec.version}"
+                       + (f", deployed {', '.join(done)}" if done else "") + "; canary labels applied")
+        return True
+
+    def _begin_rollback(self, rec: RolloutRecord, target: str, reason: str, st: StageRecord | None = None,
+                        stage_status: str = "") -> None:
+        """Enter RollingBack (then mark ``st`` ended with ``stage_status``) and roll back."""
+        self._say(rec, f"rolling back ({target}): {reason}")
+        rec = self.store.transition(rec.id, ROLLING_BACK, reason=reason, target=target)
+        if st is not None:
+            self._end_stage(rec, st, stage_status)
+        self._rollback(rec)
+
+    def _rollback(self, rec: RolloutRecord) -> RolloutRecord:
+        """Revert every touched node to its previous version (asking first), restore the labels."""
+        failed, reverted = [], []
+        with self.tracer.start_as_current_span("rollout.rollback", attributes={
+                "rollback.target": rec.target, "rollback.reason": rec.reason}) as sp:
+            for node in self.store.nodes(rec.id):
+                if node.status == "reverted":
+                    continue
+                for attempt in range(3):
+                    try:
+                        current = self.fleet.version(node.hostname)
+                        call = None
+                        if current != node.previous:
+                            self.fleet.deploy(node.hostname, node.previous)
+                            call = (node.previous, current, "rollback")
+                            reverted.append(f"{node.hostname} ({current} -> {node.previous})")
+                        self.store.set_node(rec.id, dataclasses.replace(node, status="reverted"), deploy=call)
+                        break
+                    except FleetError as err:
+                        if attempt == 2:
+                            failed.append(f"{node.hostname}: {err}")
+                        else:
+                            self.sleep(self.poll_s)
+            try:
+                self.fleet.apply_labels(rec.spec["label_snapshot"], None)
+            except FleetError as err:
+                failed.append(f"target labels: {err}")
+            sp.set_attribute("rollback.nodes", reverted)
+            if failed:
+                sp.set_status(Status(StatusCode.ERROR, "; ".join(failed)))
+        if reverted:
+            self._say(rec, f"rolled back {', '.join(reverted)}; labels restored")
+        if failed:
+            self._say(rec, "error: rollback incomplete (" + "; ".join(failed) + "): run `gpuobs rollout resume`")
+            return self.store.get(rec.id)
+        return self.store.transition(rec.id, rec.target, reason=rec.reason)
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _end_stage(self, rec: RolloutRecord, st: StageRecord, status: str) -> None:
+        st.status, st.ended_at = status, self.clock()
+        self.store.save_stage(rec.id, st)
+
+    def _wait_until(self, rollout_id: str, t: float) -> str | None:
+        """Sleep until ``t``; returns an operator's abort reason as soon as one is recorded."""
+        while True:
+            reason = self.store.get(rollout_id).abort_reason
+            now = self.clock()
+            if reason or now >= t:
+                return reason or None
+            self.sleep(min(self.poll_s, t - now))
+
+    def _retry(self, rec: RolloutRecord, fn: Callable[[], Any]) -> Any:
+        """``fn()``, retried up to the error limit one interval apart on SignalsUnavailable."""
+        spec = RolloutSpec.from_dict(rec.spec)
+        for attempt in range(1, spec.error_limit + 1):
+            try:
+                return fn()
+            except SignalsUnavailable:
+                if attempt == spec.error_limit:
+                    raise
+                self.sleep(spec.interval_s)
+        raise AssertionError("unreachable")
+
+    def _exists(self, rollout_id: str) -> bool:
+        try:
+            self.store.get(rollout_id)
+        except KeyError:
+            return False
+        return True
+
+    @staticmethod
+    def _stage_name(spec: RolloutSpec, idx: int) -> str:
+        return f"stage {idx + 1}/{len(spec.stages)}"
+
+    @staticmethod
+    def _stage_attrs(spec: RolloutSpec, st: StageRecord) -> dict[str, Any]:
+        return tracing.clean_attrs({"stage.index": st.idx + 1, "stage.kind": st.kind, "stage.nodes": len(st.hosts),
+                                    "stage.hosts": st.hosts, "stage.share": len(st.hosts) / len(spec.hosts)})
+
+    def _say(self, rec: RolloutRecord, msg: str) -> None:
+        """A progress line to ``out`` (human) and the same event as a JSON log line (design §8)."""
+        stamp = time.strftime("%H:%M:%SZ", time.gmtime(self.clock()))
+        self.out(f"{stamp} rollout {rec.id}: {msg}")
+        LOG.info(msg, extra={"fields": {"rollout": rec.id, "version": rec.version}})

@@ -1,0 +1,235 @@
+"""Canary analyzer end to end against a fake Prometheus fed with the simulator's latency model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuobs.canary.analyzer import AnalysisState, Analyzer
+from gpuobs.canary.config import (
+    ConfigError,
+    load_config,
+    parse_config,
+    parse_duration,
+    parse_selector,
+)
+from gpuobs.canary.sequential import group_sequential_boundaries, planned_looks
+from gpuobs.canary.stats import HIGH, INCONCLUSIVE, LOW, NODATA, PASS
+from gpuobs.canary.verdict import HOLD, PROMOTE, ROLLBACK, decide
+from gpuobs.promapi.prometheus import (
+    PromClient,
+    PrometheusQueryError,
+    PrometheusUnavailable,
+)
+from tests.fakes.prometheus import FakePrometheus, FleetData, fleet, ok, vector
+
+CANARY, BASELINE = 'track="canary"', 'track="baseline"'
+START, END = 10_000.0, 10_300.0  # a 5 minute window: half of the default 10 minute horizon
+
+
+def analyze(data, start=START, end=END, state=None, config=None):
+    with FakePrometheus(data) as fp:
+        analyzer = Analyzer(PromClient(fp.url, retries=0), config or load_config(), CANARY, BASELINE)
+        return analyzer.analyze(start, end, state), fp.requests
+
+
+def row(verdict, name):
+    return next(m for m in verdict.metrics if m.name == name)
+
+
+def test_healthy_canary_with_enough_traffic_is_promoted():
+    v, _ = analyze(fleet(n_c=2400, n_b=45_600, err_b=20))
+    assert v.verdict == "PROMOTE" and v.exit_code == 0
+    ttft = row(v, "ttft")
+    assert ttft.classification in ("Pass", "Low") and abs(ttft.effect) < 0.05
+    lo, hi = ttft.interval
+    assert lo < ttft.effect < hi and hi < 0.10
+    assert row(v, "error_ratio").classification == "Pass"
+    assert row(v, "itl").evidence["n_eff_canary"] == 2400  # ITL counted per request, not per token
+
+
+def test_twenty_percent_ttft_regression_rolls_back_with_the_effect_in_its_interval():
+    v, _ = analyze(fleet(ttft_mult=1.2))
+    assert v.verdict == "ROLLBACK" and v.exit_code == 1
+    ttft = row(v, "ttft")
+    assert ttft.classification == "High" and ttft.harmful
+    assert ttft.interval[0] < 0.2 < ttft.interval[1] and ttft.interval[0] > 0
+    assert ttft.effect == pytest.approx(0.2, abs=0.06)
+    assert ttft.canary["p99"] > ttft.baseline["p99"]
+    assert ttft.evidence["z"] > ttft.evidence["boundary"]
+    assert any("ttft" in r for r in v.reasons)
+
+
+def test_error_regression_rolls_back():
+    v, _ = analyze(fleet(n_c=2400, n_b=45_600, err_c=30, err_b=20))  # 1.25% vs 0.04%
+    er = row(v, "error_ratio")
+    assert er.classification == "High" and v.verdict == "ROLLBACK"
+    assert er.canary["ratio"] == pytest.approx(30 / 2400) and er.interval[0] > 0
+    assert er.evidence["log_e"] >= er.evidence["threshold"]
+
+
+def test_too_little_data_is_hold_never_promote():
+    v, _ = analyze(fleet(n_c=50, n_b=950))
+    assert v.verdict == "HOLD" and v.exit_code == 3
+    assert row(v, "ttft").classification == "NoData"
+    assert "50 requests" in row(v, "ttft").reason and "needs 100" in row(v, "ttft").reason
+
+
+def test_empty_canary_results_are_hold():
+    data = fleet()
+    del data.histograms["canary"]
+    del data.counters["canary"]
+    v, _ = analyze(data)
+    assert v.verdict == "HOLD"
+    assert row(v, "ttft").classification == "NoData" and "canary" in row(v, "ttft").reason
+    assert row(v, "error_ratio").classification == "NoData"
+
+
+def test_nan_results_are_hold():
+    data = fleet(n_c=2400, n_b=45_600)
+
+    def responder(endpoint, params):
+        status, body = data(endpoint, params)
+        if "time_to_first_token" in params["query"][0] and 'track="canary"' in params["query"][0]:
+            for sample in body["data"]["result"]:
+                sample["value"][1] = "NaN"
+        return status, body
+
+    v, _ = analyze(responder)
+    assert v.verdict == "HOLD" and row(v, "ttft").reason == "NaN in the canary result"
+
+
+def test_series_metrics_are_advisory_and_missing_ones_do_not_block():
+    v, _ = analyze(fleet(n_c=2400, n_b=45_600, err_b=20, series=False))
+    assert v.verdict == "PROMOTE"
+    assert row(v, "power_per_token").classification == "NoData"
+    assert any("power_per_token" in w for w in v.warnings)
+
+
+def test_queries_carry_selectors_window_and_evaluation_time():
+    _, requests = analyze(fleet())
+    queries = [r["params"]["query"][0] for r in requests]
+    assert all(CANARY in q or BASELINE in q for q in queries)
+    ttft_q = [q for q in queries if "time_to_first_token" in q]
+    assert ttft_q[0] == ('sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job="vllm",'
+                         'track="canary"}[300s]))')
+    assert any('finished_reason="error"' in q for q in queries)
+    instant = [r for r in requests if r["endpoint"] == "query"]
+    assert all(r["params"]["time"] == ["10300.000"] for r in instant)
+    ranged = [r for r in requests if r["endpoint"] == "query_range"]
+    assert ranged and all(r["params"]["step"] == ["15"] for r in ranged)
+
+
+def test_unreachable_prometheus_raises_instead_of_a_verdict():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    analyzer = Analyzer(PromClient(f"http://127.0.0.1:{port}", retries=0), load_config(), CANARY, BASELINE)
+    with pytest.raises(PrometheusUnavailable):
+        analyzer.analyze(START, END)
+
+
+def test_rejected_query_raises():
+    body = {"status": "error", "errorType": "bad_data", "error": "unknown function"}
+    with FakePrometheus(lambda ep, p: (400, body)) as fp:
+        with pytest.raises(PrometheusQueryError):
+            Analyzer(PromClient(fp.url), load_config(), CANARY, BASELINE).analyze(START, END)
+
+
+def test_state_records_looks_and_matches_the_stateless_schedule():
+    cfg = load_config().select(["ttft"])
+    state = AnalysisState()
+    verdicts = []
+    for k in range(1, 6):  # looks every 30 s, traffic proportional to time
+        data = fleet(seed=k, n_c=60 * k, n_b=1140 * k, series=False)
+        verdicts.append(analyze(data, START, START + 30 * k, state, cfg)[0])
+    looks = state.looks["ttft.location"]  # one schedule per test of the metric (issue 18)
+    assert [round(t * 600) for t, _ in looks] == [60, 90, 120, 150]  # the first look had 60 < 100 requests
+    assert verdicts[0].metrics[0].classification == "NoData"
+    # with steady traffic the recorded schedule gives (nearly) the stateless boundary
+    last = next(t for t in verdicts[-1].metrics[0].tests if t["test"] == "location")
+    times, infos = planned_looks(150, 30, 600, 300, 100, last["look"]["info"])
+    stateless = group_sequential_boundaries(cfg.spending.with_alpha(last["alpha"]), times, infos)[-1]
+    assert last["boundary_normal"] == pytest.approx(stateless, abs=0.05)
+    restored = AnalysisState.from_dict(state.to_dict())
+    assert restored.looks == state.looks
+    with pytest.raises(ValueError, match="earlier"):
+        analyze(fleet(series=False), START, START + 30, restored, cfg)
+
+
+def test_window_must_not_be_empty_and_selectors_are_validated():
+    analyzer = Analyzer(PromClient("http://127.0.0.1:1"), load_config(), CANARY, BASELINE)
+    with pytest.raises(ValueError, match="empty"):
+        analyzer.analyze(END, END)
+    with pytest.raises(ConfigError, match="--canary"):
+        Analyzer(PromClient("http://127.0.0.1:1"), load_config(), "canary", BASELINE)
+
+
+def test_verdict_renders_table_and_json():
+    v, _ = analyze(fleet(ttft_mult=1.2))
+    text = v.table()
+    assert text.startswith("Canary verdict: ROLLBACK") and "ttft" in text and "High!" in text
+    doc = v.to_dict()
+    assert doc["verdict"] == "ROLLBACK" and doc["exit_code"] == 1
+    assert doc["metrics"][0]["name"] == "ttft" and len(doc["metrics"][0]["interval"]) == 2
+    assert 0 <= doc["score"] <= 100
+
+
+def test_decide_combination_rule():
+    crit = np.array([True, True, False])
+    codes = np.array([[PASS, PASS, HIGH], [HIGH, PASS, PASS], [PASS, NODATA, PASS], [LOW, PASS, INCONCLUSIVE],
+                      [PASS, INCONCLUSIVE, PASS]])
+    harm = codes == HIGH
+    assert decide(codes, harm, crit).tolist() == [PROMOTE, ROLLBACK, HOLD, PROMOTE, HOLD]
+
+
+def test_default_config_and_validation_errors():
+    cfg = load_config()
+    assert [m.name for m in cfg.metrics][:3] == ["ttft", "itl", "error_ratio"]
+    critical = [m for m in cfg.metrics if m.critical]
+    assert sum(cfg.metric_alpha(m) for m in critical) == pytest.approx(cfg.alpha)
+    assert cfg.horizon_s == 600 and cfg.interval_s == 30
+    base = {"alpha": 0.01, "metrics": [{"name": "a", "kind": "histogram", "metric": "x", "allowed_effect": 0.1,
+                                        "critical": True}]}
+    assert parse_config(base).metrics[0].min_samples == 100
+    bad = [({"kind": "gauge"}, "kind"), ({"critical": False}, "critical"), ({"direction": "up"}, "direction"),
+           ({"allowed_effect": -1}, "allowed_effect"), ({"metric": "bad name"}, "metric"),
+           ({"kind": "series", "query": "avg(x)"}, "query"), ({"matchers": "job=vllm"}, "matchers")]
+    for change, field in bad:
+        doc = {**base, "metrics": [{**base["metrics"][0], **change}]}
+        with pytest.raises(ConfigError, match=field):
+            parse_config(doc)
+    with pytest.raises(ConfigError, match="unique"):
+        parse_config({**base, "metrics": base["metrics"] * 2})
+    with pytest.raises(ConfigError, match="--metric"):
+        cfg.select(["nope"])
+
+
+def test_durations_and_selectors():
+    assert parse_duration("30s") == 30 and parse_duration("5m") == 300 and parse_duration("1h30m") == 5400
+    assert parse_duration("90") == 90 and parse_duration(2.5) == 2.5
+    for bad in ("", "5ms", "-1m", "abc", 0):
+        with pytest.raises(ConfigError):
+            parse_duration(bad)
+    assert parse_selector('{track="canary", node=~"gpu-0[12]"}', "--canary") == 'track="canary", node=~"gpu-0[12]"'
+    for bad in ("track=canary", 'track="canary"}', "", 'track="a" or 1'):
+        with pytest.raises(ConfigError):
+            parse_selector(bad, "--canary")
+
+
+def test_fake_answers_unknown_metric_with_empty_vector():
+    status, body = FleetData()("query", {"query": ['sum(increase(nope_total{track="canary"}[5m]))']})
+    assert (status, body) == ok(vector([]))
+
+
+def test_final_look_hold_says_it_is_inconclusive_and_timing_override():
+    cfg = load_config().with_timing(horizon_s=300, interval_s=30)
+    v, _ = analyze(fleet(n_c=600, n_b=11_400, err_c=1), config=cfg)  # window 300 s = the whole horizon
+    assert v.final and v.time_fraction == 1.0
+    assert v.verdict == "HOLD" and row(v, "error_ratio").classification == "Inconclusive"  # 1 error in 600
+    assert any("horizon is reached" in r for r in v.reasons)
+    with pytest.raises(ConfigError):
+        cfg.with_timing(horizon_s=0)

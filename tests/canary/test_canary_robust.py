@@ -1,0 +1,230 @@
+"""Issue 18: missing evidence holds, robust bucket layouts, quantile/spread tests, node-to-node
+variation, warm-up and the "cannot decide within the horizon" outlook.
+
+Statistical checks use fixed seeds and assert rates with margins of 3 binomial standard errors of
+the run count (a correct method fails such a check with probability < 0.3%)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import t as student_t
+
+from gpuobs.canary.analyzer import Analyzer
+from gpuobs.canary.config import ConfigError, load_config, parse_config
+from gpuobs.promapi.prometheus import PromClient
+from gpuobs.canary.stats import (HIGH, NODATA, PASS, clustered, common_bounds, dl_tau2, exceedance_z,
+                                 fold_nonpositive, parse_buckets, rebin)
+from gpuobs.canary.verdict import HOLD, PROMOTE, ROLLBACK, decide, rollout_false_rollback_bound
+from gpuobs.exporter.sim.latency import sample_ttft
+from gpuobs.reference.buckets import TTFT_BUCKETS
+from tests.fakes.prometheus import FakePrometheus, fleet
+from tests.canary.test_canary_cli import analyze_args, cli
+
+CANARY, BASELINE = 'track="canary"', 'track="baseline"'
+START, END = 10_000.0, 10_300.0
+OTEL = (0.0, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+PROM_DEFAULT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def analyze(data, config=None, start=START, end=END):
+    with FakePrometheus(data) as fp:
+        return Analyzer(PromClient(fp.url, retries=0), config or load_config(), CANARY, BASELINE).analyze(start, end)
+
+
+def row(v, name):
+    return next(m for m in v.metrics if m.name == name)
+
+
+def binned(x, bounds):
+    b = np.asarray(bounds, dtype=float)
+    return b, np.bincount(np.searchsorted(b, x, side="left"), minlength=b.size + 1).astype(float)
+
+
+def margin(p, n):
+    return 3 * math.sqrt(p * (1 - p) / n)
+
+
+# ---- layouts -------------------------------------------------------------------------------------
+def test_le_zero_is_folded_and_layouts_merge_on_common_bounds():
+    bounds, counts = parse_buckets([("0", 2.0), ("0.5", 10.0), ("1", 15.0), ("+Inf", 16.0)])
+    b, c = fold_nonpositive(bounds, counts)
+    assert b.tolist() == [0.5, 1.0] and c.tolist() == [10.0, 5.0, 1.0]
+    with pytest.raises(ValueError):
+        fold_nonpositive(np.array([0.0]), np.array([1.0, 2.0]))
+    common = common_bounds([np.array([0.1, 0.25, 0.5, 1.0]), np.array([0.25, 1.0, 2.5])])
+    assert common.tolist() == [0.25, 1.0]
+    assert rebin(np.array([0.1, 0.25, 0.5, 1.0]), np.array([1, 2, 3, 4, 5.0]), common).tolist() == [3, 7, 5]
+
+
+def test_otel_layout_with_le_zero_is_analysed():
+    data = fleet(n_c=2400, n_b=45_600, err_b=20)
+    rng = np.random.default_rng(3)
+    for track, n in (("canary", 2400), ("baseline", 45_600)):
+        data.histograms[track]["vllm:time_to_first_token_seconds"] = binned(sample_ttft(rng, n), OTEL)
+    v = analyze(data)
+    assert row(v, "ttft").classification != "NoData", row(v, "ttft").reason
+
+
+def test_canary_with_a_new_bucket_layout_is_still_judged():
+    """The release changed the layout (vLLM's -> Prometheus' default): compared on shared bounds."""
+    data = fleet()
+    rng = np.random.default_rng(4)
+    data.histograms["canary"]["vllm:time_to_first_token_seconds"] = binned(sample_ttft(rng, 600, 1.5), PROM_DEFAULT)
+    v = analyze(data)
+    ttft = row(v, "ttft")
+    assert v.verdict == "ROLLBACK" and ttft.harmful
+    assert any("bucket layouts differ" in n for n in ttft.notes)
+
+
+# ---- missing evidence ----------------------------------------------------------------------------
+def test_missing_error_series_is_missing_not_zero_and_never_promotes():
+    data = fleet(n_c=2400, n_b=45_600, err_b=20)
+    del data.counters["canary"]["vllm:request_success_total"]["error"]
+    v = analyze(data)
+    er = row(v, "error_ratio")
+    assert er.classification == "NoData" and "missing, not zero" in er.reason
+    assert v.verdict == "HOLD" and row(v, "ttft").classification == "Pass"
+
+
+def test_decide_never_promotes_without_critical_evidence():
+    assert decide(np.array([PASS, NODATA]), np.array([False, False]), np.array([True, True])) == HOLD
+    assert decide(np.array([PASS]), np.array([False]), np.array([False])) == HOLD  # no critical metric
+    assert decide(np.array([HIGH, NODATA]), np.array([True, False]), np.array([True, True])) == ROLLBACK
+    assert decide(np.array([PASS, PASS]), np.array([False, False]), np.array([True, True])) == PROMOTE
+    assert rollout_false_rollback_bound(0.01, 4) == pytest.approx(0.04)
+
+
+def test_advisory_only_selection_is_judged_and_does_not_crash(capsys):
+    cfg = load_config().select(["e2e"])
+    assert cfg.metrics[0].critical and cfg.metric_alpha(cfg.metrics[0]) == pytest.approx(cfg.alpha)
+    with FakePrometheus(fleet(n_c=2400, n_b=45_600)) as fp:
+        code = cli(analyze_args(fp.url, "--metric", "e2e"))
+    out = capsys.readouterr()
+    assert code in (0, 3) and out.out.startswith("Canary verdict:") and "Traceback" not in out.err
+    full = load_config()
+    assert full.select(["ttft"]).metric_alpha(full.metrics[0]) == pytest.approx(full.metric_alpha(full.metrics[0]))
+
+
+# ---- quantile / spread tests ---------------------------------------------------------------------
+def test_tail_only_regression_is_caught_by_the_p99_test():
+    """p99 +30% with the median and p90 unchanged: the location test cannot see it, p99 does."""
+    rng = np.random.default_rng(11)
+    data = fleet(n_c=6000, n_b=114_000, err_b=57, series=False)
+    x = sample_ttft(rng, 6000)
+    q90 = 0.25 * math.exp(0.6 * 1.2815515655446004)
+    k = 1 + math.log(1.3) / (0.6 * (2.3263478740408408 - 1.2815515655446004))
+    x = np.where(x > q90, q90 * (x / q90) ** k, x)
+    data.histograms["canary"]["vllm:time_to_first_token_seconds"] = binned(x, TTFT_BUCKETS)
+    v = analyze(data, load_config().select(["ttft", "error_ratio"]))
+    ttft = row(v, "ttft")
+    tests = {t["test"]: t for t in ttft.tests}
+    assert v.verdict == "ROLLBACK" and tests["p99"]["harmful"]
+    assert not tests["p50"]["harmful"]
+    lo, hi = tests["p99"]["interval"]
+    assert lo > 0 and lo < tests["p99"]["effect"] < hi and "p99" in v.reasons[0]
+
+
+def test_spread_increase_is_caught():
+    rng = np.random.default_rng(12)
+    data = fleet(n_c=1200, n_b=22_800, err_b=11, series=False)
+    x = 0.25 * (sample_ttft(rng, 1200) / 0.25) ** (0.75 / 0.6)
+    data.histograms["canary"]["vllm:time_to_first_token_seconds"] = binned(x, TTFT_BUCKETS)
+    v = analyze(data, load_config().select(["ttft", "error_ratio"]))
+    tests = {t["test"]: t for t in row(v, "ttft").tests}
+    assert v.verdict == "ROLLBACK" and tests["spread"]["harmful"] and tests["spread"]["effect"] > 0.15
+
+
+def test_exceedance_z_keeps_its_level_with_few_events():
+    """Binomial(300, 1%) has 3 expected events; the mid-p tail must not exceed its nominal level
+    (the normal approximation exceeds 0.5% about three times over)."""
+    rng = np.random.default_rng(5)
+    n, p0, runs = 300, 0.01, 20_000
+    x = rng.binomial(n, p0, runs)
+    z = np.array([exceedance_z(float(k), n, p0) for k in range(0, 40)])[x]
+    rate = float(np.mean(z >= 2.5758))  # one-sided 0.5%
+    assert rate <= 0.005 + margin(0.005, runs)
+    naive = (x / n - p0) / math.sqrt(p0 * (1 - p0) / n)
+    assert float(np.mean(naive >= 2.5758)) > 0.005 + margin(0.005, runs)  # why the exact tail is needed
+
+
+# ---- node heterogeneity --------------------------------------------------------------------------
+def test_dersimonian_laird_estimate():
+    x, v = np.array([0.0, 0.1, -0.1, 0.2]), np.full(4, 0.001)
+    w = 1 / v
+    q = float((w * (x - x.mean()) ** 2).sum())
+    assert dl_tau2(x, v) == pytest.approx((q - 3) / (w.sum() - (w * w).sum() / w.sum()))
+    assert math.isnan(dl_tau2(np.array([1.0]), np.array([1.0])))
+    assert dl_tau2(np.zeros(5), np.ones(5)) == 0.0
+
+
+def test_node_spread_keeps_the_false_rollback_rate():
+    """19 baseline nodes and one canary node, node effects sd 5% (log), per-node request noise:
+    a one-sided test at 1% must reject at most 1% (+ margin); ignoring the nodes rejects far more."""
+    rng = np.random.default_rng(7)
+    runs, k, sd_req, tau = 4000, 19, 0.02, 0.05
+    hits = naive = 0
+    for _ in range(runs):
+        nodes = rng.normal(0, tau, k + 1) + rng.normal(0, sd_req, k + 1)
+        wb = np.full(k, 1 / k)
+        cl = clustered(nodes[0] - nodes[1:].mean(), sd_req ** 2 * (1 + 1 / k), np.ones(1), wb, nodes[1:],
+                       np.full(k, sd_req ** 2), 0.0025)
+        c = 2.3263 if math.isinf(cl.df) else float(student_t.isf(0.01, cl.df))
+        hits += cl.z >= c
+        naive += (nodes[0] - nodes[1:].mean()) / (sd_req * math.sqrt(1 + 1 / k)) >= 2.3263
+    assert hits / runs <= 0.01 + margin(0.01, runs)
+    assert naive / runs > 0.05
+
+
+def test_single_baseline_node_uses_the_prior_and_says_so():
+    data = fleet(n_c=2400, n_b=45_600, err_b=20)
+    data.units = {"canary": 1, "baseline": 1}
+    v = analyze(data)
+    ttft = row(v, "ttft")
+    assert any("one baseline instance" in n for n in ttft.notes)
+    loc = next(t for t in ttft.tests if t["test"] == "location")
+    assert loc["node_tau_source"] == "prior" and loc["node_tau"] == pytest.approx(math.log1p(0.05))
+    assert "note: ttft: one baseline instance" in v.table()
+
+
+# ---- warm-up and outlook -------------------------------------------------------------------------
+def test_warmup_excludes_the_start_of_the_stage():
+    cfg = load_config().with_timing(warmup_s=60)
+    assert cfg.warmup_s == 60
+    v = analyze(fleet(), cfg, START, START + 30)
+    assert v.verdict == "HOLD" and all("warm-up" in m.reason for m in v.metrics)
+    with FakePrometheus(fleet()) as fp:
+        Analyzer(PromClient(fp.url, retries=0), cfg, CANARY, BASELINE).analyze(START, END)
+        queries = [r["params"]["query"][0] for r in fp.requests]
+    assert all("[240s]" in q for q in queries if "increase" in q)  # 300 s window minus 60 s of warm-up
+    with pytest.raises(ConfigError, match="warmup"):
+        load_config().with_timing(warmup_s=600)
+    base = {"metrics": [{"name": "a", "kind": "histogram", "metric": "x", "allowed_effect": 0.1, "critical": True}]}
+    assert parse_config({**base, "warmup": "90s"}).warmup_s == 90
+    with pytest.raises(ConfigError, match="tests"):
+        parse_config({"metrics": [{**base["metrics"][0], "tests": {"p100": 1}}]})
+
+
+def test_low_traffic_says_promote_is_out_of_reach_at_the_first_look():
+    """5 req/s fleet, 5% canary: 0.25 canary req/s, 150 requests by the horizon; the error ratio
+    alone needs several hundred."""
+    data = fleet(n_c=120, n_b=2280, err_b=1, series=False)  # 8 minutes of a 5 req/s fleet
+    v = analyze(data, start=START, end=START + 480)
+    assert not v.promote_reachable and v.to_dict()["promote_reachable"] is False
+    assert any("PROMOTE is out of reach" in r and "error_ratio" in r for r in v.reasons)
+    healthy = analyze(fleet(n_c=2400, n_b=45_600, err_b=20))
+    assert healthy.promote_reachable
+
+
+def test_cli_warmup_flag_and_outlook_in_json(capsys):
+    import json
+
+    with FakePrometheus(fleet(n_c=120, n_b=2280, err_b=1, series=False)) as fp:
+        code = cli(analyze_args(fp.url, "--warmup", "60s", "--json"))
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 3 and doc["warmup_s"] == 60 and doc["promote_reachable"] is False
+    with FakePrometheus(fleet()) as fp:
+        assert cli(analyze_args(fp.url, "--warmup", "soon")) == 2
+    assert "--warmup" in capsys.readouterr().err

@@ -1,0 +1,98 @@
+"""Live: `gpuobs rollout start` end to end on the native stack, through the real Prometheus.
+
+One stack (4 serving nodes x 2 GPUs, default rule profile) serves the module; the tests run in order
+on the same fleet: an incompatible release is rejected before any deploy, a bad release (1.6.0,
++20% TTFT in its hidden profile) is rolled back with every node back on 1.4.0, then a good release
+(1.5.0) is promoted to every node. Stages 50%,100%: two canary nodes against two baseline nodes, so
+each side gets ~10 requests/s (the stack's engines serve 4-6 req/s each) and the analysis decides in
+about a minute (bad) or two (good); 15 s looks, 3 min stage deadline. About 3-4 minutes in all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from gpuobs.promapi.exporter_admin import AdminClient
+from gpuobs.stack.state import StackState
+from tests.conftest import live_stack
+
+pytestmark = pytest.mark.live
+
+FLAGS = ["--stages", "50%,100%", "--interval", "15s", "--stage-timeout", "3m", "--settle", "10s", "--bake", "10s"]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    yield from live_stack(tmp_path_factory, "rollout-run", nodes=4, gpus=2, training_nodes=0, timeout_s=120,
+                          exporter_profile="recommended")
+
+
+def rollout(stack: StackState, version: str) -> tuple[int, str]:
+    r = subprocess.run([sys.executable, "-m", "gpuobs", "rollout", "start", "--run-dir", stack.run_dir,
+                        "--version", version, *FLAGS], capture_output=True, text=True, timeout=480)
+    return r.returncode, r.stdout + r.stderr[-3000:]
+
+
+def versions(stack: StackState) -> dict[str, str]:
+    token = stack.token()
+    return {h: AdminClient(u.removesuffix("/metrics"), token).version()
+            for h, u in zip(stack.hostnames, stack.urls.nodes)}
+
+
+def vllm_labels(stack: StackState) -> list[dict]:
+    path = Path(stack.run_dir) / "prometheus" / "targets" / "vllm-nodes.json"
+    return [g["labels"] for g in json.loads(path.read_text())]
+
+
+def prometheus_versions(stack: StackState, want: str, timeout_s: float = 30) -> list[str]:
+    """Versions Prometheus scraped from gpuobs_engine_build_info, once every node reports ``want``."""
+    got: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = requests.get(f"{stack.urls.prometheus}/api/v1/query",
+                         params={"query": "gpuobs_engine_build_info"}, timeout=5).json()["data"]["result"]
+        got = sorted(x["metric"]["version"] for x in r)
+        if got == [want] * len(stack.hostnames):
+            break
+        time.sleep(1)
+    return got
+
+
+def test_incompatible_release_is_rejected_and_nothing_deployed(stack):
+    code, out = rollout(stack, "2.0.0")
+    assert code == 1, out
+    assert re.search(r"Rollout 2\.0\.0-\S+: Rejected \(exit 1\)", out), out
+    assert "compatibility gate: gpu-node-00: INCOMPATIBLE (toolkit-min-driver, minor-version-compat" in out
+    assert "deploys: none" in out
+    assert set(versions(stack).values()) == {"1.4.0"}
+
+
+def test_bad_release_is_rolled_back(stack):
+    code, out = rollout(stack, "1.6.0")
+    assert code == 1, out
+    assert re.search(r"Rollout 1\.6\.0-\S+: RolledBack \(exit 1\)", out), out
+    assert re.search(r"reason: canary analysis ROLLBACK in stage 1/2: ttft: High \(\+\d", out), out
+    assert "stage 1/2: 2/4 node(s) on 1.6.0, deployed gpu-node-00 (1.4.0 -> 1.6.0), gpu-node-01 (1.4.0 -> 1.6.0)" in out
+    assert "Canary verdict: ROLLBACK" in out and re.search(r"\nttft\s+High!", out), out
+    assert versions(stack) == dict.fromkeys(stack.hostnames, "1.4.0")
+    assert all("track" not in labels for labels in vllm_labels(stack))
+    assert prometheus_versions(stack, "1.4.0") == ["1.4.0"] * 4
+
+
+def test_good_release_is_promoted_to_every_node(stack):
+    code, out = rollout(stack, "1.5.0")
+    assert code == 0, out
+    assert re.search(r"Rollout 1\.5\.0-\S+: Succeeded \(exit 0\)", out), out
+    assert re.search(r"stage 1/2 look \d+ \(\d+s = \d+% of the stage\): PROMOTE", out), out
+    assert "promoting: baking 10s while watching the SLO-burn page" in out
+    assert versions(stack) == dict.fromkeys(stack.hostnames, "1.5.0")
+    assert all("track" not in labels for labels in vllm_labels(stack))
+    assert prometheus_versions(stack, "1.5.0") == ["1.5.0"] * 4
