@@ -81,7 +81,8 @@ class Rules:
             return enhanced
         if not self.cfg.enhanced(family):
             return stock
-        return f"(\n{_indent(enhanced)}\n)\nor\n(\n{_indent(stock)}\n  unless on ({on})\n{_indent(present)}\n)"
+        return (f"(\n{_indent(enhanced)}\n)\nor\n(\n{_indent(stock)}\n  unless on ({on})\n"
+                f"  (\n{_indent(present, 4)}\n  )\n)")
 
     # ---- Xid -------------------------------------------------------------------------------------
     def xid_expr(self, codes: list[int]) -> str:
@@ -345,8 +346,10 @@ class Rules:
 
     # ---- memory ------------------------------------------------------------------------------------
     def memory_file(self) -> dict:
-        I, GPU, IG = self.I, self.GPU, self.IG
-        J = f"{I}, gpu, UUID"
+        # Alert labels (node, gpu, UUID): what both the allocator's and DCGM's series carry, so the two paths
+        # raise the same alert.
+        I, IG = self.I, self.IG
+        J = GPU = f"{I}, gpu, UUID"
         reserved = self.a("pytorch_cuda_memory_reserved_bytes")
         allocated = self.a("pytorch_cuda_memory_allocated_bytes")
         fb_used, fb_free = self.d("DCGM_FI_DEV_FB_USED"), self.d("DCGM_FI_DEV_FB_FREE")
