@@ -77,14 +77,11 @@ lint: venv binaries
 	promtool check rules prometheus/rules/*.yml
 	cd prometheus/tests && promtool test rules *.test.yml
 	amtool check-config alertmanager/alertmanager.yml
-	$(GPUOBS) rules xid --check prometheus/rules/gpu-xid.yml
-	$(GPUOBS) rules slo --check prometheus/rules/slo.yml
-	$(PY) gpuobs/mixin/dashboards.py --check
+	$(GPUOBS) rules render --check
 
+# Every rule file, alertmanager/alertmanager.yml and grafana/dashboards/*.json from prometheus/fleet.yaml.
 rules: venv
-	$(GPUOBS) rules xid > prometheus/rules/gpu-xid.yml
-	$(GPUOBS) rules slo > prometheus/rules/slo.yml
-	$(GPUOBS) rules dashboards
+	$(GPUOBS) rules render
 
 test: venv binaries
 	$(PY) -m pytest -q $(PYTEST_ARGS)

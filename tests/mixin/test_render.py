@@ -1,0 +1,111 @@
+"""``gpuobs rules render``: the repository's rule files, Alertmanager config and dashboards are the output
+for the shipped fleet config (a drift fails), every fleet-config variant renders rules promtool accepts,
+and a bad fleet config is an input error naming the field."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuobs.cli import run as cli_run
+from gpuobs.mixin.fleet import PATH_FAMILIES, FleetConfig, FleetConfigError, load_fleet, parse_fleet
+from gpuobs.mixin.render import render_all, rule_texts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_fleet_config_is_the_default():
+    assert load_fleet(ROOT / "prometheus" / "fleet.yaml") == FleetConfig()
+
+
+def test_repository_files_are_the_render_of_the_shipped_fleet_config():
+    rendered = render_all(load_fleet(ROOT / "prometheus" / "fleet.yaml"))
+    assert {"prometheus/rules/gpu-xid.yml", "prometheus/rules/slo.yml", "alertmanager/alertmanager.yml",
+            "grafana/dashboards/fleet.json"} <= set(rendered)
+    assert set(p.name for p in (ROOT / "prometheus" / "rules").glob("*.yml")) == \
+        {Path(k).name for k in rendered if k.startswith("prometheus/rules/")}
+    stale = [rel for rel, text in rendered.items() if (ROOT / rel).read_text() != text]
+    assert stale == [], f"run `gpuobs rules render` (make rules): {stale}"
+
+
+def test_check_mode_reports_drift_and_render_writes_into_out(tmp_path, capsys):
+    assert cli_run(["rules", "render", "--out", str(tmp_path)]) == 0
+    assert cli_run(["rules", "render", "--out", str(tmp_path), "--check"]) == 0
+    rules = tmp_path / "prometheus" / "rules" / "gpu-health.yml"
+    rules.write_text(rules.read_text().replace('node!=""', 'Hostname!=""'))
+    assert cli_run(["rules", "render", "--out", str(tmp_path), "--check"]) == 1
+    assert "prometheus/rules/gpu-health.yml" in capsys.readouterr().err
+
+
+def _texts(cfg: FleetConfig) -> dict[str, str]:
+    return rule_texts(cfg)
+
+
+def test_every_rule_reads_series_with_a_non_empty_identity():
+    """No selector of a DCGM, vLLM or gpuobs metric lacks `node!=""` (GpuTelemetryWithoutIdentity alone
+    looks for the series WITHOUT it), and no rule groups or joins on Hostname."""
+    for name, text in _texts(FleetConfig()).items():
+        for rule in (r for g in yaml.safe_load(text)["groups"] for r in g["rules"]):
+            expr = rule["expr"]
+            assert "Hostname" not in expr, (name, rule.get("alert") or rule.get("record"))
+            if rule.get("alert") == "GpuTelemetryWithoutIdentity":
+                continue
+            for m in re.finditer(r"\b(DCGM_[A-Z_]+|vllm:[a-z_:]+|gpuobs_[a-z_]+|pytorch_[a-z_]+|up)\{([^}]*)\}", expr):
+                assert 'node!=""' in m.group(2), (name, m.group(0))
+
+
+@pytest.mark.parametrize("paths", ["both", "stock", "enhanced"])
+@pytest.mark.parametrize("kernel_log", [False, True])
+def test_every_fleet_config_variant_renders_rules_promtool_accepts(tmp_path, paths, kernel_log):
+    cfg = parse_fleet({"identity_label": "k8s_node",
+                       "selectors": {"dcgm": 'job="gpu-operator/nvidia-dcgm-exporter"', "vllm": 'service=~"llm-.*"'},
+                       "paths": {f: paths for f in PATH_FAMILIES}, "xid_kernel_log": kernel_log,
+                       "gpu": {"slowdown_temp_c": 84}})
+    files = []
+    for rel, text in _texts(cfg).items():
+        exprs = " ".join(r["expr"] for g in yaml.safe_load(text)["groups"] for r in g["rules"])
+        if rel.endswith("slo.yml"):
+            continue  # fleet-wide per model: no identity, no selectors
+        assert 'k8s_node!=""' in exprs, rel
+        assert not re.search(r"\bnode\b", exprs.replace("k8s_node", "")), rel  # the default label is gone
+        path = tmp_path / Path(rel).name
+        path.write_text(text)
+        files.append(str(path))
+    r = subprocess.run(["promtool", "check", "rules", *files], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    xid_doc = yaml.safe_load(_texts(cfg)["prometheus/rules/gpu-xid.yml"])
+    xid_text = " ".join(r["expr"] for g in xid_doc["groups"] for r in g["rules"])
+    assert ("gpuobs_xid_last_event_timestamp_seconds" in xid_text) == kernel_log
+    assert ("DCGM_EXP_XID_ERRORS_COUNT" in xid_text) == (paths != "stock")
+    assert ("offset 5m" in xid_text) == (paths != "enhanced")
+
+
+@pytest.mark.parametrize("doc, field", [
+    ([1, 2], "fleet config"),
+    ({"identity_label": "Hostname"}, "identity_label"),
+    ({"identity_label": "not a label"}, "identity_label"),
+    ({"selectors": {"dcgm": 'job="dcgm'}}, "selectors.dcgm"),
+    ({"selectors": {"dcgm": ""}}, "selectors.dcgm"),
+    ({"selectors": {"loki": 'job="x"'}}, "selectors"),
+    ({"paths": {"xid": "sometimes"}}, "paths.xid"),
+    ({"paths": {"nvlink": "stock"}}, "paths.nvlink"),
+    ({"xid_kernel_log": "yes"}, "xid_kernel_log"),
+    ({"gpu": {"slowdown_temp_c": 500}}, "gpu.slowdown_temp_c"),
+    ({"identity": "node"}, "unknown field"),
+])
+def test_bad_fleet_config_names_the_field(doc, field):
+    with pytest.raises(FleetConfigError, match=re.escape(field)):
+        parse_fleet(doc)
+
+
+def test_bad_fleet_file_is_a_usage_error_without_traceback(tmp_path, capsys):
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text("identity_label: [\n")
+    assert cli_run(["rules", "render", "--fleet", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "not valid YAML" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()  # nothing half-written
