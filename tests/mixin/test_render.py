@@ -109,3 +109,37 @@ def test_bad_fleet_file_is_a_usage_error_without_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "not valid YAML" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_the_family_contract_matches_the_rules():
+    """gpuobs.mixin.families (what `gpuobs doctor` judges) names exactly the signals the rules read: every
+    stock and enhanced signal of a family appears in one of its alerts' expressions (directly or through
+    a recording rule of the same file), and a family blind on stock has no stock signal."""
+    from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL
+
+    assert IDENTITY_LABEL == FleetConfig().identity_label
+    texts = {}
+    for rel, text in render_all(FleetConfig()).items():
+        if rel.startswith("prometheus/rules/"):
+            groups = yaml.safe_load(text)["groups"]
+            records: dict[str, str] = {}
+            for g in groups:
+                for r in g["rules"]:
+                    if "record" in r:
+                        records[r["record"]] = records.get(r["record"], "") + " " + r["expr"]
+            for g in groups:
+                for r in g["rules"]:
+                    if "alert" in r:
+                        expr = r["expr"]
+                        for name, rec in records.items():
+                            if name in expr:
+                                expr += " " + rec
+                        texts[r["alert"]] = texts.get(r["alert"], "") + " " + expr
+    for fam in FAMILIES:
+        exprs = " ".join(texts[a] for a in fam.alerts)
+        for sig in fam.stock + fam.enhanced:
+            if sig.metric == "up":
+                assert "up{" in exprs, fam.name
+            else:
+                assert sig.metric in exprs, f"{fam.name}: {sig.metric} is in the contract but no rule reads it"
+        assert not (fam.blind_on_stock and fam.stock), fam.name
