@@ -143,3 +143,54 @@ def test_the_family_contract_matches_the_rules():
             else:
                 assert sig.metric in exprs, f"{fam.name}: {sig.metric} is in the contract but no rule reads it"
         assert not (fam.blind_on_stock and fam.stock), fam.name
+
+
+def test_kernel_log_xid_path_pages_once_with_the_gpus_identity(tmp_path):
+    """xid_kernel_log: true adds gpuobs logwatch's kernel-log Xids (every event, Xid 79 included) to the Xid
+    alerts; on a node where logwatch reads the kernel log the DCGM paths stand aside, so an Xid both see
+    pages once, and the alert carries the GPU's UUID/PCI/model from its last DCGM series (a GPU that fell
+    off the bus has none now)."""
+    cfg = parse_fleet({"xid_kernel_log": True})
+    (tmp_path / "gpu-xid.yml").write_text(rule_texts(cfg)["prometheus/rules/gpu-xid.yml"])
+    dcgm = 'job="dcgm",instance="{n}:9400",node="{n}",gpu="{g}",UUID="GPU-{n}-{g}",pci_bus_id="00000000:1{g}:00.0",modelName="NVIDIA H100 80GB HBM3",Hostname="localhost"'
+    lw = 'job="logwatch",instance="{n}:9500",node="{n}",gpu="{g}",UUID="GPU-{n}-{g}",pci_bus_id="00000000:1{g}:00.0",GPU_I_ID="",xid="{x}",xid_severity="critical",Hostname="{n}"'
+
+    def ann(n, g, x):
+        return {"summary": "A GPU reported an Xid whose NVIDIA action is reset the GPU, reboot the node or RMA.",
+                "description": f"GPU {g} (GPU-{n}-{g}, PCI 00000000:1{g}:00.0) on node {n} reported Xid {x} in the last "
+                               "few minutes. Grep the node's kernel log for 'NVRM: Xid (PCI:' and follow the runbook for this code.",
+                "runbook_url": "http://127.0.0.1:9097/runbooks/xid.md#gpuxidcritical"}
+
+    def labels(n, g, x):
+        return {"severity": "critical", "family": "xid", "node": n, "gpu": g, "UUID": f"GPU-{n}-{g}",
+                "pci_bus_id": f"00000000:1{g}:00.0", "modelName": "NVIDIA H100 80GB HBM3", "xid": x}
+
+    series = [
+        # n1 runs logwatch. GPU 0: Xid 48 in the kernel log and on the DCGM gauge at 2m.
+        ("gpuobs_logwatch_source_up", 'job="logwatch",instance="n1:9500",node="n1"', "1x30"),
+        ("DCGM_FI_DEV_GPU_TEMP", dcgm.format(n="n1", g="0"), "60x30"),
+        ("DCGM_FI_DEV_XID_ERRORS", dcgm.format(n="n1", g="0") + ',err_code="48",err_msg="DBE"', "_x4 48x26"),
+        ("gpuobs_xid_last_event_timestamp_seconds", lw.format(n="n1", g="0", x="48"), "_x4 120x26"),
+        # GPU 3: falls off the bus at 2m (DCGM cannot report Xid 79; the kernel log can).
+        ("DCGM_FI_DEV_GPU_TEMP", dcgm.format(n="n1", g="3"), "60x3 stale"),
+        ("gpuobs_xid_last_event_timestamp_seconds", lw.format(n="n1", g="3", x="79"), "_x4 120x26"),
+        # n2 has no logwatch: its DCGM stock path pages.
+        ("DCGM_FI_DEV_GPU_TEMP", dcgm.format(n="n2", g="1"), "60x30"),
+        ("DCGM_FI_DEV_XID_ERRORS", dcgm.format(n="n2", g="1") + ',err_code="48",err_msg="DBE"', "_x4 48x26"),
+    ]
+    test = {"rule_files": ["gpu-xid.yml"], "evaluation_interval": "30s", "tests": [{
+        "interval": "30s",
+        "input_series": [{"series": f"{m}{{{lbl}}}", "values": v} for m, lbl, v in series],
+        "alert_rule_test": [
+            {"eval_time": "1m", "alertname": "GpuXidCritical", "exp_alerts": []},
+            {"eval_time": "3m", "alertname": "GpuXidCritical", "exp_alerts": [
+                {"exp_labels": labels("n1", "0", "48"), "exp_annotations": ann("n1", "0", "48")},
+                {"exp_labels": labels("n1", "3", "79"), "exp_annotations": ann("n1", "3", "79")},
+                {"exp_labels": labels("n2", "1", "48"), "exp_annotations": ann("n2", "1", "48")}]},
+            # the kernel-log events are older than 5 minutes at 8m; n2's stock alert resolved at 7m
+            {"eval_time": "8m", "alertname": "GpuXidCritical", "exp_alerts": []},
+        ]}]}
+    (tmp_path / "kernel.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    r = subprocess.run(["promtool", "test", "rules", "kernel.test.yml"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
