@@ -32,10 +32,14 @@ THROTTLE_BITS = (("SW_POWER_CAP", 4), ("HW_SLOWDOWN", 8), ("SW_THERMAL", 32), ("
 CLOCK_EVENT_FIELDS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
 #: Stock throttling: the SM clock below this fraction of its maximum over the last hour ...
 THROTTLE_CLOCK_RATIO = 0.85
-#: ... while busy (GPU_UTIL %, or GR_ENGINE_ACTIVE ratio on MIG instances, which have no GPU_UTIL) ...
-BUSY_UTIL_PCT = 80
-#: ... with the temperature at the slowdown point in the last 2 minutes, or power under this
-#: fraction of its maximum over the last hour (a power brake; a GPU at its power cap keeps its power).
+#: ... while busy (GPU_UTIL %, or GR_ENGINE_ACTIVE ratio on MIG instances, which have no GPU_UTIL; an idle
+#: GPU parks its clock, which is not throttling) ...
+BUSY_UTIL_PCT = 50
+#: ... with the temperature at the slowdown point in the last 2 minutes (within this many degrees under
+#: it: the clock governor holds a throttled GPU just below the slowdown temperature, in a ~2 C band, see
+#: gpuobs/exporter/sim/gpu.py), or power under POWER_COLLAPSE_RATIO of its maximum over the last hour (a
+#: power brake; a GPU at its power cap under dense load keeps its power and runs cooler).
+SLOWDOWN_BAND_C = 3
 POWER_COLLAPSE_RATIO = 0.5
 #: Fragmentation / FB growth threshold: 16 KiB/s (~1.4 GB/day), the slow leak that OOMs on day 3.
 GROWTH_BYTES_PER_S = 16384
@@ -240,12 +244,13 @@ class Rules:
                         f"unless on ({IG}) gpu:dcgm_clocks_event_thermal_or_power:bool == 0")
         clock = self.d("DCGM_FI_DEV_SM_CLOCK")
         power = self.d("DCGM_FI_DEV_POWER_USAGE")
+        hot = self.cfg.slowdown_temp_c - SLOWDOWN_BAND_C
         stock_thr = (f"max by ({GPU}) ({clock}) / max by ({GPU}) (max_over_time({clock}[1h])) < {THROTTLE_CLOCK_RATIO}\n"
                      f"and on ({IG}) (\n"
                      f"  max by ({IG}) ({self.d('DCGM_FI_DEV_GPU_UTIL')}) >= {BUSY_UTIL_PCT}\n"
                      f"  or on ({IG}) max by ({IG}) ({self.d('DCGM_FI_PROF_GR_ENGINE_ACTIVE')}) >= {BUSY_UTIL_PCT / 100}\n)\n"
                      f"and on ({IG}) (\n"
-                     f"  max by ({IG}) (max_over_time({self.d('DCGM_FI_DEV_GPU_TEMP')}[2m])) >= {self.cfg.slowdown_temp_c:g}\n"
+                     f"  max by ({IG}) (max_over_time({self.d('DCGM_FI_DEV_GPU_TEMP')}[2m])) >= {hot:g}\n"
                      f"  or on ({IG})\n"
                      f"  max by ({IG}) ({power}) < {POWER_COLLAPSE_RATIO} * max by ({IG}) (max_over_time({power}[1h]))\n)")
         present_thr = (f"group by ({IG}) ({self.d('DCGM_FI_DEV_THERMAL_VIOLATION')} "
@@ -274,7 +279,7 @@ class Rules:
                 {"#": ("Throttling is the symptom that costs throughput; temperature alone is not. Enhanced: the\n"
                        "violation counters say > 25 % of the time was clock-limited and the clock-event bits (when\n"
                        f"present) agree. Stock: the SM clock under {THROTTLE_CLOCK_RATIO:g}x its 1h maximum while busy, with the\n"
-                       f"temperature at the slowdown point ({self.cfg.slowdown_temp_c:g} C) or the power collapsed (power brake); a GPU\n"
+                       f"temperature at the slowdown point (>= {self.cfg.slowdown_temp_c:g} - {SLOWDOWN_BAND_C} C) or the power collapsed (power brake); a GPU\n"
                        "merely at its power cap under dense load keeps its power and its temperature under the\n"
                        "slowdown point, and is not a ticket. The value is the throttled fraction (enhanced) or the\n"
                        "SM clock as a fraction of its 1h maximum (stock)."),
