@@ -36,7 +36,8 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 ID, DCGM, VLLM = "__ID__", "__DCGM__", "__VLLM__"
 GPU_SEL = '__ID__=~"$__ID__", gpu=~"$gpu"'
 HOST_SEL = '__ID__=~"$__ID__"'
-#: The same through the DCGM selector (GPU fleet dashboard).
+#: The same through the DCGM selector (GPU fleet dashboard's raw DCGM series; recording rules keep only the
+#: GPU's identity labels, so panels over them use GPU_SEL/HOST_SEL).
 DGPU_SEL = '__DCGM__, __ID__=~"$__ID__", gpu=~"$gpu"'
 DHOST_SEL = '__DCGM__, __ID__=~"$__ID__"'
 VLLM_SEL = '__VLLM__, model_name=~"$model_name", __ID__=~"$__ID__"'
@@ -181,7 +182,7 @@ def fleet() -> dict:
     bit_targets = [(f"sum by (__ID__) (floor(DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{{DGPU_SEL}}} / {bit}) % 2)",
                     f"{{{{__ID__}}}} {name}") for name, bit in THROTTLE_BITS]
     clock = f"DCGM_FI_DEV_SM_CLOCK{{{DGPU_SEL}}}"
-    throttle = targets(*bit_targets, (f"gpu:dcgm_throttled_time:ratio_rate2m{{{DGPU_SEL}}}",
+    throttle = targets(*bit_targets, (f"gpu:dcgm_throttled_time:ratio_rate2m{{{GPU_SEL}}}",
                                       "{{__ID__}} GPU {{gpu}} time throttled (thermal+power counters)"),
                        (f"max by (__ID__, gpu) ({clock}) / max by (__ID__, gpu) (max_over_time({clock}[1h]))",
                         "{{__ID__}} GPU {{gpu}} SM clock / its 1h max (stock)"))
@@ -192,7 +193,7 @@ def fleet() -> dict:
                "GPUs reporting", "A", table=True),
         target(f"max by (__ID__) ({expected})", "GPUs expected", "B", table=True),
         target(f"max by (__ID__) (DCGM_FI_DEV_XID_ERRORS{{{DHOST_SEL}}})", "last Xid", "C", table=True),
-        target(f"sum by (__ID__) (gpu:dcgm_clocks_event_thermal_or_power:bool{{{DHOST_SEL}}})",
+        target(f"sum by (__ID__) (gpu:dcgm_clocks_event_thermal_or_power:bool{{{HOST_SEL}}})",
                "GPUs throttled now", "D", table=True),
         target(f"max by (__ID__) (DCGM_FI_DEV_GPU_TEMP{{{DHOST_SEL}}})", "hottest GPU", "E", table=True),
     ]
