@@ -329,3 +329,14 @@ def test_dashboards_follow_the_fleet_configs_identity_and_selectors():
     exprs = [t["expr"] for _p, t in panel_targets(fleet)]
     assert any('up{job="gpu-telemetry", k8s_node=~"$k8s_node"}' in e for e in exprs)
     assert not any("$node" in e or "by (node" in e for e in exprs)
+
+
+def test_queries_over_recording_rules_do_not_select_scrape_labels():
+    """Recording rules keep only the GPU's identity labels (node, gpu, UUID, ...): a panel that selects
+    a recorded series by job (the DCGM selector) would show no data."""
+    recorded = recording_rule_names()
+    for name, d in DASHBOARDS.items():
+        for p, t in panel_targets(d):
+            for m in re.finditer(r"([a-zA-Z_:][\w:]*)\{([^}]*)\}", t["expr"]):
+                if m.group(1) in recorded:
+                    assert "job" not in m.group(2), f"{name} panel {p['id']}: {m.group(0)}"
