@@ -260,7 +260,7 @@ class Rules:
                            f"max by ({GPU}) (increase({rows}[10m])) > 0",
                            f"group by ({IG}) ({self.d('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')})")
         pending = self.combine("ecc", f"max by ({GPU}) ({self.d('DCGM_FI_DEV_ROW_REMAP_PENDING')}) == 1",
-                               f"max by ({GPU}) (increase({rows}[1h])) > 0\n"
+                               f"max by ({GPU}) (increase({rows}[10m])) > 0\n"
                                f"unless on ({IG}) max by ({IG}) ({self.d('DCGM_FI_DEV_ROW_REMAP_FAILURE')}) == 1",
                                f"group by ({IG}) ({self.d('DCGM_FI_DEV_ROW_REMAP_PENDING')})")
         dash = "http://127.0.0.1:3000/d/gpuobs-fleet/gpu-fleet?viewPanel="
@@ -316,7 +316,9 @@ class Rules:
                      "dashboard_url": dash + "7"}},
                 {"#": ("A remap recorded for an uncorrectable error activates at the next GPU reset: schedule one.\n"
                        "Enhanced: DCGM_FI_DEV_ROW_REMAP_PENDING (state; resolves when the reset applies the remap).\n"
-                       "Stock proxy: uncorrectable remapped rows rose within the last hour (and the remap did not fail)."),
+                       "Stock proxy: the DBE's own signal (uncorrectable remapped rows rose within 10 minutes, and the remap\n"
+                       "did not fail); it fires with the DBE page, which inhibits it: on a stock exporter the pending state\n"
+                       "cannot be told from the DBE itself, and the DBE page already says to reset the GPU."),
                  "alert": "GpuRowRemapPending",
                  "expr": pending,
                  "for": "1m",
@@ -324,7 +326,7 @@ class Rules:
                  "annotations": {
                      "summary": "A GPU remapped memory rows for an uncorrectable error; reset it at the next window.",
                      "description": (f"GPU {{{{ $labels.gpu }}}} on node {{{{ $labels.{I} }}}} has a row remap pending "
-                                     "(or remapped rows in the last hour); the next GPU reset applies it."),
+                                     "(or rows remapped in the last 10 minutes); the next GPU reset applies it."),
                      "runbook_url": self.runbook("ecc", "GpuRowRemapPending"),
                      "dashboard_url": dash + "7"}},
                 {"#": "Enhanced only: NVLink error counters are commented out in every shipped counters CSV.",
