@@ -41,6 +41,8 @@ BUSY_UTIL_PCT = 50
 #: power brake; a GPU at its power cap under dense load keeps its power and runs cooler).
 SLOWDOWN_BAND_C = 3
 POWER_COLLAPSE_RATIO = 0.5
+#: Xids the stock last-Xid gauge cannot report when they happen (DCGM #162: the GPU is gone); GpuMissing.
+STOCK_UNREPORTABLE = frozenset({79})
 #: Fragmentation / FB growth threshold: 16 KiB/s (~1.4 GB/day), the slow leak that OOMs on day 3.
 GROWTH_BYTES_PER_S = 16384
 MIB = 1048576
@@ -92,7 +94,11 @@ class Rules:
     def xid_expr(self, codes: list[int]) -> str:
         I, GPU = self.I, self.GPU
         rx = "|".join(map(str, codes))
-        gauge = self.d("DCGM_FI_DEV_XID_ERRORS", f'err_code=~"{rx}"')
+        # Xid 79 (fallen off the bus) never reaches DCGM while it matters (DCGM #162; the GPU vanishes and
+        # GpuMissing pages); a 79 on the last-Xid gauge can only show once the GPU is back, so the stock
+        # path leaves it out rather than page for a recovery.
+        stock_rx = "|".join(str(c) for c in codes if c not in STOCK_UNREPORTABLE)
+        gauge = self.d("DCGM_FI_DEV_XID_ERRORS", f'err_code=~"{stock_rx}"')
         # stock: a (GPU, err_code) series that was not there in the hour before the last 5 minutes.
         stock = (f'max by ({GPU}, xid) (label_replace({gauge}, "xid", "$1", "err_code", "(.+)"))\n'
                  f"unless on ({I}, gpu, xid)\n"
