@@ -454,8 +454,12 @@ class Rules:
                                      "rising. Add replicas, lower max_num_seqs / max_model_len, or shed long-context traffic."),
                      "runbook_url": self.runbook("kv-cache", "ServingKVCachePressure"),
                      "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-serving/serving-slos?viewPanel=8"}},
-                {"alert": "ServingEngineDown",
-                 "expr": f"{self.up(self.cfg.vllm_selector)} == 0",
+                {"#": ("Not while the node's DCGM exporter is down too: that is the node, and GpuExporterDown pages for it.\n"
+                       "In the rule, not only as an inhibition: both fire after the same `for:`, and an inhibition\n"
+                       "only holds if its source reaches Alertmanager before the target's group is flushed."),
+                 "alert": "ServingEngineDown",
+                 "expr": (f"{self.up(self.cfg.vllm_selector)} == 0\n"
+                          f"unless on ({I}) ({self.up(self.cfg.dcgm_selector)} == 0)"),
                  "for": "1m",
                  "labels": {"severity": "critical", "family": "exporter"},
                  "annotations": {
