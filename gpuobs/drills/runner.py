@@ -260,7 +260,7 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             for other in res.observed:
                 if res.observed[other] is None and any(
                         a["state"] == "firing" and a["labels"].get("alertname") == other
-                        and (host is None or a["labels"].get("Hostname") == host) for a in alerts):
+                        and (host is None or a["labels"].get(IDENTITY_LABEL) == host) for a in alerts):
                     res.observed[other] = now
                     say(f"{name}: {other} firing after {now:.1f}s (other detection path, inhibited)")
             return (all(o.fired_s is not None and o.paged_s is not None for o in res.alerts)
