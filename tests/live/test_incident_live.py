@@ -1,0 +1,81 @@
+"""Live: an incident delivered by the real Alertmanager, silenced from the CLI through Alertmanager's
+API v2, the silence suppressing the alert and shown on the incident, then expired.
+
+The alert is posted to Alertmanager's ``/api/v2/alerts`` (as Prometheus would), so routing (critical ->
+page), grouping and the bearer-token webhook are the stack's own; no fault has to ripen first.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+import requests
+
+from gpuobs.cli import run as cli_run
+from tests.conftest import live_stack
+
+pytestmark = pytest.mark.live
+
+LABELS = {"alertname": "GpuXidCritical", "severity": "critical", "Hostname": "gpu-node-live", "gpu": "2",
+          "xid": "48", "UUID": "GPU-live-2"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    yield from live_stack(tmp_path_factory, "incident", nodes=1, gpus=2, training_nodes=0, logwatch=False,
+                          timeout_s=90)
+
+
+def _poll(fn, deadline_s: float, what: str):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {deadline_s:g}s waiting for {what}")
+
+
+def test_silence_from_an_incident_reaches_alertmanager_and_suppresses_the_alert(stack, capsys):
+    am, pager = stack.urls.alertmanager, stack.urls.pager
+    now = dt.datetime.now(dt.timezone.utc)
+    alert = {"labels": LABELS, "annotations": {
+        "summary": "A GPU reported a critical Xid", "description": "GPU 2 on gpu-node-live reported Xid 48"},
+        "startsAt": now.isoformat(), "endsAt": (now + dt.timedelta(minutes=10)).isoformat()}
+    assert requests.post(f"{am}/api/v2/alerts", json=[alert], timeout=5).status_code == 200
+
+    def incident():
+        incs = requests.get(f"{pager}/api/incidents", params={"state": "open"}, timeout=5).json()["incidents"]
+        return next((i for i in incs if "gpu-node-live" in i["nodes"]), None)
+
+    inc = _poll(incident, 60, "the page to reach the console")
+    assert (inc["channel"], inc["gpus"], inc["xids"]) == ("page", ["2"], ["48"])
+    assert inc["descriptions"] == ["GPU 2 on gpu-node-live reported Xid 48"]
+
+    args = ["--pager-url", pager, "--author", "oncall-test"]
+    assert cli_run(["incident", "silence", str(inc["id"]), "--duration", "2h", "--comment", "RMA filed", *args]) == 0
+    out = capsys.readouterr().out
+    sid = out.split("silence ", 1)[1].split()[0]
+    sil = requests.get(f"{am}/api/v2/silence/{sid}", timeout=5).json()
+    assert sil["status"]["state"] == "active" and sil["createdBy"] == "oncall-test" and sil["comment"] == "RMA filed"
+    matchers = {m["name"]: m["value"] for m in sil["matchers"]}
+    assert matchers["alertname"] == "GpuXidCritical" and matchers["Hostname"] == "gpu-node-live"
+    ends = dt.datetime.fromisoformat(sil["endsAt"].replace("Z", "+00:00"))
+    assert dt.timedelta(minutes=119) < ends - now < dt.timedelta(minutes=121)
+
+    def suppressed():
+        got = requests.get(f"{am}/api/v2/alerts", params={"filter": 'Hostname="gpu-node-live"'}, timeout=5).json()
+        return got and got[0]["status"]["state"] == "suppressed" and sid in got[0]["status"]["silencedBy"]
+    _poll(suppressed, 15, "Alertmanager to mark the alert silenced")
+
+    page = requests.get(f"{pager}/incidents/{inc['id']}", timeout=5).text
+    assert sid in page and "RMA filed" in page and "<td>active</td>" in page
+    assert cli_run(["incident", "silences", "--alertmanager-url", am]) == 0
+    assert sid in capsys.readouterr().out
+
+    assert cli_run(["incident", "unsilence", str(inc["id"]), sid, *args]) == 0
+    assert requests.get(f"{am}/api/v2/silence/{sid}", timeout=5).json()["status"]["state"] == "expired"
+    kinds = [e["kind"] for e in requests.get(f"{pager}/api/incidents/{inc['id']}", timeout=5).json()["timeline"]]
+    assert kinds[-2:] == ["silenced", "silence_expired"]
