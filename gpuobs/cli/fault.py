@@ -73,7 +73,9 @@ def cmd_fault(args: argparse.Namespace) -> int:
                 if value is not None:
                     body[key] = value
             fault = AdminClient(urls[selected[0]], token).inject(body)
-            print(json.dumps(fault) if args.json else f"injected {fault['id']}: {_describe(fault)}")
+            host = fault.get("hostname") or urls[selected[0]]
+            where = f"{host} ({urls[0]})" if args.url else f"node {selected[0]} ({host})"
+            print(json.dumps(fault) if args.json else f"injected {fault['id']} on {where}: {_describe(fault)}")
         else:
             for n in selected:
                 client = AdminClient(urls[n], token)
