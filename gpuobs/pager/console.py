@@ -102,6 +102,7 @@ def incident(inc: dict, safe_url: Callable[[str], str | None], silences_enabled:
              ("GPU", _e(", ".join(inc["gpus"]))), ("Xid", _e(", ".join(inc["xids"]))),
              ("firing alerts", _e(inc["firing"])), ("opened", utc(inc["opened_at"])),
              ("acknowledged", f'{utc(inc["acknowledged_at"])} {_e(inc["acknowledged_by"] or "")}'),
+             ("escalated", utc(inc.get("escalated_at"))),
              ("resolved", utc(inc["resolved_at"])), ("runbook", _runbook(inc, safe_url))]
     body = [f'<p><a href="/">&larr; incidents</a></p><h1>Incident #{iid}: {_e(", ".join(inc["alertnames"]))}</h1>']
     if message:

@@ -13,7 +13,8 @@ notification sets the state of the alerts it names:
 
 A firing notification for a resolved incident re-opens it (the acknowledgement is cleared: it was for
 the earlier firing). Every change is one row of the incident's timeline (``kind``: ``opened``,
-``notified``, ``acknowledged``, ``resolved``, ``reopened``, ``silenced``, ``silence_expired``).
+``notified``, ``acknowledged``, ``resolved``, ``reopened``, ``silenced``, ``silence_expired``,
+``escalated``; escalation policy: :mod:`gpuobs.pager.escalation`).
 
 The functions here take an open sqlite3 connection inside the caller's transaction
 (:class:`gpuobs.pager.store.PageStore` holds the lock and commits).
@@ -42,6 +43,8 @@ CREATE TABLE IF NOT EXISTS incidents (
     resolved_at REAL,
     group_labels TEXT NOT NULL,
     common_labels TEXT NOT NULL,
+    open_since REAL,
+    escalated_at REAL,
     UNIQUE (channel, group_key)
 );
 CREATE TABLE IF NOT EXISTS incident_alerts (
@@ -94,8 +97,9 @@ def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: d
     common_labels = json.dumps(payload["commonLabels"], sort_keys=True)
     if row is None:
         iid = db.execute(
-            "INSERT INTO incidents(channel, group_key, state, opened_at, updated_at, group_labels, common_labels)"
-            " VALUES (?, ?, 'open', ?, ?, ?, ?)", (channel, gk, at, at, group_labels, common_labels)).lastrowid
+            "INSERT INTO incidents(channel, group_key, state, opened_at, updated_at, group_labels, common_labels,"
+            " open_since) VALUES (?, ?, 'open', ?, ?, ?, ?, ?)",
+            (channel, gk, at, at, group_labels, common_labels, at)).lastrowid
         prev = None
     else:
         iid, prev = int(row[0]), row[1]
@@ -121,7 +125,7 @@ def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: d
             event(db, iid, at, "resolved")
     elif firing and prev == "resolved":
         db.execute("UPDATE incidents SET state = 'open', resolved_at = NULL, acknowledged_at = NULL,"
-                   " acknowledged_by = NULL WHERE id = ?", (iid,))
+                   " acknowledged_by = NULL, open_since = ?, escalated_at = NULL WHERE id = ?", (at, iid))
         event(db, iid, at, "reopened")
     elif not firing and prev != "resolved":
         db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ? WHERE id = ?", (at, iid))
@@ -176,11 +180,23 @@ def _identity(alerts: list[dict], common: dict[str, str]) -> dict[str, Any]:
 
 
 _COLS = ("id, channel, group_key, state, opened_at, updated_at, acknowledged_at, acknowledged_by, resolved_at,"
-         " group_labels, common_labels")
+         " group_labels, common_labels, escalated_at")
+
+
+def escalate_due(db: sqlite3.Connection, now: float, after_s: float, channels: tuple[str, ...]) -> list[int]:
+    """Ids of open, unacknowledged incidents on ``channels`` open since ``now - after_s`` or earlier and
+    not yet escalated in this opening; marks them escalated (``escalated_at = now``)."""
+    marks = ",".join("?" * len(channels))
+    ids = [r[0] for r in db.execute(
+        f"SELECT id FROM incidents WHERE state = 'open' AND escalated_at IS NULL AND channel IN ({marks})"
+        " AND open_since IS NOT NULL AND open_since <= ? ORDER BY id", (*channels, now - after_s))]
+    for iid in ids:
+        db.execute("UPDATE incidents SET escalated_at = ? WHERE id = ?", (now, iid))
+    return ids
 
 
 def _row(db: sqlite3.Connection, r: tuple) -> dict[str, Any]:
-    (iid, channel, gk, state, opened, updated, ack_at, ack_by, res_at, gl, cl) = r
+    (iid, channel, gk, state, opened, updated, ack_at, ack_by, res_at, gl, cl, esc_at) = r
     alerts = [{"fingerprint": fp, "status": st, "labels": json.loads(lab), "annotations": json.loads(ann),
                "startsAt": sa, "endsAt": ea}
               for fp, st, lab, ann, sa, ea in db.execute(
@@ -189,6 +205,7 @@ def _row(db: sqlite3.Connection, r: tuple) -> dict[str, Any]:
     common = json.loads(cl)
     return {"id": iid, "channel": channel, "groupKey": gk, "state": state, "opened_at": opened,
             "updated_at": updated, "acknowledged_at": ack_at, "acknowledged_by": ack_by, "resolved_at": res_at,
+            "escalated_at": esc_at,
             "groupLabels": json.loads(gl), "commonLabels": common,
             "firing": sum(a["status"] == "firing" for a in alerts), **_identity(alerts, common), "alerts": alerts}
 

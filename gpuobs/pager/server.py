@@ -365,9 +365,10 @@ class PagerHandler(httpd.Handler):
 
 def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None, token: str | None = None,
           runbook_base: str | None = None, dedupe_window_s: float | None = None,
-          alertmanager_url: str | None = None) -> None:
+          alertmanager_url: str | None = None, escalation=None) -> None:
     """Run the pager until SIGTERM/SIGINT (``token``: required bearer token of the webhooks;
-    ``alertmanager_url``: Alertmanager for silences, None disables them)."""
+    ``alertmanager_url``: Alertmanager for silences, None disables them; ``escalation``: a
+    :class:`gpuobs.pager.escalation.Policy` or None)."""
     store = PageStore(db_path) if dedupe_window_s is None else PageStore(db_path, dedupe_window_s)
     srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base, alertmanager_url)
     done = threading.Event()
@@ -375,8 +376,14 @@ def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None,
         signal.signal(sig, lambda *_: done.set())
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
+    escalator = None
+    if escalation is not None:
+        from gpuobs.pager.escalation import Escalator
+        escalator = Escalator(store, escalation).start()
     _log.info("pager listening", extra={"fields": {"addr": f"{host}:{port}", "db": str(db_path)}})
     done.wait()
+    if escalator is not None:
+        escalator.stop()
     srv.shutdown()
     srv.server_close()
     store.close()

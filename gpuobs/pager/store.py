@@ -273,6 +273,24 @@ class PageStore:
         with self._lock, self._db:
             return incidents.record_silence_expired(self._db, incident_id, silence_id, time.time(), by)
 
+    def escalate_due(self, now: float, policy) -> list[dict]:
+        """Open, unacknowledged incidents due for escalation under ``policy`` at ``now``, marked escalated
+        in the same transaction (so no incident escalates twice in one opening)."""
+        with self._lock, self._db:
+            ids = incidents.escalate_due(self._db, now, policy.after_s, policy.channels)
+            return [incidents.get(self._db, i) for i in ids]
+
+    def record_escalation(self, incident_id: int, at: float, policy, delivered: bool | None,
+                          error: str | None) -> None:
+        """Put the escalation on the incident's timeline."""
+        detail = {"receiver": policy.receiver, "after_s": policy.after_s}
+        if delivered is not None:
+            detail["delivered"] = delivered
+        if error:
+            detail["error"] = error
+        with self._lock, self._db:
+            incidents.event(self._db, incident_id, at, "escalated", **detail)
+
     def count(self) -> int:
         """Number of stored notifications."""
         with self._lock:
