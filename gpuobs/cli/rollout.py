@@ -122,6 +122,11 @@ def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: Roll
         ctl, fleet = _controller(args, stack, store, tr)
         rec = fn(ctl, rid if spec is None else ctl.create(spec).id)
         tr.shutdown()
+        from gpuobs.rollout.notices import send as send_notice  # RolledBack/Rejected/Aborted -> Alertmanager
+
+        line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir))
+        if line:
+            print(line, flush=True)
         print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus), flush=True)
         return EXIT_CODES[rec.state]
     except (UsageError, ConfigError, FleetError, KeyError) as err:

@@ -110,6 +110,11 @@ def incident(inc: dict, safe_url: Callable[[str], str | None], silences_enabled:
     body.append("<ul class=\"descriptions\">" + "".join(f"<li>{_e(d)}</li>" for d in inc["descriptions"]) + "</ul>")
     body.append("<table class=\"facts\">" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
                 + "</table>" + _ack_button(inc))
+    extra = {k: v for a in inc["alerts"] for k, v in a["annotations"].items()
+             if k not in ("summary", "description", "runbook_url")}
+    if extra:  # e.g. a rollout notice's "report" (the commands that write its report)
+        body.append("<h2>Annotations</h2><table class=\"annotations\">" + "".join(
+            f"<tr><th>{_e(k)}</th><td><code>{_e(v)}</code></td></tr>" for k, v in sorted(extra.items())) + "</table>")
     alerts = "".join(
         f'<tr><td class="{_e(a["status"])}">{_e(a["status"])}</td><td>{_e(a["labels"].get("alertname", ""))}</td>'
         f'<td>{_e(a["startsAt"])}</td><td><code>{_e(", ".join(f"{k}={v}" for k, v in sorted(a["labels"].items())))}'

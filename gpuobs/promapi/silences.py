@@ -1,4 +1,4 @@
-"""Alertmanager API v2 silences client (create, list, get, expire).
+"""Alertmanager API v2 client: silences (create, list, get, expire) and posting alerts.
 
 Endpoints and shapes from alertmanager v0.25.0 ``api/v2/openapi.yaml``:
 
@@ -7,7 +7,8 @@ Endpoints and shapes from alertmanager v0.25.0 ``api/v2/openapi.yaml``:
 * ``GET /api/v2/silences`` -> ``[gettableSilence]`` (``id``, ``status.state`` active|pending|expired,
   ``updatedAt`` and the postable fields);
 * ``GET /api/v2/silence/{id}`` -> one ``gettableSilence`` (404 when unknown);
-* ``DELETE /api/v2/silence/{id}`` -> 200 (expires it; 404 when unknown).
+* ``DELETE /api/v2/silence/{id}`` -> 200 (expires it; 404 when unknown);
+* ``POST /api/v2/alerts`` body ``postableAlerts`` -> 200.
 
 Errors: :class:`SilenceApiError` (a :class:`~gpuobs.core.errors.Failure`, exit 1) when Alertmanager
 cannot be reached or answers an error; :class:`SilenceInputError` (exit 2) for a bad duration, comment
@@ -107,6 +108,12 @@ class AlertmanagerClient:
     def expire(self, silence_id: str) -> None:
         """Expire a silence now. Raises SilenceInputError when unknown, SilenceApiError."""
         self._call("DELETE", f"/api/v2/silence/{_sid(silence_id)}")
+
+    def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
+        """``POST /api/v2/alerts`` (``postableAlerts``: ``[{"labels", "annotations", "startsAt",
+        "endsAt", "generatorURL"}]``): alerts raised by gpuobs itself, routed, grouped, inhibited and
+        silenced by Alertmanager like any other. Raises SilenceApiError."""
+        self._call("POST", "/api/v2/alerts", json=alerts)
 
     def _json(self, resp: requests.Response) -> Any:
         try:

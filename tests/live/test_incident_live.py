@@ -79,3 +79,23 @@ def test_silence_from_an_incident_reaches_alertmanager_and_suppresses_the_alert(
     assert requests.get(f"{am}/api/v2/silence/{sid}", timeout=5).json()["status"]["state"] == "expired"
     kinds = [e["kind"] for e in requests.get(f"{pager}/api/incidents/{inc['id']}", timeout=5).json()["timeline"]]
     assert kinds[-2:] == ["silenced", "silence_expired"]
+
+
+def test_rollout_notice_lands_in_the_console_as_a_ticket(stack):
+    from gpuobs.rollout.notices import send
+    from gpuobs.rollout.store import RolloutRecord
+
+    rec = RolloutRecord("9.9.9-live", "9.9.9", "RolledBack", 1, {"hosts": ["gpu-node-00"]},
+                        "canary verdict ROLLBACK: errors +3 pp")
+    line = send(stack.urls.alertmanager, rec, stack.run_dir)
+    assert line and line.startswith("notice RolloutRolledBack sent")
+
+    def notice_incident():
+        incs = requests.get(f"{stack.urls.pager}/api/incidents", params={"channel": "ticket"}, timeout=5).json()
+        return next((i for i in incs["incidents"] if i["alertnames"] == ["RolloutRolledBack"]), None)
+
+    inc = _poll(notice_incident, 60, "the rollout notice to reach the console")
+    assert inc["state"] == "open" and inc["severity"] == "warning"
+    assert inc["descriptions"] == ["Rollout 9.9.9-live of 9.9.9 on 1 serving node(s) ended RolledBack: "
+                                   "canary verdict ROLLBACK: errors +3 pp"]
+    assert "gpuobs report rollout" in inc["alerts"][0]["annotations"]["report"]
