@@ -108,7 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         kp = ksub.add_parser(kind.name, help=kind.help)
         for name, spec in kind.params.items():
             kp.add_argument(f"--{name.replace('_', '-')}", dest=name, type=finite(spec.type),
-                            required=spec.required, help=spec.help)
+                            required=spec.required,
+                            help=spec.help + (f" (default {spec.default:g})" if isinstance(spec.default, (int, float))
+                                              else f" (default {spec.default})" if spec.default is not None else ""))
         kp.set_defaults(param_names=list(kind.params))
     fi.set_defaults(func=cmd_fault)
     fc = fsub.add_parser("clear", parents=[common], help="clear faults by id (or --all) on one node")

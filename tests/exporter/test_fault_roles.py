@@ -62,3 +62,9 @@ def test_cli_inject_echoes_the_node_and_refuses_with_exit_2(training_node, capsy
     assert out.startswith("injected ") and f"on {tnode.hostname} ({turl}): straggler on gpu 5" in out
     assert cli_run(["fault", "inject", *flags, "kv-pressure", "--factor", "2.5"]) == 2
     assert "does nothing on a training node" in capsys.readouterr().err
+
+
+def test_inject_help_shows_each_parameter_default(capsys):
+    with pytest.raises(SystemExit):
+        cli_run(["fault", "inject", "kv-pressure", "--help"])
+    assert "(default 2.5)" in capsys.readouterr().out
