@@ -42,7 +42,8 @@ def test_silence_from_an_incident_reaches_alertmanager_and_suppresses_the_alert(
     am, pager = stack.urls.alertmanager, stack.urls.pager
     now = dt.datetime.now(dt.timezone.utc)
     alert = {"labels": LABELS, "annotations": {
-        "summary": "A GPU reported a critical Xid", "description": "GPU 2 on gpu-node-live reported Xid 48"},
+        "summary": "A GPU reported a critical Xid", "description": "GPU 2 on gpu-node-live reported Xid 48",
+        "runbook_url": f"{pager}/runbooks/xid.md#gpuxidcritical"},  # what the stack's rules carry
         "startsAt": now.isoformat(), "endsAt": (now + dt.timedelta(minutes=10)).isoformat()}
     assert requests.post(f"{am}/api/v2/alerts", json=[alert], timeout=5).status_code == 200
 
@@ -99,3 +100,47 @@ def test_rollout_notice_lands_in_the_console_as_a_ticket(stack):
     assert inc["descriptions"] == ["Rollout 9.9.9-live of 9.9.9 on 1 serving node(s) ended RolledBack: "
                                    "canary verdict ROLLBACK: errors +3 pp"]
     assert "gpuobs report rollout" in inc["alerts"][0]["annotations"]["report"]
+
+
+def _chromium(args: list[str], profile) -> str:
+    """Run headless Chromium (Debian's ``chromium``) once; returns stdout. Skips when it is absent."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    r = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                        "--no-first-run", "--disable-extensions", "--disable-background-networking",
+                        f"--user-data-dir={profile}", "--window-size=1400,1000", *args],
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_console_incident_and_runbook_as_a_browser_renders_them(stack, tmp_path):
+    """After the first test: the incident for gpu-node-live is open. Chromium renders the console, the
+    incident page and the runbook its link points at; the DOM holds the incident, its description and
+    the anchor; screenshots go to <run dir>/screenshots."""
+    import re
+    from pathlib import Path
+
+    pager = stack.urls.pager
+    shots = Path(stack.run_dir) / "screenshots"
+    shots.mkdir(exist_ok=True)
+    inc = next(i for i in requests.get(f"{pager}/api/incidents", timeout=5).json()["incidents"]
+               if "gpu-node-live" in i["nodes"])
+    dom = _chromium(["--dump-dom", f"{pager}/"], tmp_path / "p1")
+    row = re.search(rf'<tr class="sev-critical" id="incident-{inc["id"]}">(.*?)</tr>', dom, re.S)
+    assert row, dom[:3000]
+    assert 'class="open state">open<' in row.group(1) and "GPU 2 on gpu-node-live reported Xid 48" in row.group(1)
+    assert '<td class="xid">48</td>' in row.group(1) and "Acknowledge</button>" in row.group(1)
+    href = re.search(r'<a href="([^"]+)">runbook</a>', row.group(1)).group(1)
+    assert href.startswith(f"{pager}/runbooks/xid.md#") and href.endswith("#gpuxidcritical")
+    page = _chromium(["--dump-dom", f"{pager}/incidents/{inc['id']}"], tmp_path / "p2")
+    assert "<h1>Incident #" in page and '<td class="kind">silenced</td>' in page
+    rb = _chromium(["--dump-dom", href], tmp_path / "p3")
+    assert '<h2 id="gpuxidcritical">GpuXidCritical</h2>' in rb
+    for name, url in (("console", f"{pager}/"), ("incident", f"{pager}/incidents/{inc['id']}"), ("runbook", href)):
+        _chromium([f"--screenshot={shots / f'{name}.png'}", url], tmp_path / f"s-{name}")
+        assert (shots / f"{name}.png").stat().st_size > 5000
