@@ -2,7 +2,8 @@
 
 ``list``, ``show ID``, ``ack ID``, ``silence ID --duration 2h --comment ...``, ``unsilence ID SILENCE``
 (expire) go through the pager's JSON API (so the action lands on the incident's timeline);
-``silences`` lists Alertmanager's silences (API v2) directly. URLs: ``--pager-url`` /
+``silences`` lists Alertmanager's silences (API v2) directly; ``postmortem ID`` writes a draft
+(:mod:`gpuobs.pager.postmortem`). URLs: ``--pager-url`` /
 ``--alertmanager-url``, else ``$GPUOBS_PAGER_URL`` / ``$GPUOBS_ALERTMANAGER_URL``, else the stack in
 ``--run-dir``, else the default ports (9097, 9093).
 """
@@ -150,6 +151,33 @@ def cmd_silences(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_postmortem(args: argparse.Namespace) -> int:
+    import time
+
+    from gpuobs.pager import postmortem
+
+    pager, _ = _urls(args)
+    status, doc = _call("GET", f"{pager}/api/incidents/{args.id}")
+    if status != 200:
+        return _err(status, doc)
+    prom = args.prometheus or env("PROMETHEUS_URL")
+    if not prom:
+        try:
+            from gpuobs.stack.supervisor import load_state
+
+            state = load_state(Path(args.run_dir))
+            prom = state.urls.prometheus if state else None
+        except Exception:  # noqa: BLE001 (no stack: the default port)
+            prom = None
+    prom = prom or "http://127.0.0.1:9090"
+    out = Path(args.out) if args.out else Path(args.run_dir) / "postmortems"
+    md, html_path, note = postmortem.write(doc, out, prom, time.time())  # PostmortemError -> exit 1
+    print(f"wrote {md}\nwrote {html_path}")
+    if note:
+        print(f"note: {note}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``incident`` group to ``sub``."""
     g = sub.add_parser("incident", help="incidents in the pager's console: list, show, ack, silence")
@@ -186,6 +214,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("id", type=ID)
     p.add_argument("silence", help="silence id (from `incident show`)")
     p.set_defaults(func=cmd_unsilence)
+    p = gs.add_parser("postmortem", parents=[common],
+                      help="write a blameless postmortem draft (Markdown + HTML) from the incident's timeline and "
+                           "Prometheus data, following runbooks/postmortem-template.md")
+    p.add_argument("id", type=ID)
+    p.add_argument("--prometheus", default=None, metavar="URL",
+                   help="Prometheus (env GPUOBS_PROMETHEUS_URL; default: the stack, else http://127.0.0.1:9090)")
+    p.add_argument("--out", default=None, help="output directory (default <run-dir>/postmortems)")
+    p.set_defaults(func=cmd_postmortem)
     p = gs.add_parser("silences", parents=[common], help="Alertmanager's silences (active and pending)")
     p.add_argument("--all", action="store_true", help="include expired ones")
     p.add_argument("--json", action="store_true")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -75,6 +76,16 @@ def test_silence_from_an_incident_reaches_alertmanager_and_suppresses_the_alert(
     assert sid in page and "RMA filed" in page and "<td>active</td>" in page
     assert cli_run(["incident", "silences", "--alertmanager-url", am]) == 0
     assert sid in capsys.readouterr().out
+
+    # A postmortem draft: the rule's expression comes from the real Prometheus's rules API (this alert
+    # was posted by hand, so no series of the simulated fleet matches it and the draft says so).
+    out_dir = Path(stack.run_dir) / "postmortems"
+    assert cli_run(["incident", "postmortem", str(inc["id"]), "--pager-url", pager,
+                    "--prometheus", stack.urls.prometheus, "--out", str(out_dir)]) == 0
+    note = capsys.readouterr().out
+    assert "GpuXidCritical: the rule's expression returned no series matching the alert" in note, note
+    md = (out_dir / f"postmortem-incident-{inc['id']}.md").read_text()
+    assert f"silence {sid} by oncall-test" in md and "## Timeline (UTC)" in md
 
     assert cli_run(["incident", "unsilence", str(inc["id"]), sid, *args]) == 0
     assert requests.get(f"{am}/api/v2/silence/{sid}", timeout=5).json()["status"]["state"] == "expired"
