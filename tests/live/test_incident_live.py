@@ -155,3 +155,12 @@ def test_console_incident_and_runbook_as_a_browser_renders_them(stack, tmp_path)
     for name, url in (("console", f"{pager}/"), ("incident", f"{pager}/incidents/{inc['id']}"), ("runbook", href)):
         _chromium([f"--screenshot={shots / f'{name}.png'}", url], tmp_path / f"s-{name}")
         assert (shots / f"{name}.png").stat().st_size > 5000
+
+
+def test_prometheus_ui_paths_printed_by_make_up_answer(stack):
+    from gpuobs.stack.ui import prometheus_pages
+
+    pages = prometheus_pages(stack.urls.prometheus)
+    assert {"alerts", "targets", "graph"} <= set(pages), pages
+    for url in pages.values():
+        assert requests.get(url, timeout=5).status_code == 200
