@@ -68,3 +68,12 @@ def test_inject_help_shows_each_parameter_default(capsys):
     with pytest.raises(SystemExit):
         cli_run(["fault", "inject", "kv-pressure", "--help"])
     assert "(default 2.5)" in capsys.readouterr().out
+
+
+def test_fault_ids_are_unique_across_the_fleet(node_server, training_node):
+    url, node = node_server
+    turl, tnode = training_node
+    a = requests.post(f"{url}/admin/faults", json={"kind": "xid", "gpu": 0, "code": 13}, headers=AUTH, timeout=5).json()
+    b = requests.post(f"{turl}/admin/faults", json={"kind": "xid", "gpu": 0, "code": 13}, headers=AUTH, timeout=5).json()
+    assert a["id"] != b["id"] and (a["id"], b["id"]) == (f"n{node.cfg.index}-f1", f"n{tnode.cfg.index}-f1")
+    assert requests.delete(f"{turl}/admin/faults/{b['id']}", headers=AUTH, timeout=5).status_code == 200
