@@ -94,7 +94,7 @@ def test_xid_drill_pages_with_runbook_and_resolves(stack, drills):
     assert labels["UUID"].startswith("GPU-") and labels["modelName"] == "NVIDIA H100 80GB HBM3"
     runbook = firing[0]["alerts"][0]["annotations"]["runbook_url"]
     assert runbook == f"{pager}/runbooks/xid.md#gpuxidcritical"
-    assert "## GpuXidCritical" in requests.get(runbook.split("#")[0], timeout=5).text
+    assert '<h2 id="gpuxidcritical">GpuXidCritical</h2>' in requests.get(runbook.split("#")[0], timeout=5).text  # rendered, anchored
 
 
 def test_node_down_produces_exactly_one_page(stack, drills):
