@@ -22,7 +22,6 @@ import base64
 import datetime as dt
 import re
 from pathlib import Path
-from typing import Any
 
 from gpuobs.core.errors import Failure
 from gpuobs.core.files import atomic_write
