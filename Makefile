@@ -94,17 +94,12 @@ lint: venv binaries
 	promtool check rules prometheus/rules/*.yml
 	cd prometheus/tests && promtool test rules *.test.yml
 	amtool check-config alertmanager/alertmanager.yml
-	$(GPUOBS) rules xid --check prometheus/rules/gpu-xid.yml
-	$(GPUOBS) rules slo --check prometheus/rules/slo.yml
-	$(GPUOBS) rules kernel-log --check prometheus/rules/gpu-kernel-log.yml
-	$(GPUOBS) rules dashboards --check
+	$(GPUOBS) rules render --check
 	$(GPUOBS) rules kubernetes --check
 
+# Every rule file, alertmanager/alertmanager.yml and grafana/dashboards/*.json from prometheus/fleet.yaml.
 rules: venv
-	$(GPUOBS) rules xid > prometheus/rules/gpu-xid.yml
-	$(GPUOBS) rules slo > prometheus/rules/slo.yml
-	$(GPUOBS) rules kernel-log > prometheus/rules/gpu-kernel-log.yml
-	$(GPUOBS) rules dashboards
+	$(GPUOBS) rules render
 	$(GPUOBS) rules kubernetes
 
 test: venv binaries

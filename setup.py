@@ -9,8 +9,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-SHIPPED = ("prometheus/prometheus.yml", "prometheus/slo.yaml", "prometheus/rules", "alertmanager",
-           "runbooks", "grafana/dashboards", "grafana/provisioning", "grafana/grafana.ini",
+SHIPPED = ("prometheus/prometheus.yml", "prometheus/slo.yaml", "prometheus/fleet.yaml", "prometheus/rules",
+           "alertmanager", "runbooks", "grafana/dashboards", "grafana/provisioning", "grafana/grafana.ini",
            "deploy/dcgm-exporter")
 
 

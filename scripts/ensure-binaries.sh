@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Make sure Prometheus, promtool, Alertmanager and amtool are on PATH. Installs Debian's packages when
 # they are missing and apt-get is usable as root; otherwise explains how to install them and exits 2.
+# Also installs Debian's chromium (headless, for the console's browser test) when root can, without
+# failing when it cannot: only that test needs it.
 set -euo pipefail
 have() { command -v "$1" >/dev/null 2>&1; }
+if ! have chromium && have apt-get && [ "$(id -u)" = 0 ]; then
+  echo "Installing chromium from Debian (apt-get; headless browser test of the incident console)..."
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+    || echo "warning: chromium could not be installed; the console's browser test will say so" >&2
+fi
 missing() {
   have prometheus && have promtool && have amtool && { have prometheus-alertmanager || have alertmanager; } && return 1
   return 0

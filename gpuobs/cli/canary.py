@@ -6,10 +6,11 @@ with the returned code (design §8):
 * 0 PROMOTE, 1 ROLLBACK, 3 HOLD: a verdict, printed as a table or, with ``--json``, one JSON object;
 * 2 usage or input error: a bad flag, selector, duration or config file, or a query the backend
   rejects (HTTP 400/422: the config's PromQL is wrong): one ``error:`` line on stderr, no verdict;
-* 1 runtime error: Prometheus unreachable, answering 5xx after the retries, refusing the credentials
-  or answering garbage: one ``error:`` line on stderr (and ``{"verdict": null, "error": ...}`` on
-  stdout with ``--json``), never a verdict. Callers that must tell this apart from ROLLBACK use
-  ``--json`` or the Python API (:class:`gpuobs.canary.analyzer.Analyzer` raises instead).
+* 4 could not judge, backend error (:data:`gpuobs.core.errors.EXIT_BACKEND`): Prometheus
+  unreachable, answering 5xx after the retries, refusing the credentials or answering garbage: one
+  ``error:`` line on stderr (and ``{"verdict": null, "error": ..., "exit_code": 4}`` on stdout with
+  ``--json``), never a verdict, and never the ROLLBACK code;
+* 1 also when the ``--state`` file cannot be written (the verdict is then not printed).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gpuobs.canary.config import (
 from gpuobs.cli.common import env as _env
 from gpuobs.cli.common import fail as _common_fail
 from gpuobs.core.errors import EXIT_FAILURE as EXIT_RUNTIME  # noqa: E402
+from gpuobs.core.errors import EXIT_BACKEND  # noqa: E402
 from gpuobs.core.errors import EXIT_USAGE as EXIT_BAD_INPUT  # noqa: E402
 from gpuobs.core.files import atomic_write
 from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusQueryError
@@ -41,7 +43,8 @@ ANALYZE_EPILOG = """examples:
       --start 2025-06-01T12:00:00Z --state .run/canary-stage2.json --json
   gpuobs canary analyze ... --header 'X-Scope-OrgID: team-a' --bearer-token-file /run/secrets/prom
 exit codes: 0 PROMOTE, 1 ROLLBACK, 3 HOLD, 2 bad input or rejected query,
-            1 also when Prometheus is unreachable (an error line, never a verdict; see --json)"""
+            4 could not judge: backend error (Prometheus unreachable, 5xx, refused credentials;
+            an error line, never a verdict)"""
 
 SERVE_EPILOG = """endpoints:
   GET  /api/v1/analysis?canary=SEL&baseline=SEL&run=ID[&step=STEP]  verdict JSON (Argo web metric):
@@ -183,7 +186,8 @@ def _fail(msg: str, code: int, as_json: bool) -> int:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    """Handler of ``canary analyze``: prints the verdict; returns 0/1/3, 2 on bad input, 1 on runtime errors."""
+    """Handler of ``canary analyze``: prints the verdict; returns 0/1/3, 2 on bad input, 4 when the backend
+    fails (no verdict), 1 when the state file cannot be written."""
     try:
         client, cfg = build_client(args), build_config(args)
         end = parse_time(args.end, "--end") if args.end else time.time()
@@ -204,7 +208,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     except PrometheusQueryError as exc:
         return _fail(f"the backend rejected a query (check the metrics config): {exc}", EXIT_BAD_INPUT, args.json)
     except PrometheusError as exc:
-        return _fail(str(exc), EXIT_RUNTIME, args.json)
+        return _fail(f"could not judge: backend error: {exc}", EXIT_BACKEND, args.json)
     except ValueError as exc:  # a look earlier than the state's last one
         return _fail(str(exc), EXIT_BAD_INPUT, args.json)
     if state is not None:

@@ -73,7 +73,9 @@ def cmd_fault(args: argparse.Namespace) -> int:
                 if value is not None:
                     body[key] = value
             fault = AdminClient(urls[selected[0]], token).inject(body)
-            print(json.dumps(fault) if args.json else f"injected {fault['id']}: {_describe(fault)}")
+            host = fault.get("hostname") or urls[selected[0]]
+            where = f"{host} ({urls[0]})" if args.url else f"node {selected[0]} ({host})"
+            print(json.dumps(fault) if args.json else f"injected {fault['id']} on {where}: {_describe(fault)}")
         else:
             for n in selected:
                 client = AdminClient(urls[n], token)
@@ -106,7 +108,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         kp = ksub.add_parser(kind.name, help=kind.help)
         for name, spec in kind.params.items():
             kp.add_argument(f"--{name.replace('_', '-')}", dest=name, type=finite(spec.type),
-                            required=spec.required, help=spec.help)
+                            required=spec.required,
+                            help=spec.help + (f" (default {spec.default:g})" if isinstance(spec.default, (int, float))
+                                              else f" (default {spec.default})" if spec.default is not None else ""))
         kp.set_defaults(param_names=list(kind.params))
     fi.set_defaults(func=cmd_fault)
     fc = fsub.add_parser("clear", parents=[common], help="clear faults by id (or --all) on one node")

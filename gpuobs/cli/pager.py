@@ -25,9 +25,19 @@ def cmd_pager(args: argparse.Namespace) -> int:
         return fail(f"--token-file: {exc}")
     if args.runbook_base and not args.runbook_base.startswith(("http://", "https://")):
         return fail(f"--runbook-base {args.runbook_base!r}: expected an http:// or https:// URL")
+    if args.alertmanager_url and not args.alertmanager_url.startswith(("http://", "https://")):
+        return fail(f"--alertmanager-url {args.alertmanager_url!r}: expected an http:// or https:// URL")
+    escalation = None
+    if args.escalation_config:
+        from gpuobs.pager.escalation import EscalationConfigError, load
+        try:
+            escalation = load(Path(args.escalation_config))
+        except EscalationConfigError as exc:
+            return fail(f"--escalation-config: {exc}")
     try:
         serve(args.host, args.port, Path(args.db), Path(args.runbooks_dir) if args.runbooks_dir else None,
-              token=token, runbook_base=args.runbook_base, dedupe_window_s=args.dedupe_window)
+              token=token, runbook_base=args.runbook_base, dedupe_window_s=args.dedupe_window,
+              alertmanager_url=args.alertmanager_url, escalation=escalation)
     except sqlite3.Error as exc:
         return fail(f"--db {args.db}: not a usable SQLite database ({exc})")
     except OSError as exc:
@@ -50,4 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--dedupe-window", type=duration, default=3600.0, metavar="DURATION",
                    help="a repeat of a stored notification within this window is answered 200 and not stored "
                         "(default 1h; keep it below Alertmanager's repeat_interval)")
+    g.add_argument("--alertmanager-url", default=None, metavar="URL",
+                   help="Alertmanager whose API v2 the console's silences use (default: none, silences disabled)")
+    g.add_argument("--escalation-config", default=None, metavar="FILE",
+                   help="YAML escalation policy: an unacknowledged page escalates after N minutes to a secondary "
+                        "receiver (docs/incidents.md; default: none)")
     g.set_defaults(func=cmd_pager)

@@ -122,6 +122,11 @@ def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: Roll
         ctl, fleet = _controller(args, stack, store, tr)
         rec = fn(ctl, rid if spec is None else ctl.create(spec).id)
         tr.shutdown()
+        from gpuobs.rollout.notices import send as send_notice  # RolledBack/Rejected/Aborted -> Alertmanager
+
+        line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir))
+        if line:
+            print(line, flush=True)
         print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus), flush=True)
         return EXIT_CODES[rec.state]
     except (UsageError, ConfigError, FleetError, KeyError) as err:
@@ -204,7 +209,17 @@ def run_status(args: argparse.Namespace) -> int:
         with _open_store(args) as store:
             stack = load_state(Path(args.run_dir))
             prometheus = args.prometheus or (stack.urls.prometheus if stack else None)
-            print(report(store, _pick(args, store).id, None, args.json, prometheus))
+            rec = _pick(args, store)
+            print(report(store, rec.id, None, args.json, prometheus))
+            if stack and stack.running and not args.json:
+                from gpuobs.rollout.drift import drift
+
+                lines = drift(rec, StackFleet(stack).version)
+                if lines:
+                    print(f"WARNING: the fleet no longer matches rollout {rec.id} ({rec.state} {rec.version}); "
+                          "was the stack restarted?", flush=True)
+                    for line in lines:
+                        print(f"  {line}", flush=True)
     except (UsageError, KeyError) as err:
         return _usage(err)
     return 0

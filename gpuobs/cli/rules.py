@@ -1,4 +1,9 @@
-"""``gpuobs rules``: the generated artefacts of :mod:`gpuobs.mixin` (Xid rules, SLO rules, dashboards)."""
+"""``gpuobs rules``: the generated artefacts of :mod:`gpuobs.mixin`.
+
+``render`` writes every rule file, the Alertmanager config and the dashboards from a fleet config
+(``prometheus/fleet.yaml`` by default; :mod:`gpuobs.mixin.render`); ``xid``/``slo`` print one rule
+file, ``dashboards`` writes only the dashboards (the earlier entry points, kept for scripts).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,13 @@ from pathlib import Path
 
 from gpuobs.cli.common import fail
 from gpuobs.core import assets
-from gpuobs.core.errors import EXIT_FAILURE
+from gpuobs.core.errors import EXIT_FAILURE, InputError
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    """Print (or ``--check``) the Xid or SLO rule file; write (or ``--check``) the dashboards."""
+    """Dispatch on ``which``."""
+    if args.which == "render":
+        return _render(args)
     if args.which == "dashboards":
         return _dashboards(args)
     if args.which == "kubernetes":
@@ -23,20 +30,49 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
     slo_config = Path(args.slo_config) if args.slo_config else assets.path("prometheus/slo.yaml")
     try:
-        text = {"xid": render_xid_rules, "kernel-log": render_kernel_log_rules,
+        text = {"xid": lambda: render_xid_rules(_fleet(args)), "kernel-log": render_kernel_log_rules,
                 "slo": lambda: render_slo_rules(slo_config, args.period)}[args.which]()
     except OSError as exc:
         return fail(f"--slo-config {slo_config}: {exc.strerror}")
+    except InputError as exc:
+        return fail(exc)
     if args.check:
         try:
             current = Path(args.check).read_text()
         except OSError as exc:
             return fail(f"--check {args.check}: {exc.strerror}")
         if current != text:
-            return fail(f"{args.check} is out of date; regenerate with `gpuobs rules {args.which} > {args.check}` "
-                        "(or `make rules`)", EXIT_FAILURE)
+            return fail(f"{args.check} is out of date; regenerate with `gpuobs rules render` (or `make rules`)",
+                        EXIT_FAILURE)
         return 0
     sys.stdout.write(text)
+    return 0
+
+
+def _fleet(args: argparse.Namespace):
+    from gpuobs.mixin.fleet import load_fleet
+    from gpuobs.mixin.render import DEFAULT_FLEET
+
+    return load_fleet(Path(args.fleet) if args.fleet else assets.path(DEFAULT_FLEET))
+
+
+def _render(args: argparse.Namespace) -> int:
+    from gpuobs.mixin.render import render
+
+    if args.check not in (None, True):
+        return fail("render: --check takes no file (it compares every file under --out)")
+    try:
+        written, stale = render(Path(args.fleet) if args.fleet else None, Path(args.out) if args.out else None,
+                                check=bool(args.check),
+                                slo_config=Path(args.slo_config) if args.slo_config else None)
+    except InputError as exc:
+        return fail(exc)
+    if stale:
+        return fail("out of date (regenerate with `gpuobs rules render`"
+                    + (f" --fleet {args.fleet}" if args.fleet else "") + (f" --out {args.out}" if args.out else "")
+                    + f"): {', '.join(stale)}", EXIT_FAILURE)
+    for path in written:
+        print(path)
     return 0
 
 
@@ -44,7 +80,10 @@ def _dashboards(args: argparse.Namespace) -> int:
     from gpuobs.mixin.dashboards import write_dashboards
 
     out = Path(args.out) if args.out else None
-    written, stale = write_dashboards(out, check=bool(args.check))
+    try:
+        written, stale = write_dashboards(out, check=bool(args.check), cfg=_fleet(args))
+    except InputError as exc:
+        return fail(exc)
     if stale:
         return fail(f"stale dashboards (regenerate with `gpuobs rules dashboards`): {', '.join(stale)}", EXIT_FAILURE)
     for path in written:
@@ -72,16 +111,19 @@ def _kubernetes(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``rules`` group to ``sub``."""
-    r = sub.add_parser("rules", help="generate rule files and dashboards derived from reference data",
+    r = sub.add_parser("rules", help="generate the rule files, Alertmanager config and dashboards (the mixin)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    r.add_argument("which", choices=["xid", "kernel-log", "slo", "dashboards", "kubernetes"],
-                   help="xid/kernel-log/slo: print the rule file; dashboards: write grafana/dashboards/*.json; "
+    r.add_argument("which", choices=["render", "xid", "kernel-log", "slo", "dashboards", "kubernetes"],
+                   help="render: write every rule file, alertmanager/alertmanager.yml and the dashboards from "
+                        "--fleet; xid/kernel-log/slo: print that rule file; dashboards: write grafana/dashboards/*.json; "
                         "kubernetes: write deploy/kubernetes/")
-    r.add_argument("--slo-config", default=None, help="SLO definitions for `slo` (default: the shipped prometheus/slo.yaml)")
+    r.add_argument("--fleet", default=None, metavar="FILE",
+                   help="fleet config: identity label, selectors, signal paths (default: the shipped prometheus/fleet.yaml)")
+    r.add_argument("--slo-config", default=None, help="SLO definitions (default: the shipped prometheus/slo.yaml)")
     r.add_argument("--period", default=None, help="override the SLO period, e.g. 3d (for `slo`)")
     r.add_argument("--out", default=None,
-                   help="dashboards/kubernetes: output directory (default: grafana/dashboards, deploy/kubernetes)")
+                   help="render: output root (default: the repository / asset root); dashboards/kubernetes: "
+                        "output directory (default: grafana/dashboards, deploy/kubernetes)")
     r.add_argument("--check", nargs="?", const=True, metavar="FILE",
-                   help="xid/slo: exit 1 if FILE differs from the generated text; "
-                        "dashboards/kubernetes: exit 1 if a file is stale")
+                   help="render/dashboards/kubernetes: exit 1 if a file is stale; xid/kernel-log/slo: exit 1 if FILE differs")
     r.set_defaults(func=cmd_rules)

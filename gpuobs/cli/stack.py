@@ -70,9 +70,13 @@ def _stack(args: argparse.Namespace) -> int:
         return fail(str(exc), exc.exit_code)
     u = state.urls
     print("gpuobs stack is up (native mode):")
-    print(f"  Prometheus    {u.prometheus}")
+    from gpuobs.stack.ui import prometheus_pages
+
+    pages = prometheus_pages(u.prometheus)
+    print(f"  Prometheus    {u.prometheus}" + (f"  ({', '.join(pages.get(k, '') for k in ('alerts', 'targets', 'graph') if k in pages)})"
+                                               if pages else ""))
     print(f"  Alertmanager  {u.alertmanager}  (no web UI in Debian's build: use amtool or the API)")
-    print(f"  Pager         {u.pager}  (/api/pages, /runbooks/)")
+    print(f"  Pager         {u.pager}  (incident console; /api/incidents, /api/pages, /runbooks/)")
     if u.grafana:
         print(f"  Grafana       {u.grafana}  (anonymous viewer; admin password in run dir grafana/admin-password)")
     else:

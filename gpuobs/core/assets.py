@@ -15,8 +15,8 @@ from pathlib import Path
 from gpuobs.core.errors import Failure
 
 #: Paths (relative to the asset root) that a wheel carries; setup.py copies exactly these.
-SHIPPED = ("prometheus/prometheus.yml", "prometheus/slo.yaml", "prometheus/rules", "alertmanager",
-           "runbooks", "grafana/dashboards", "grafana/provisioning", "grafana/grafana.ini",
+SHIPPED = ("prometheus/prometheus.yml", "prometheus/slo.yaml", "prometheus/fleet.yaml", "prometheus/rules",
+           "alertmanager", "runbooks", "grafana/dashboards", "grafana/provisioning", "grafana/grafana.ini",
            "deploy/dcgm-exporter")
 
 _PACKAGE = Path(__file__).resolve().parents[1]

@@ -11,6 +11,11 @@ code  constant           meaning
                          a backend that cannot be reached
 2     EXIT_USAGE         usage or input error: a bad flag, file, selector, duration or payload
 3     EXIT_INCONCLUSIVE  inconclusive: not enough evidence yet (HOLD, unknown GPU, aborted rollout)
+4     EXIT_BACKEND       could not judge: backend error. The metrics backend a verdict needs
+                         (Prometheus) is unreachable, answers 5xx after the retries, refuses the
+                         credentials or answers garbage (``gpuobs canary analyze``), so no verdict
+                         was reached; distinct from 1 (ROLLBACK) so a pipeline never rolls back, or
+                         promotes, on an outage of its monitoring
 130   EXIT_INTERRUPTED   interrupted by Ctrl-C
 ====  =================  ===========================================================================
 """
@@ -21,6 +26,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
+EXIT_BACKEND = 4
 EXIT_INTERRUPTED = 130
 
 
@@ -40,6 +46,12 @@ class Failure(GpuobsError, RuntimeError):
     """Something the user asked for failed (a component, a backend, a drill)."""
 
     exit_code = EXIT_FAILURE
+
+
+class BackendError(Failure):
+    """Could not judge: the backend a verdict needs is unreachable or failing (exit 4)."""
+
+    exit_code = EXIT_BACKEND
 
 
 class Inconclusive(GpuobsError):

@@ -25,6 +25,7 @@ from gpuobs.drills.catalogue import (
     Expect,
     kernel_log_variant,
 )
+from gpuobs.mixin.families import IDENTITY_LABEL
 from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient
 from gpuobs.promapi.exporter_admin import AdminClient
 from gpuobs.stack.state import StackState
@@ -131,7 +132,7 @@ def _nodes_for(state: StackState, spec: DrillSpec) -> list[int]:
 def _matches(labels: dict, exp: Expect, host: str | None) -> bool:
     if labels.get("alertname") != exp.alertname:
         return False
-    if exp.scoped and host is not None and labels.get("Hostname") != host:
+    if exp.scoped and host is not None and labels.get(IDENTITY_LABEL) != host:
         return False
     return all(labels.get(k) == v for k, v in exp.labels.items())
 
@@ -189,7 +190,7 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
     def check_false(alerts: list[dict], pages: list[dict], t0: float) -> None:
         for a in alerts:
             labels = a["labels"]
-            an, ah = labels.get("alertname"), labels.get("Hostname")
+            an, ah = labels.get("alertname"), labels.get(IDENTITY_LABEL)
             # Meta alerts fire all the time (GpuKernelLogWatching: logwatch reads the node's log).
             if a["state"] != "firing" or an in ("Watchdog", "GpuKernelLogWatching") or _parse_ts(a["activeAt"]) < t0 - 1:
                 continue
@@ -197,7 +198,7 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             allowed = an in spec.allowed and (host is None or ah in (host, None))
             if own or allowed or claims.allows(an, ah, name):
                 continue
-            key = f"{an}{{Hostname={ah}}}" if ah else an
+            key = f"{an}{{{IDENTITY_LABEL}={ah}}}" if ah else an
             if key not in seen_unexpected:
                 seen_unexpected.add(key)
                 res.unexpected.append(key)
@@ -205,7 +206,7 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
         for p in pages:
             for a in p["alerts"]:
                 an = a["labels"]["alertname"]
-                if an in spec.allowed and (host is None or a["labels"].get("Hostname") == host) \
+                if an in spec.allowed and (host is None or a["labels"].get(IDENTITY_LABEL) == host) \
                         and not any(e.alertname == an for e in spec.expect):
                     msg = f"{an} reached the pager ({p['channel']}) although it should be inhibited"
                     if msg not in res.problems:
@@ -259,7 +260,7 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             for other in res.observed:
                 if res.observed[other] is None and any(
                         a["state"] == "firing" and a["labels"].get("alertname") == other
-                        and (host is None or a["labels"].get("Hostname") == host) for a in alerts):
+                        and (host is None or a["labels"].get(IDENTITY_LABEL) == host) for a in alerts):
                     res.observed[other] = now
                     say(f"{name}: {other} firing after {now:.1f}s (other detection path, inhibited)")
             return (all(o.fired_s is not None and o.paged_s is not None for o in res.alerts)

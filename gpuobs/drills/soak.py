@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from gpuobs.mixin.families import IDENTITY_LABEL
 from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient
 from gpuobs.stack.state import StackState
 
@@ -55,7 +56,7 @@ def run_soak(state: StackState, minutes: float, poll_s: float = 5.0, progress=No
         for a in alerts:
             name = a["labels"].get("alertname")
             if name != "Watchdog" and a["state"] == "firing":
-                key = f"{name}{{Hostname={a['labels'].get('Hostname', '')}}}"
+                key = f"{name}{{{IDENTITY_LABEL}={a['labels'].get(IDENTITY_LABEL, '')}}}"
                 if key not in res.fired and progress:
                     progress(f"ALERT {key} firing")
                 res.fired.setdefault(key, a["labels"])

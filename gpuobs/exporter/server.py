@@ -156,13 +156,13 @@ class Handler(httpd.Handler):
             self._deploy(body)
             return
         try:
-            req = faultmod.validate(body, len(node.gpus))
+            req = faultmod.validate(body, len(node.gpus), node.cfg.role)
         except faultmod.FaultError as exc:
             self.send_error_json(400, str(exc), exc.field)
             return
         fault = node.inject(req)
         _log.info("fault injected", extra={"fields": {"hostname": node.hostname, **fault.to_json()}})
-        self.send_json(201, fault.to_json())
+        self.send_json(201, {**fault.to_json(), "hostname": node.hostname, "role": node.cfg.role})
 
     def _deploy(self, body: object) -> None:
         node = self.server.node

@@ -19,17 +19,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuobs.core import assets
 from gpuobs.core.files import atomic_write
+
+if TYPE_CHECKING:
+    from gpuobs.mixin.fleet import FleetConfig
 
 SCHEMA_VERSION = 39  # Grafana 11.0's dashboard schema; newer Grafanas (compose pins 11.6) migrate it on load
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 # Label selectors shared by the panels (Grafana renders a multi-value variable as a regex alternation).
-GPU_SEL = 'Hostname=~"$Hostname", gpu=~"$gpu"'
-HOST_SEL = 'Hostname=~"$Hostname"'
-VLLM_SEL = 'model_name=~"$model_name", Hostname=~"$Hostname"'
+# Placeholders replaced at render time (render_all): __ID__ by the fleet's identity label (prometheus/fleet.yaml,
+# `node` by default), __DCGM__/__VLLM__ by its DCGM and vLLM target selectors.
+ID, DCGM, VLLM = "__ID__", "__DCGM__", "__VLLM__"
+GPU_SEL = '__ID__=~"$__ID__", gpu=~"$gpu"'
+HOST_SEL = '__ID__=~"$__ID__"'
+#: The same through the DCGM selector (GPU fleet dashboard's raw DCGM series; recording rules keep only the
+#: GPU's identity labels, so panels over them use GPU_SEL/HOST_SEL).
+DGPU_SEL = '__DCGM__, __ID__=~"$__ID__", gpu=~"$gpu"'
+DHOST_SEL = '__DCGM__, __ID__=~"$__ID__"'
+VLLM_SEL = '__VLLM__, model_name=~"$model_name", __ID__=~"$__ID__"'
 TRACK_SEL = 'track=~"canary|baseline"'
 
 #: DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits that cost clock to thermal or power limits (design section 4.1).
@@ -166,111 +177,135 @@ def quantiles(metric: str, sel: str, by: str = "", qs: tuple[float, ...] = (0.5,
 
 # ---- GPU fleet ------------------------------------------------------------------------------------------
 def fleet() -> dict:
-    reporting = f"count by (Hostname) (count by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{{{HOST_SEL}}}))"
+    reporting = f"count by (__ID__) (count by (__ID__, gpu) (DCGM_FI_DEV_GPU_TEMP{{{DHOST_SEL}}}))"
     expected = f"gpuobs_node_expected_gpus{{{HOST_SEL}}}"
-    bit_targets = [(f"sum by (Hostname) (floor(DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{{GPU_SEL}}} / {bit}) % 2)",
-                    f"{{{{Hostname}}}} {name}") for name, bit in THROTTLE_BITS]
+    bit_targets = [(f"sum by (__ID__) (floor(DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{{DGPU_SEL}}} / {bit}) % 2)",
+                    f"{{{{__ID__}}}} {name}") for name, bit in THROTTLE_BITS]
+    clock = f"DCGM_FI_DEV_SM_CLOCK{{{DGPU_SEL}}}"
     throttle = targets(*bit_targets, (f"gpu:dcgm_throttled_time:ratio_rate2m{{{GPU_SEL}}}",
-                                      "{{Hostname}} GPU {{gpu}} time throttled (thermal+power counters)"))
-    throttled_ref = throttle[-1]["refId"]
+                                      "{{__ID__}} GPU {{gpu}} time throttled (thermal+power counters)"),
+                       (f"max by (__ID__, gpu) ({clock}) / max by (__ID__, gpu) (max_over_time({clock}[1h]))",
+                        "{{__ID__}} GPU {{gpu}} SM clock / its 1h max (stock)"))
+    throttled_ref, clock_ref = throttle[-2]["refId"], throttle[-1]["refId"]
+    ever = f"count by (__ID__) (count by (__ID__, gpu) (last_over_time(DCGM_FI_DEV_GPU_TEMP{{{DHOST_SEL}}}[1h])))"
     health = [
-        target(f"count by (Hostname, modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{{{HOST_SEL}}})",
+        target(f"count by (__ID__, modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{{{DHOST_SEL}}})",
                "GPUs reporting", "A", table=True),
-        target(f"max by (Hostname) ({expected})", "GPUs expected", "B", table=True),
-        target(f"max by (Hostname) (DCGM_FI_DEV_XID_ERRORS{{{HOST_SEL}}})", "last Xid", "C", table=True),
-        target(f"sum by (Hostname) (gpu:dcgm_clocks_event_thermal_or_power:bool{{{HOST_SEL}}})",
+        target(f"max by (__ID__) ({expected})", "GPUs expected", "B", table=True),
+        target(f"max by (__ID__) (DCGM_FI_DEV_XID_ERRORS{{{DHOST_SEL}}})", "last Xid", "C", table=True),
+        target(f"sum by (__ID__) (gpu:dcgm_clocks_event_thermal_or_power:bool{{{HOST_SEL}}})",
                "GPUs throttled now", "D", table=True),
-        target(f"max by (Hostname) (DCGM_FI_DEV_GPU_TEMP{{{HOST_SEL}}})", "hottest GPU", "E", table=True),
+        target(f"max by (__ID__) (DCGM_FI_DEV_GPU_TEMP{{{DHOST_SEL}}})", "hottest GPU", "E", table=True),
     ]
     panels = [
         panel(1, "Driver and health by node", "none", health, kind="table", w=12, h=8,
               description="One row per node and driver version: GPUs reporting vs expected, the last Xid any "
                           "of its GPUs reported (0 = none since driver load; DCGM keeps the last value "
                           "forever, see the Xid panel for recent ones), GPUs with a thermal/power clock-event "
-                          "bit set now, and the hottest GPU. Two driver versions for one GPU model is driver "
-                          "skew (GpuDriverSkew).",
+                          "bit set now (needs the clock-event field, recommended.csv), and the hottest GPU. Two "
+                          "driver versions for one GPU model is driver skew (GpuDriverSkew; the dcgm-exporter "
+                          "Helm chart's counters drop the DCGM_FI_DRIVER_VERSION label: empty there).",
               overrides=[{"matcher": {"id": "byFrameRefID", "options": "E"},
                           "properties": [{"id": "unit", "value": "celsius"}]}]),
         panel(2, "Missing GPUs", "none",
-              targets((f"{expected} - on (Hostname) ({reporting} or on (Hostname) (0 * {expected}))",
-                       "{{Hostname}}")),
+              targets((f"({expected} - on (__ID__) ({reporting} or on (__ID__) (0 * {expected})))"
+                       f" or on (__ID__) ({ever} - on (__ID__) {reporting})", "{{__ID__}}")),
               kind="stat", w=6, h=8, steps=thresholds((1, "red")),
-              description="GPUs a node should have (gpuobs_node_expected_gpus) minus GPUs on its DCGM page. "
-                          "A GPU that fell off the bus (Xid 79) vanishes from the page, exactly like "
-                          "dcgm-exporter; anything above 0 pages (GpuMissing)."),
+              description="GPUs a node should have (gpuobs_node_expected_gpus, where a gpuobs agent publishes "
+                          "it) minus GPUs on its DCGM page; on a stock exporter, GPUs that reported within the "
+                          "last hour minus GPUs reporting now. A GPU that fell off the bus (Xid 79) vanishes "
+                          "from the page; anything above 0 pages (GpuMissing)."),
         panel(10, "DCGM exporters up", "none",
-              targets(('sum(up{job="dcgm", node=~"$Hostname"})', "up"),
-                      ('count(up{job="dcgm", node=~"$Hostname"})', "targets")),
+              targets(('sum(up{__DCGM__, __ID__=~"$__ID__"})', "up"),
+                      ('count(up{__DCGM__, __ID__=~"$__ID__"})', "targets")),
               kind="stat", w=3, h=8,
-              description="Scrape targets of job dcgm answering / configured (GpuExporterDown)."),
+              description="DCGM exporter targets (the fleet config's DCGM selector) answering / configured "
+                          "(GpuExporterDown). A target without the identity label is not counted here: "
+                          "GpuTelemetryWithoutIdentity tickets it."),
         panel(11, "Driver versions per GPU model", "none",
               targets((f"count by (modelName) (count by (modelName, DCGM_FI_DRIVER_VERSION) "
-                       f"(DCGM_FI_DEV_GPU_TEMP{{{HOST_SEL}}}))", "{{modelName}}")),
+                       f"(DCGM_FI_DEV_GPU_TEMP{{{DHOST_SEL}}}))", "{{modelName}}")),
               kind="stat", w=3, h=8, steps=thresholds((2, "orange")),
               description="Distinct NVIDIA driver versions per GPU pool: more than 1 is driver skew."),
         panel(3, "Xid errors by code", "none",
-              targets((f"sum by (xid) (max_over_time(DCGM_EXP_XID_ERRORS_COUNT{{{GPU_SEL}}}[$__interval]))",
-                       "Xid {{xid}}")),
+              targets((f"sum by (xid) (max_over_time(DCGM_EXP_XID_ERRORS_COUNT{{{DGPU_SEL}}}[$__interval]))",
+                       "Xid {{xid}}"),
+                      (f"count by (err_code) (DCGM_FI_DEV_XID_ERRORS{{{DGPU_SEL}}})",
+                       "GPUs whose last Xid is {{err_code}} (stock gauge)")),
               w=24, h=7, draw="bars", decimals=0,
-              description="Xids per code within the exporter's sliding window (DCGM_EXP_XID_ERRORS_COUNT, "
-                          "window_size_in_ms). Empty in a healthy fleet. Filter Hostname/gpu to find the "
+              description="Xids per code within the exporter's sliding window (DCGM_EXP_XID_ERRORS_COUNT: "
+                          "commented out in dcgm-exporter's default counters, enabled by "
+                          "deploy/dcgm-exporter/recommended.csv). On a stock exporter only the second query has "
+                          "data: GPUs per LAST Xid code (the gauge holds it until the exporter restarts; a bar "
+                          "that appears is a new Xid). Empty in a healthy fleet. Filter __ID__/gpu to find the "
                           "GPU; the code's NVIDIA action is in runbooks/xid.md."),
         panel(6, "Throttling by reason (clock-event bits)", "none", throttle, w=12, h=9,
-              overrides=[override(throttled_ref, "percentunit")],
+              overrides=[override(throttled_ref, "percentunit"), override(clock_ref, "percentunit")],
               description="GPUs per node with each thermal/power bit of DCGM_FI_DEV_CLOCKS_EVENT_REASONS set "
                           "(SW_POWER_CAP 0x4, HW_SLOWDOWN 0x8, SW_THERMAL 0x20, HW_THERMAL 0x40, "
                           "HW_POWER_BRAKE 0x80), and on the right axis the fraction of time each GPU was "
-                          "clock-limited from the violation counters. GPUThrottling needs both."),
+                          "clock-limited from the violation counters. Both need fields outside dcgm-exporter's "
+                          "default counters (recommended.csv; the bitmask may be named "
+                          "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, which GPUThrottling also reads). On a stock "
+                          "exporter the last query has data: the SM clock as a fraction of its 1h maximum "
+                          "(GPUThrottling's stock path: under 85 % while busy and hot or power-collapsed)."),
         panel(7, "ECC errors and row remapping", "none",
-              targets((f"max by (Hostname, gpu) (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{GPU_SEL}}})",
-                       "{{Hostname}} GPU {{gpu}} DBE (volatile)"),
-                      (f"max by (Hostname, gpu) (DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{GPU_SEL}}})",
-                       "{{Hostname}} GPU {{gpu}} SBE (volatile)"),
-                      (f"max by (Hostname, gpu) (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{{{GPU_SEL}}})",
-                       "{{Hostname}} GPU {{gpu}} rows remapped (uncorrectable)"),
-                      (f"max by (Hostname, gpu) (DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{{{GPU_SEL}}})",
-                       "{{Hostname}} GPU {{gpu}} rows remapped (correctable)"),
-                      (f"max by (Hostname, gpu) (DCGM_FI_DEV_ROW_REMAP_FAILURE{{{GPU_SEL}}})",
-                       "{{Hostname}} GPU {{gpu}} row remap FAILED")),
+              targets((f"max by (__ID__, gpu) (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{DGPU_SEL}}})",
+                       "{{__ID__}} GPU {{gpu}} DBE (volatile)"),
+                      (f"max by (__ID__, gpu) (DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{DGPU_SEL}}})",
+                       "{{__ID__}} GPU {{gpu}} SBE (volatile)"),
+                      (f"max by (__ID__, gpu) (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{{{DGPU_SEL}}})",
+                       "{{__ID__}} GPU {{gpu}} rows remapped (uncorrectable)"),
+                      (f"max by (__ID__, gpu) (DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{{{DGPU_SEL}}})",
+                       "{{__ID__}} GPU {{gpu}} rows remapped (correctable)"),
+                      (f"max by (__ID__, gpu) (DCGM_FI_DEV_ROW_REMAP_FAILURE{{{DGPU_SEL}}})",
+                       "{{__ID__}} GPU {{gpu}} row remap FAILED")),
               w=12, h=9, decimals=0,
               description="Double-bit (uncorrectable) ECC errors page (GpuEccDoubleBitError); a remap recorded "
                           "for one activates at the next GPU reset (GpuRowRemapPending); a failed remap means "
-                          "RMA (GpuRowRemapFailure). Volatile counters reset at driver load."),
+                          "RMA (GpuRowRemapFailure). Volatile counters reset at driver load. DBE/SBE counters are "
+                          "commented out in dcgm-exporter's default counters (recommended.csv enables them); on a "
+                          "stock exporter the remapped-row counters and the remap failure flag are the signal."),
         panel(4, "GPU and memory temperature", "celsius",
-              targets((f"max by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{{{GPU_SEL}}})", "{{Hostname}} GPU {{gpu}}"),
-                      (f"max by (Hostname, gpu) (DCGM_FI_DEV_MEMORY_TEMP{{{GPU_SEL}}})",
-                       "{{Hostname}} GPU {{gpu}} HBM")),
+              targets((f"max by (__ID__, gpu) (DCGM_FI_DEV_GPU_TEMP{{{DGPU_SEL}}})", "{{__ID__}} GPU {{gpu}}"),
+                      (f"max by (__ID__, gpu) (DCGM_FI_DEV_MEMORY_TEMP{{{DGPU_SEL}}})",
+                       "{{__ID__}} GPU {{gpu}} HBM")),
               description="Temperature alone is not an alert: a hot GPU that keeps its clocks is fine. "
                           "Look at the throttling panel."),
         panel(5, "Power draw", "watt",
-              targets((f"max by (Hostname, gpu) (DCGM_FI_DEV_POWER_USAGE{{{GPU_SEL}}})", "{{Hostname}} GPU {{gpu}}")),
+              targets((f"max by (__ID__, gpu) (DCGM_FI_DEV_POWER_USAGE{{{DGPU_SEL}}})", "{{__ID__}} GPU {{gpu}}")),
               description="Per GPU (MIG instances repeat their parent's power; max folds them)."),
         panel(8, "GPU utilisation vs SM active (why util % lies)", "percentunit",
-              targets((f"avg by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL{{{GPU_SEL}}}) / 100",
-                       "{{Hostname}} GPU {{gpu}} GPU_UTIL (a kernel was resident)"),
-                      (f"avg by (Hostname, gpu) (DCGM_FI_PROF_SM_ACTIVE{{{GPU_SEL}}})",
-                       "{{Hostname}} GPU {{gpu}} SM active (SMs with work)"),
-                      (f"avg by (Hostname, gpu) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{GPU_SEL}}})",
-                       "{{Hostname}} GPU {{gpu}} tensor pipe active")),
+              targets((f"avg by (__ID__, gpu) (DCGM_FI_DEV_GPU_UTIL{{{DGPU_SEL}}}) / 100",
+                       "{{__ID__}} GPU {{gpu}} GPU_UTIL (a kernel was resident)"),
+                      (f"avg by (__ID__, gpu) (DCGM_FI_PROF_SM_ACTIVE{{{DGPU_SEL}}})",
+                       "{{__ID__}} GPU {{gpu}} SM active (SMs with work)"),
+                      (f"avg by (__ID__, gpu) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{DGPU_SEL}}})",
+                       "{{__ID__}} GPU {{gpu}} tensor pipe active")),
               w=12, h=9, minv=0, maxv=1,
               description="DCGM_FI_DEV_GPU_UTIL (what nvidia-smi shows) is the fraction of time ANY kernel was "
                           "running, however few SMs it used: a single-SM kernel, or an NCCL kernel spinning in "
                           "a hung collective, reads ~100 %. SM active (DCGM_FI_PROF_SM_ACTIVE) is the fraction "
                           "of SM cycles with a warp resident, and tensor-pipe active the fraction doing matrix "
-                          "math. A wide gap between the first and the other two is the lie."),
+                          "math. A wide gap between the first and the other two is the lie. SM active is commented "
+                          "out in every shipped counters CSV (recommended.csv enables it); on a stock exporter "
+                          "GPU_UTIL against tensor-pipe activity shows the same gap."),
         panel(12, "SM clock", "hertz",
-              targets((f"max by (Hostname, gpu) (DCGM_FI_DEV_SM_CLOCK{{{GPU_SEL}}}) * 1e6", "{{Hostname}} GPU {{gpu}}")),
+              targets((f"max by (__ID__, gpu) (DCGM_FI_DEV_SM_CLOCK{{{DGPU_SEL}}}) * 1e6", "{{__ID__}} GPU {{gpu}}")),
               w=12, h=9, description="DCGM_FI_DEV_SM_CLOCK (MHz) in Hz. A drop under load is throttling."),
         panel(13, "NVLink and PCIe errors", "cps",
-              targets((f"sum by (Hostname, gpu) (rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{GPU_SEL}}}"
-                       f"[$__rate_interval]))", "{{Hostname}} GPU {{gpu}} NVLink CRC flit"),
-                      (f"sum by (Hostname, gpu) (rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{GPU_SEL}}}[$__rate_interval]))",
-                       "{{Hostname}} GPU {{gpu}} PCIe replay")),
-              w=24, h=7, description="Link errors per second (GpuNvlinkErrors, GpuPcieReplays)."),
+              targets((f"sum by (__ID__, gpu) (rate(DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{{{DGPU_SEL}}}"
+                       f"[$__rate_interval]))", "{{__ID__}} GPU {{gpu}} NVLink CRC flit"),
+                      (f"sum by (__ID__, gpu) (rate(DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{{DGPU_SEL}}}[$__rate_interval]))",
+                       "{{__ID__}} GPU {{gpu}} PCIe replay")),
+              w=24, h=7, description="Link errors per second (GpuNvlinkErrors, GpuPcieReplays). The NVLink error "
+                                    "counters are commented out in every shipped counters CSV: on a stock exporter "
+                                    "NVLink degradation is invisible (enable them with recommended.csv); PCIe "
+                                    "replays are in the default set."),
     ]
     variables = [datasource_var(),
-                 query_var("Hostname", "label_values(DCGM_FI_DEV_GPU_TEMP, Hostname)"),
-                 query_var("gpu", 'label_values(DCGM_FI_DEV_GPU_TEMP{Hostname=~"$Hostname"}, gpu)')]
+                 query_var("__ID__", "label_values(DCGM_FI_DEV_GPU_TEMP, __ID__)"),
+                 query_var("gpu", 'label_values(DCGM_FI_DEV_GPU_TEMP{__ID__=~"$__ID__"}, gpu)')]
     return dashboard("gpuobs-fleet", "GPU Fleet",
                      "GPU health across the fleet from dcgm-exporter metrics: missing GPUs, Xids, throttling, "
                      "ECC, temperature, power, and why GPU utilisation misleads.", variables, panels)
@@ -281,8 +316,8 @@ def serving() -> dict:
     success = f"vllm:request_success_total{{{VLLM_SEL}"
     burn = targets(*[(f'slo:burn_rate:ratio_rate{w}{{model_name=~"$model_name"}}', f"{{{{slo}}}} {w}")
                      for w in BURN_WINDOWS])
-    kv = targets((f"vllm:kv_cache_usage_perc{{{VLLM_SEL}}}", "{{Hostname}} KV-cache usage"),
-                 (f"rate(vllm:num_preemptions_total{{{VLLM_SEL}}}[$__rate_interval])", "{{Hostname}} preemptions/s"))
+    kv = targets((f"vllm:kv_cache_usage_perc{{{VLLM_SEL}}}", "{{__ID__}} KV-cache usage"),
+                 (f"rate(vllm:num_preemptions_total{{{VLLM_SEL}}}[$__rate_interval])", "{{__ID__}} preemptions/s"))
     panels = [
         panel(1, "Time to first token", "s",
               targets(*quantiles("vllm:time_to_first_token_seconds", VLLM_SEL)), steps=thresholds((2.5, "red")),
@@ -303,7 +338,7 @@ def serving() -> dict:
         panel(5, "Error ratio", "percentunit",
               targets((f'sum by (model_name) (rate({success}, finished_reason="error"}}[$__rate_interval])) / '
                        f"sum by (model_name) (rate({success}}}[$__rate_interval]))", "{{model_name}}"),
-                      ('node:vllm_request_errors:ratio_rate5m{node=~"$Hostname"}', "{{node}} (5m)")),
+                      ('__ID__:vllm_request_errors:ratio_rate5m{__ID__=~"$__ID__"}', "{{__ID__}} (5m)")),
               description="Requests finished with finished_reason=error over all finished requests. The "
                           "availability SLO allows 0.1 %."),
         panel(6, "Error budget remaining (30d)", "percentunit",
@@ -323,27 +358,27 @@ def serving() -> dict:
                           "preempts running requests (right axis) and queues new ones "
                           "(ServingKVCachePressure)."),
         panel(9, "Scheduler queue", "none",
-              targets((f"sum by (Hostname) (vllm:num_requests_waiting{{{VLLM_SEL}}})", "{{Hostname}} waiting"),
-                      (f"sum by (Hostname) (vllm:num_requests_running{{{VLLM_SEL}}})", "{{Hostname}} running")),
+              targets((f"sum by (__ID__) (vllm:num_requests_waiting{{{VLLM_SEL}}})", "{{__ID__}} waiting"),
+                      (f"sum by (__ID__) (vllm:num_requests_running{{{VLLM_SEL}}})", "{{__ID__}} running")),
               description="Requests waiting for admission vs in the running batch."),
         panel(10, "Queue time", "s",
               targets(*quantiles("vllm:request_queue_time_seconds", VLLM_SEL, qs=(0.5, 0.99))),
               description="Time requests spent WAITING before the scheduler admitted them."),
         panel(11, "Token throughput", "suffix: tok/s",
-              targets((f"sum by (Hostname) (rate(vllm:prompt_tokens_total{{{VLLM_SEL}}}[$__rate_interval]))",
-                       "{{Hostname}} prompt"),
-                      (f"sum by (Hostname) (rate(vllm:generation_tokens_total{{{VLLM_SEL}}}[$__rate_interval]))",
-                       "{{Hostname}} generated")),
+              targets((f"sum by (__ID__) (rate(vllm:prompt_tokens_total{{{VLLM_SEL}}}[$__rate_interval]))",
+                       "{{__ID__}} prompt"),
+                      (f"sum by (__ID__) (rate(vllm:generation_tokens_total{{{VLLM_SEL}}}[$__rate_interval]))",
+                       "{{__ID__}} generated")),
               description="Prefill and decode tokens per second."),
         panel(12, "GPU energy per generated token", "joule",
-              targets(('node:vllm_energy_per_generated_token:joules_rate5m{node=~"$Hostname"}', "{{node}}")),
+              targets(('__ID__:vllm_energy_per_generated_token:joules_rate5m{__ID__=~"$__ID__"}', "{{__ID__}}")),
               description="Node GPU power (W = J/s) over generated tokens per second (recording rule "
-                          "node:vllm_energy_per_generated_token:joules_rate5m). Rises when clocks throttle or "
+                          "__ID__:vllm_energy_per_generated_token:joules_rate5m). Rises when clocks throttle or "
                           "batching gets worse."),
     ]
     variables = [datasource_var(),
                  query_var("model_name", "label_values(vllm:num_requests_running, model_name)"),
-                 query_var("Hostname", 'label_values(vllm:num_requests_running{model_name=~"$model_name"}, Hostname)')]
+                 query_var("__ID__", 'label_values(vllm:num_requests_running{model_name=~"$model_name"}, __ID__)')]
     return dashboard("gpuobs-serving", "Serving SLOs",
                      "vLLM V1 serving: latency quantiles, goodput, errors, SLO error budget and burn rates, "
                      "KV cache and queue.", variables, panels)
@@ -353,23 +388,23 @@ def serving() -> dict:
 def memory() -> dict:
     panels = [
         panel(1, "Allocator reserved vs allocated per GPU", "bytes",
-              targets((f"pytorch_cuda_memory_reserved_bytes{{{GPU_SEL}}}", "{{Hostname}} GPU {{gpu}} reserved"),
-                      (f"pytorch_cuda_memory_allocated_bytes{{{GPU_SEL}}}", "{{Hostname}} GPU {{gpu}} allocated")),
+              targets((f"pytorch_cuda_memory_reserved_bytes{{{GPU_SEL}}}", "{{__ID__}} GPU {{gpu}} reserved"),
+                      (f"pytorch_cuda_memory_allocated_bytes{{{GPU_SEL}}}", "{{__ID__}} GPU {{gpu}} allocated")),
               description="The framework's caching allocator (torch.cuda.memory_stats): allocated = live "
                           "tensors; reserved = allocated + the allocator's cache. DCGM's FB_USED only sees "
                           "reserved (plus the CUDA context), never what is actually in use."),
         panel(2, "Fragmentation gap (reserved - allocated)", "bytes",
-              targets((f"gpu:pytorch_cuda_fragmentation:bytes{{{GPU_SEL}}}", "{{Hostname}} GPU {{gpu}} gap"),
+              targets((f"gpu:pytorch_cuda_fragmentation:bytes{{{GPU_SEL}}}", "{{__ID__}} GPU {{gpu}} gap"),
                       (f"pytorch_cuda_memory_inactive_split_bytes{{{GPU_SEL}}}",
-                       "{{Hostname}} GPU {{gpu}} inactive split blocks"),
+                       "{{__ID__}} GPU {{gpu}} inactive split blocks"),
                       (f"gpu:pytorch_cuda_fragmentation:deriv10m{{{GPU_SEL}}}",
-                       "{{Hostname}} GPU {{gpu}} gap growth")),
+                       "{{__ID__}} GPU {{gpu}} gap growth")),
               overrides=[override("C", "Bps")],
               description="The gap growing while allocated stays flat is fragmentation: the cache fills with "
                           "split blocks no request fits, until cudaMalloc fails (KVFragmentationRisk). Right "
                           "axis: the gap's growth over 10 minutes."),
         panel(3, "Predicted time to OOM", "s",
-              targets((f"gpu:pytorch_cuda_time_to_oom:seconds{{{GPU_SEL}}}", "{{Hostname}} GPU {{gpu}}")),
+              targets((f"gpu:pytorch_cuda_time_to_oom:seconds{{{GPU_SEL}}}", "{{__ID__}} GPU {{gpu}}")),
               steps={"mode": "absolute", "steps": [{"color": "red", "value": None},
                                                    {"color": "orange", "value": 14400},
                                                    {"color": "green", "value": 86400}]},
@@ -377,53 +412,59 @@ def memory() -> dict:
                           "trend. Absent while reserved is not growing (a healthy GPU has no OOM date)."),
         panel(4, "Allocator retries and OOMs", "none",
               targets((f"increase(pytorch_cuda_alloc_retries_total{{{GPU_SEL}}}[$__rate_interval])",
-                       "{{Hostname}} GPU {{gpu}} alloc retries"),
+                       "{{__ID__}} GPU {{gpu}} alloc retries"),
                       (f"increase(pytorch_cuda_ooms_total{{{GPU_SEL}}}[$__rate_interval])",
-                       "{{Hostname}} GPU {{gpu}} OOMs")),
+                       "{{__ID__}} GPU {{gpu}} OOMs")),
               decimals=0,
               description="cudaMalloc retries (the allocator freed its cache and tried again: the last step "
                           "before OOM) and OOMs raised, per rate interval (GpuFrameworkOom)."),
         panel(5, "Framebuffer used vs total (DCGM)", "bytes",
-              targets((f"sum by (Hostname, gpu) (DCGM_FI_DEV_FB_USED{{{GPU_SEL}}}) * 1048576",
-                       "{{Hostname}} GPU {{gpu}} used"),
-                      (f"sum by (Hostname, gpu) (DCGM_FI_DEV_FB_USED{{{GPU_SEL}}} + DCGM_FI_DEV_FB_FREE{{{GPU_SEL}}})"
-                       " * 1048576", "{{Hostname}} GPU {{gpu}} usable")),
+              targets((f"sum by (__ID__, gpu) (DCGM_FI_DEV_FB_USED{{{GPU_SEL}}}) * 1048576",
+                       "{{__ID__}} GPU {{gpu}} used"),
+                      (f"sum by (__ID__, gpu) (DCGM_FI_DEV_FB_USED{{{GPU_SEL}}} + DCGM_FI_DEV_FB_FREE{{{GPU_SEL}}})"
+                       " * 1048576", "{{__ID__}} GPU {{gpu}} usable")),
               description="DCGM's view (MiB, shown in bytes): used includes the allocator's whole reserve, so a "
                           "fragmented cache looks like a full GPU here."),
         panel(6, "Allocated memory trend", "Bps",
-              targets((f"gpu:pytorch_cuda_memory_allocated:deriv10m{{{GPU_SEL}}}", "{{Hostname}} GPU {{gpu}}")),
+              targets((f"gpu:pytorch_cuda_memory_allocated:deriv10m{{{GPU_SEL}}}", "{{__ID__}} GPU {{gpu}}")),
               description="Growth of allocated memory over 10 minutes: a leak grows allocated; fragmentation "
                           "grows only the gap."),
     ]
     variables = [datasource_var(),
-                 query_var("Hostname", "label_values(pytorch_cuda_memory_reserved_bytes, Hostname)"),
-                 query_var("gpu", 'label_values(pytorch_cuda_memory_reserved_bytes{Hostname=~"$Hostname"}, gpu)')]
+                 query_var("__ID__", "label_values(pytorch_cuda_memory_reserved_bytes, __ID__)"),
+                 query_var("gpu", 'label_values(pytorch_cuda_memory_reserved_bytes{__ID__=~"$__ID__"}, gpu)')]
     return dashboard("gpuobs-memory", "GPU Memory",
-                     "The framework caching allocator per GPU: reserved vs allocated, fragmentation, and the "
+                     "The framework caching allocator per GPU (needs the framework's allocator metrics, design "
+                     "section 4.2; without them only the DCGM framebuffer panel has data): reserved vs allocated, "
+                     "fragmentation, and the "
                      "projected out-of-memory.", variables, panels)
 
 
 # ---- Training -------------------------------------------------------------------------------------------
 def training() -> dict:
-    on_training = "and on (Hostname) count by (Hostname) (training_mfu_ratio)"
+    on_training = "and on (__ID__) count by (__ID__) (training_mfu_ratio)"
     rank_sel = GPU_SEL
     mfu = targets(("training_job:training_mfu:avg", "{{training_job}} MFU (job)"),
-                  (f"avg by (Hostname, training_job) (training_mfu_ratio{{{HOST_SEL}}})", "{{Hostname}} MFU"),
-                  (f"avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL{{{HOST_SEL}}}) / 100 {on_training}",
-                   "{{Hostname}} GPU_UTIL"),
-                  (f"avg by (Hostname) (DCGM_FI_PROF_SM_ACTIVE{{{HOST_SEL}}}) {on_training}",
-                   "{{Hostname}} SM active"),
-                  (f"avg by (Hostname) (DCGM_FI_DEV_POWER_USAGE{{{HOST_SEL}}}) {on_training}",
-                   "{{Hostname}} power"))
+                  (f"avg by (__ID__, training_job) (training_mfu_ratio{{{HOST_SEL}}})", "{{__ID__}} MFU"),
+                  (f"avg by (__ID__) (DCGM_FI_DEV_GPU_UTIL{{{HOST_SEL}}}) / 100 {on_training}",
+                   "{{__ID__}} GPU_UTIL"),
+                  (f"avg by (__ID__) (DCGM_FI_PROF_SM_ACTIVE{{{HOST_SEL}}}) {on_training}",
+                   "{{__ID__}} SM active"),
+                  (f"avg by (__ID__) (DCGM_FI_DEV_POWER_USAGE{{{HOST_SEL}}}) {on_training}",
+                   "{{__ID__}} power"),
+                  (f"avg by (__ID__) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{HOST_SEL}}}) {on_training}",
+                   "{{__ID__}} tensor pipe active"))
     panels = [
         panel(1, "MFU and the collective-hang signature", "percentunit", mfu, w=24, h=9, minv=0,
               overrides=[override("E", "watt")],
               description="Model FLOPs utilisation (achieved / peak). A hung collective drops MFU to 0 and "
                           "stops steps while GPU_UTIL stays ~100 % (an NCCL kernel spins) and SM activity and "
-                          "power (right axis) collapse (TrainingCollectiveHang)."),
+                          "power (right axis) collapse (TrainingCollectiveHang). SM active needs "
+                          "DCGM_FI_PROF_SM_ACTIVE (commented out in every shipped counters CSV; recommended.csv "
+                          "enables it); on a stock exporter tensor-pipe activity collapses the same way."),
         panel(2, "Step time by rank", "s",
               targets((f"rank:training_step_duration_seconds:mean5m{{{rank_sel}}}",
-                       "rank {{rank}} ({{Hostname}} GPU {{gpu}})"),
+                       "rank {{rank}} ({{__ID__}} GPU {{gpu}})"),
                       ("training_job:training_step_duration_seconds:median_of_ranks5m",
                        "{{training_job}} median of ranks")),
               description="Each rank's own busy time per step (5m mean) against the job median: a straggler "
@@ -453,8 +494,8 @@ def training() -> dict:
               description="Distribution of per-rank step times across the selected ranks."),
     ]
     variables = [datasource_var(),
-                 query_var("Hostname", "label_values(training_mfu_ratio, Hostname)"),
-                 query_var("gpu", 'label_values(training_mfu_ratio{Hostname=~"$Hostname"}, gpu)')]
+                 query_var("__ID__", "label_values(training_mfu_ratio, __ID__)"),
+                 query_var("gpu", 'label_values(training_mfu_ratio{__ID__=~"$__ID__"}, gpu)')]
     return dashboard("gpuobs-training", "Training",
                      "Training jobs: MFU, step time per rank, stragglers, NCCL collective time, and hangs.",
                      variables, panels)
@@ -463,7 +504,7 @@ def training() -> dict:
 # ---- Release --------------------------------------------------------------------------------------------
 def release() -> dict:
     vsel = f'{TRACK_SEL}, model_name=~"$model_name"'
-    dsel = f'job="dcgm", {TRACK_SEL}'
+    dsel = f'__DCGM__, {TRACK_SEL}'
     success = f"vllm:request_success_total{{{vsel}"
 
     def by_track(metric: str, q: float) -> tuple[str, str]:
@@ -492,16 +533,19 @@ def release() -> dict:
               targets((f'sum by (track) (rate({success}, finished_reason="error"}}[$__rate_interval])) / '
                        f"sum by (track) (rate({success}}}[$__rate_interval]))", "{{track}}"))),
         panel(7, "GPU energy per generated token: canary vs baseline", "joule",
-              targets((f"sum by (track) (max by (track, node, UUID) (DCGM_FI_DEV_POWER_USAGE{{{dsel}}})) / "
-                       f'sum by (track) (rate(vllm:generation_tokens_total{{job="vllm", {vsel}}}[$__rate_interval]))',
+              targets((f"sum by (track) (max by (track, __ID__, UUID) (DCGM_FI_DEV_POWER_USAGE{{{dsel}}})) / "
+                       f'sum by (track) (rate(vllm:generation_tokens_total{{__VLLM__, {vsel}}}[$__rate_interval]))',
                        "{{track}}")),
               description="GPU power of each track's nodes over its generated tokens per second."),
         panel(8, "KV-cache usage: canary vs baseline", "percentunit",
               targets((f"avg by (track) (vllm:kv_cache_usage_perc{{{vsel}}})", "{{track}}")), minv=0, maxv=1),
         panel(9, "SM active: canary vs baseline", "percentunit",
-              targets((f"avg by (track) (DCGM_FI_PROF_SM_ACTIVE{{{dsel}}})", "{{track}}")), minv=0, maxv=1,
+              targets((f"avg by (track) (DCGM_FI_PROF_SM_ACTIVE{{{dsel}}})", "{{track}} SM active"),
+                      (f"avg by (track) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{dsel}}})", "{{track}} tensor pipe active")),
+              minv=0, maxv=1,
               description="A release that does the same work with less SM activity is more efficient; one "
-                          "that idles the SMs may be stalling."),
+                          "that idles the SMs may be stalling. SM active needs recommended.csv; on a stock "
+                          "exporter only tensor-pipe activity has data."),
     ]
     stages = {"datasource": DS, "enable": True, "hide": False, "iconColor": "orange", "name": "Rollout stages",
               # Each stage deploys to more nodes, which changes how many nodes run each version
@@ -520,17 +564,30 @@ DASHBOARDS = {"fleet.json": fleet, "serving.json": serving, "memory.json": memor
               "release.json": release}
 
 
-def render_all() -> dict[str, str]:
-    """File name -> the exact text the file must hold."""
-    return {name: json.dumps(build(), indent=2) + "\n" for name, build in DASHBOARDS.items()}
+def render_all(cfg: "FleetConfig | None" = None) -> dict[str, str]:
+    """File name -> the exact text the file must hold for the fleet config ``cfg`` (default: the
+    default config, which the shipped prometheus/fleet.yaml equals)."""
+    from gpuobs.mixin.fleet import FleetConfig
+
+    cfg = cfg or FleetConfig()
+    subst = {ID: cfg.identity_label, DCGM: json.dumps(cfg.dcgm_selector)[1:-1],
+             VLLM: json.dumps(cfg.vllm_selector)[1:-1]}
+    out = {}
+    for name, build in DASHBOARDS.items():
+        text = json.dumps(build(), indent=2) + "\n"
+        for token, value in subst.items():
+            text = text.replace(token, value)
+        out[name] = text
+    return out
 
 
-def write_dashboards(out: Path | None = None, check: bool = False) -> tuple[list[Path], list[str]]:
-    """Write every dashboard into ``out`` (default: the asset root's ``grafana/dashboards``), or with
-    ``check`` write nothing and list the files that differ. Returns ``(written paths, stale names)``."""
+def write_dashboards(out: Path | None = None, check: bool = False,
+                     cfg: "FleetConfig | None" = None) -> tuple[list[Path], list[str]]:
+    """Write every dashboard for ``cfg`` into ``out`` (default: the asset root's ``grafana/dashboards``),
+    or with ``check`` write nothing and list the files that differ. Returns ``(written paths, stale names)``."""
     out = out or assets.path("grafana/dashboards")
     written, stale = [], []
-    for name, text in render_all().items():
+    for name, text in render_all(cfg).items():
         path = out / name
         if check:
             if not path.exists() or path.read_text() != text:

@@ -124,7 +124,8 @@ FAMILIES: tuple[Family, ...] = (
            runbook="fragmentation.md",
            note="stock: FB used heading for capacity (predict_linear); enhanced: the allocator's reserved-vs-"
                 "allocated gap. FB_* are absent on H100 MIG instances"),
-    Family("exporter", ("GpuExporterDown", "GpuTelemetryStale", "ServingEngineDown", "Watchdog"), True,
+    Family("exporter", ("GpuExporterDown", "GpuTelemetryStale", "ServingEngineDown", "Watchdog",
+                        "GpuTelemetryWithoutIdentity"), True,
            stock=(Signal("up"), Signal("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")),
            optional=(Signal("up", "vllm"),), runbook="exporter.md"),
     Family("driver-skew", ("GpuDriverSkew",), False,

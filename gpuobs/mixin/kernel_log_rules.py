@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import yaml
 
-from gpuobs.mixin.xid_rules import runbook_url
+from gpuobs.mixin.runbooks import runbook_url
 from gpuobs.reference import xid
 
-GPU = "Hostname, gpu, UUID, pci_bus_id"
+GPU = "node, gpu, UUID, pci_bus_id"  # node: the identity label (gpuobs.mixin.families)
 #: Seconds an Xid stays "recent" after logwatch counted it (like dcgm-exporter's 5-minute Xid window).
 #: It must not outlast the DCGM alerts that inhibit the memory codes (GpuEccDoubleBitError looks 10
 #: minutes back), or a held kernel-log page would go out when they resolve. The stack's drill profile
@@ -42,7 +42,7 @@ HOLD_OFF_XIDS = frozenset({48, 63, 64, 94, 95})
 HOLD_OFF_FOR = "1m"
 REPEAT_WINDOW = "1h"
 
-DESCRIPTION = ("GPU {{ $labels.gpu }} ({{ $labels.UUID }}, PCI {{ $labels.pci_bus_id }}) on {{ $labels.Hostname }} "
+DESCRIPTION = ("GPU {{ $labels.gpu }} ({{ $labels.UUID }}, PCI {{ $labels.pci_bus_id }}) on {{ $labels.node }} "
                "logged Xid {{ $labels.xid }} in the last %s ({{ $value }} such kernel-log line(s) since "
                "logwatch's state began). Save the NVRM lines (`journalctl -k | grep -E 'NVRM: (Xid|GPU)'`) "
                "and follow the runbook for this code.")
@@ -54,7 +54,7 @@ def _span(seconds: int) -> str:
 
 def _recent_xid(codes: list[int], recent_s: int) -> str:
     regex = "|".join(map(str, codes))
-    return (f'max by ({GPU}, xid) (gpuobs_xid_events_total{{xid=~"{regex}"}} '
+    return (f'max by ({GPU}, xid) (gpuobs_xid_events_total{{node!="",xid=~"{regex}"}} '
             f"and (time() - gpuobs_xid_last_event_timestamp_seconds) < {recent_s})")
 
 
@@ -82,14 +82,14 @@ def kernel_log_rules(recent_s: int = RECENT_S) -> dict:
         raise ValueError(f"recent_s must be > 0 seconds, got {recent_s}")
     crit = [c for c in xid.critical_codes() if c != 79]  # 79 is GpuFallenOffBus
     crit_re = "|".join(map(str, crit))
-    total = f'gpuobs_xid_events_total{{xid=~"{crit_re}"}}'
+    total = f'gpuobs_xid_events_total{{node!="",xid=~"{crit_re}"}}'
     rules = [
         {"alert": "GpuKernelLogWatching",
-         "expr": 'max by (Hostname) (gpuobs_logwatch_source_up{Hostname!=""}) == 1',
+         "expr": 'max by (node) (gpuobs_logwatch_source_up{node!=""}) == 1',
          "labels": {"severity": "info", "family": "xid"},
          "annotations": {
              "summary": "logwatch reads this node's kernel log; the node's DCGM Xid alerts are inhibited in its favour.",
-             "description": "logwatch on {{ $labels.Hostname }} is reading its kernel-log source, so Xid pages for "
+             "description": "logwatch on {{ $labels.node }} is reading its kernel-log source, so Xid pages for "
                             "this node come from the kernel log (every event, exact counts) and Alertmanager "
                             "inhibits the DCGM window-count alerts GpuXidCritical/GpuXidWarning.",
              "runbook_url": runbook_url("xid", "GpuKernelLogWatching")}},
@@ -106,29 +106,29 @@ def kernel_log_rules(recent_s: int = RECENT_S) -> dict:
              "summary": f"One GPU logged the same paging Xid {REPEAT_THRESHOLD}+ times within {REPEAT_WINDOW}: "
                         "take it out of service and collect RMA evidence.",
              "description": "GPU {{ $labels.gpu }} ({{ $labels.UUID }}, PCI {{ $labels.pci_bus_id }}) on "
-                            "{{ $labels.Hostname }} logged Xid {{ $labels.xid }} {{ $value }} times in the last "
+                            "{{ $labels.node }} logged Xid {{ $labels.xid }} {{ $value }} times in the last "
                             f"{REPEAT_WINDOW}. Drain the node, save the kernel log lines and a "
                             "`nvidia-bug-report.sh` archive, run field diagnostics and open the RMA.",
              "runbook_url": runbook_url("xid", "GpuKernelXidRepeated")}},
         {"alert": "GpuFallenOffBus",
          # The log says the GPU fell off the bus this boot, and DCGM does not see it (any more): a GPU
          # that was reset and is back on DCGM's page resolves the alert.
-         "expr": (f"max by ({GPU}) (gpuobs_gpu_fallen_off_bus == 1) "
-                  "unless on (Hostname, pci_bus_id) DCGM_FI_DEV_GPU_TEMP"),
+         "expr": (f'max by ({GPU}) (gpuobs_gpu_fallen_off_bus{{node!=""}} == 1) '
+                  "unless on (node, pci_bus_id) DCGM_FI_DEV_GPU_TEMP"),
          "labels": {"severity": "critical", "family": "gpu-missing"},
          "annotations": {
              "summary": "The kernel log says a GPU fell off the bus (Xid 79) and it is gone from DCGM's page.",
              "description": "GPU {{ $labels.gpu }} ({{ $labels.UUID }}, PCI {{ $labels.pci_bus_id }}) on "
-                            "{{ $labels.Hostname }} fell off the bus (NVRM Xid 79 / 'GPU has fallen off the bus.'). "
+                            "{{ $labels.node }} fell off the bus (NVRM Xid 79 / 'GPU has fallen off the bus.'). "
                             "Its jobs have failed; DCGM cannot report this Xid (DCGM #162). Drain and reboot the node.",
              "runbook_url": runbook_url("xid", "GpuFallenOffBus")}},
         {"alert": "GpuNvSwitchSXidFatal",
-         "expr": ('max by (Hostname, device, pci_bus_id, sxid) (gpuobs_sxid_events_total{sxid_fatal="fatal"} '
+         "expr": ('max by (node, device, pci_bus_id, sxid) (gpuobs_sxid_events_total{node!="",sxid_fatal="fatal"} '
                   f"and (time() - gpuobs_sxid_last_event_timestamp_seconds) < {recent_s})"),
          "labels": {"severity": "critical", "family": "interconnect"},
          "annotations": {
              "summary": "An NVSwitch logged a fatal SXid: NVLink traffic through it is broken until it is reset.",
-             "description": "{{ $labels.device }} (PCI {{ $labels.pci_bus_id }}) on {{ $labels.Hostname }} logged "
+             "description": "{{ $labels.device }} (PCI {{ $labels.pci_bus_id }}) on {{ $labels.node }} logged "
                             "fatal SXid {{ $labels.sxid }} in the last " + _span(recent_s) + ".",
              "runbook_url": runbook_url("interconnect", "GpuNvSwitchSXidFatal")}},
     ]

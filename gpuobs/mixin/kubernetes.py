@@ -41,6 +41,7 @@ IMAGE = f"ghcr.io/gpuobs/gpuobs:{__version__}"
 PART_OF = {"app.kubernetes.io/part-of": "gpuobs"}
 SERVE_NAME, SERVE_PORT = "gpuobs-canary", 9098
 EXPORTER_PORT = 9401  # beside dcgm-exporter's 9400 on the same node
+LOGWATCH_PORT = 9500  # the kernel-log agent (gpuobs logwatch), same pod
 SERVE_URL = f"http://{SERVE_NAME}.{NAMESPACE}.svc:{SERVE_PORT}"
 LOOK_DEADLINE_S = 15
 CONTROLLER_TIMEOUT_S = 20
@@ -70,7 +71,11 @@ def _restricted(uid: int = 65534) -> dict[str, Any]:
 
 # ---- monitoring -------------------------------------------------------------------------------------
 def exporter_daemonset() -> dict[str, Any]:
-    """The gpuobs NVML exporter on every GPU node (read-only, non-root, limits)."""
+    """The gpuobs NVML exporter and the kernel-log agent (``gpuobs logwatch``, docs/logwatch.md) on every
+    GPU node: read-only root filesystems, limits; the exporter non-root, the agent root with every
+    capability dropped but SYSLOG (reading /dev/kmsg under ``kernel.dmesg_restrict=1``), /dev/kmsg
+    mounted read-only and its position kept on the host so a rescheduled pod neither loses nor
+    double-counts a line."""
     name = "gpuobs-nvml-exporter"
     labels = {"app.kubernetes.io/name": name}
     return {
@@ -89,7 +94,7 @@ def exporter_daemonset() -> dict[str, Any]:
                     "nodeSelector": {"nvidia.com/gpu.present": "true"},
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                     "priorityClassName": "system-node-critical",
-                    "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
                         "name": "exporter", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
                         "command": ["gpuobs"],
@@ -106,8 +111,29 @@ def exporter_daemonset() -> dict[str, Any]:
                                       "limits": {"cpu": "500m", "memory": "256Mi"}},
                         "securityContext": _restricted(),
                         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                    }, {
+                        "name": "logwatch", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+                        "command": ["gpuobs"],
+                        "args": ["logwatch", "--source", "kmsg", "--state-file", "/var/lib/gpuobs-logwatch/state.json",
+                                 "--host", "0.0.0.0", "--port", str(LOGWATCH_PORT), "--hostname", "$(NODE_NAME)"],
+                        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                        "ports": [{"name": "logwatch", "containerPort": LOGWATCH_PORT, "protocol": "TCP"}],
+                        "readinessProbe": {"httpGet": {"path": "/health", "port": "logwatch"}, "periodSeconds": 15},
+                        "livenessProbe": {"httpGet": {"path": "/health", "port": "logwatch"}, "periodSeconds": 30,
+                                          "failureThreshold": 4},
+                        "resources": {"requests": {"cpu": "10m", "memory": "40Mi"},
+                                      "limits": {"cpu": "200m", "memory": "100Mi"}},
+                        "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"], "add": ["SYSLOG"]},
+                                            "seccompProfile": {"type": "RuntimeDefault"}},
+                        "volumeMounts": [{"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True},
+                                         {"name": "logwatch-state", "mountPath": "/var/lib/gpuobs-logwatch"}],
                     }],
-                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}],
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}},
+                                {"name": "kmsg", "hostPath": {"path": "/dev/kmsg", "type": "CharDevice"}},
+                                {"name": "logwatch-state",
+                                 "hostPath": {"path": "/var/lib/gpuobs-logwatch", "type": "DirectoryOrCreate"}}],
                 },
             },
         },
@@ -148,6 +174,9 @@ def pod_monitors() -> list[dict[str, Any]]:
         monitor("gpuobs-nvml-exporter", "gpuobs-exporter",
                 {"matchLabels": {"app.kubernetes.io/name": "gpuobs-nvml-exporter"}}, [NAMESPACE],
                 "metrics", "/metrics", metric_relabel=_hostname_from_node()),
+        monitor("gpuobs-logwatch", "logwatch",
+                {"matchLabels": {"app.kubernetes.io/name": "gpuobs-nvml-exporter"}}, [NAMESPACE],
+                "logwatch", "/metrics", metric_relabel=_hostname_from_node()),
         monitor("gpuobs-vllm", "vllm", {"matchLabels": {"app.kubernetes.io/component": "vllm"}}, None,
                 "http", "/metrics",
                 extra_relabel=[

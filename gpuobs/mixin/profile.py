@@ -19,7 +19,8 @@ from gpuobs.mixin.slo_rules import parse_duration, render_slo_rules
 #: (``make drills``): every ``for:`` longer than DRILL_MAX_FOR is cut to it, every range selector of
 #: 5 minutes or more is divided by DRILL_WINDOW_DIVISOR (10m -> 2m), and the SLO rules are
 #: regenerated for a DRILL_SLO_PERIOD SLO period, which shrinks the burn-rate windows proportionally
-#: (1d: 2m/30s x14.4 and 12m/1m x6 page; 144m/12m x1 ticket). Production rule files are never modified.
+#: (1d: 2m/30s x14.4 and 12m/1m x6 page; 144m/12m x1 ticket); offsets of 5 minutes or more are
+#: divided like windows. Production rule files are never modified.
 PROFILES = ("default", "drill")
 DRILL_MAX_FOR = "20s"
 DRILL_WINDOW_DIVISOR = 5
@@ -36,11 +37,17 @@ def _cap_for(text: str, cap: str) -> str:
 
 
 def _shorten_windows(text: str, divisor: int) -> str:
-    """Divide every PromQL range selector of 5 minutes or more by ``divisor`` (drill profile)."""
+    """Divide every PromQL range selector and ``offset`` of 5 minutes or more by ``divisor`` (drill
+    profile; e.g. the stock Xid path's ``[1h] offset 5m`` becomes ``[720s] offset 60s``)."""
     def sub(m: re.Match) -> str:
         secs = parse_duration(m.group(1))
         return f"[{secs // divisor}s]" if secs >= 300 else m.group(0)
-    return re.sub(r"\[([0-9]+[dhms](?:[0-9]+[dhms])*)\]", sub, text)
+
+    def sub_offset(m: re.Match) -> str:
+        secs = parse_duration(m.group(1))
+        return f"offset {secs // divisor}s" if secs >= 300 else m.group(0)
+    text = re.sub(r"\[([0-9]+[dhms](?:[0-9]+[dhms])*)\]", sub, text)
+    return re.sub(r"\boffset ([0-9]+[dhms](?:[0-9]+[dhms])*)\b", sub_offset, text)
 
 
 def profile_rules(runbook_base: str, profile: str = "default", repo: Path | None = None) -> dict[str, str]:

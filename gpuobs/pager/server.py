@@ -12,10 +12,27 @@ Routes:
   Alertmanager stops retrying and the on-call sees one page. Malformed -> 400 naming the field,
   nothing stored. Over 4 MiB -> 413.
 * ``GET /api/pages[?limit=N&alertname=X&status=firing|resolved]``: JSON, newest first.
-* ``GET /``: HTML list with channel, status, labels, summary and runbook link (linked only when the
-  ``runbook_url`` annotation lies under the configured runbook base; any other URL is shown as
-  text, never as a link).
-* ``GET /runbooks/<name>.md``: the runbooks directory, so runbook links work air-gapped.
+* ``GET /``: the incident console (:mod:`gpuobs.pager.console`, incidents from
+  :mod:`gpuobs.pager.incidents`): open count, pages and tickets in separate sections, Acknowledge
+  buttons. ``GET /incidents/<id>``: one incident (alerts, silences, timeline).
+* ``GET /api/incidents[?state=open|acknowledged|resolved&channel=page|ticket&limit=N]``:
+  ``{"incidents": [...], "counts": {channel: {state: n}}, "open": n}``; ``GET /api/incidents/<id>``:
+  one incident with ``timeline`` and ``silences`` (404 when unknown).
+* ``POST /api/incidents/<id>/ack`` (optional JSON ``{"by": name}``) -> ``{"id", "state", "changed"}``;
+  ``POST /incidents/<id>/ack`` is the console's form (303 back to the incident).
+* ``POST /api/incidents/<id>/silence`` JSON ``{"duration": "2h", "comment": str, "author": str}`` ->
+  201 ``{"silence": id, ...}``: a silence created in Alertmanager (API v2, ``--alertmanager-url``)
+  matching the incident's common labels, recorded on the incident; ``POST
+  /api/incidents/<id>/silences/<silence id>/expire`` expires it. 503 when no Alertmanager is
+  configured, 502 when it cannot be reached. Form twins under ``/incidents/<id>/...``.
+  Console actions need no token (the pager binds loopback); a request whose ``Origin`` is not this
+  pager is refused 403, so another site cannot make a browser press the buttons.
+* ``GET /notifications``: the notification log (every delivery, newest first), the pager's old front
+  page: channel, status, labels, summary and runbook link (linked only when the ``runbook_url``
+  annotation lies under the configured runbook base; any other URL is shown as text, never as a link).
+* ``GET /runbooks/<name>.md``: the runbook rendered to HTML with heading anchors matching every
+  ``runbook_url`` (:mod:`gpuobs.pager.runbooks`); ``?format=markdown`` gives the source;
+  ``GET /runbooks/`` lists them. Served from the runbooks directory, so links work air-gapped.
 * ``GET /health``: ``{"status": "ok", "notifications": N, "duplicates": D}`` (D: re-deliveries answered
   without storing, among the keys still in the dedupe window).
 """
@@ -31,7 +48,11 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from gpuobs.core import httpd, log, tokens
+from gpuobs.core.durations import DurationError, parse_duration
+from gpuobs.pager import console, incidents
+from gpuobs.pager import runbooks as rb_render
 from gpuobs.pager.store import CHANNELS, STATUSES, PageStore, PayloadError, validate
+from gpuobs.promapi.silences import AlertmanagerClient, SilenceApiError, SilenceInputError
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 _log = log.get("pager")
@@ -43,9 +64,11 @@ class PagerServer(httpd.Server):
     allow_reuse_address = True
 
     def __init__(self, addr: tuple[str, int], store: PageStore, runbooks_dir: Path | None = None,
-                 token: str | None = None, runbook_base: str | None = None):
+                 token: str | None = None, runbook_base: str | None = None, alertmanager_url: str | None = None):
         super().__init__(addr, PagerHandler)
         self.store = store
+        #: Alertmanager API v2 for silences (None: silences disabled, 503).
+        self.alertmanager = AlertmanagerClient(alertmanager_url, timeout_s=5.0) if alertmanager_url else None
         self.runbooks_dir = runbooks_dir
         self.token = token
         host, port = self.server_address[:2]
@@ -91,10 +114,10 @@ def render_html(pages: list[dict], runbook_prefix: str = "http://127.0.0.1:9097/
     body = "\n".join(rows) or '<tr><td colspan="7">No notifications yet.</td></tr>'
     return (
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>gpuobs pager</title>"
-        "<meta http-equiv=\"refresh\" content=\"5\"><style>body{font-family:sans-serif}"
+        "<style>body{font-family:sans-serif}"
         "td,th{padding:4px 8px;border-bottom:1px solid #ddd;text-align:left}"
         "tr.firing td:nth-child(3){color:#b00;font-weight:bold}tr.resolved td:nth-child(3){color:#070}"
-        "</style></head><body><h1>gpuobs pager</h1><table><tr><th>received (UTC)</th><th>channel</th>"
+        "</style></head><body><p><a href=\"/\">&larr; incidents</a></p><h1>gpuobs notification log</h1><table><tr><th>received (UTC)</th><th>channel</th>"
         "<th>status</th><th>alert</th><th>summary</th><th>labels</th><th>runbook</th></tr>"
         f"{body}</table></body></html>")
 
@@ -127,21 +150,189 @@ class PagerHandler(httpd.Handler):
                 self.send_json(400, {"error": f"status must be one of {', '.join(STATUSES)}", "field": "status"})
                 return
             self.send_json(200, {"pages": store.list(limit, qs.get("alertname", [None])[0], status)})
+        elif url.path == "/api/incidents":
+            self._api_incidents(qs)
+        elif m := re.fullmatch(r"/api/incidents/([0-9]{1,12})", url.path):
+            inc = self._incident(int(m.group(1)))
+            if inc is not None:
+                self.send_json(200, inc)
+        elif url.path == "/runbooks/" and self.server.runbooks_dir:
+            self._html(rb_render.index(self.server.runbooks_dir))
         elif url.path.startswith("/runbooks/"):
             name = url.path.removeprefix("/runbooks/")
             rb = self.server.runbooks_dir
-            path = rb / name if rb and len(name) <= 128 and re.fullmatch(r"[a-z0-9][a-z0-9-]*\.md", name) else None
+            path = rb / name if rb and len(name) <= 128 and rb_render.NAME.fullmatch(name) else None
             if path is None or not path.is_file():
                 self.send_json(404, {"error": f"no runbook {name!r}"})
                 return
-            self.send_body(200, path.read_bytes(), "text/markdown; charset=utf-8")
+            if qs.get("format", [""])[0] == "markdown":
+                self.send_body(200, path.read_bytes(), "text/markdown; charset=utf-8")
+            else:
+                self._html(rb_render.page(name, path.read_text("utf-8", "replace")))
+        elif url.path == "/notifications":
+            self._html(render_html(store.list(200), self.server.runbook_prefix))
         elif url.path == "/":
-            self.send_body(200, render_html(store.list(200), self.server.runbook_prefix).encode("utf-8", "backslashreplace"), "text/html; charset=utf-8")
+            self._html(console.index(store.incidents(limit=500), store.incident_counts(), self._safe))
+        elif m := re.fullmatch(r"/incidents/([0-9]{1,12})", url.path):
+            self._incident_page(int(m.group(1)), qs.get("msg", [""])[0][:300])
         else:
             self.send_json(404, {"error": f"no route {url.path}"})
 
+    # ---- console --------------------------------------------------------------------------------
+    def _html(self, text: str, code: int = 200) -> None:
+        self.send_body(code, text.encode("utf-8", "backslashreplace"), "text/html; charset=utf-8")
+
+    def _safe(self, url: str) -> str | None:
+        return _safe_url(url, self.server.runbook_prefix)
+
+    def _incident(self, iid: int) -> dict | None:
+        """The incident, or None after answering 404."""
+        try:
+            return self.server.store.incident(iid)
+        except incidents.IncidentNotFound:
+            self.send_json(404, {"error": f"no incident {iid}", "field": "id"})
+            return None
+
+    def _api_incidents(self, qs: dict[str, list[str]]) -> None:
+        state = qs.get("state", [None])[0]
+        channel = qs.get("channel", [None])[0]
+        if state is not None and state not in incidents.STATES:
+            self.send_json(400, {"error": f"state must be one of {', '.join(incidents.STATES)}", "field": "state"})
+            return
+        if channel is not None and channel not in CHANNELS:
+            self.send_json(400, {"error": f"channel must be one of {', '.join(CHANNELS)}", "field": "channel"})
+            return
+        try:
+            limit = int(qs.get("limit", ["200"])[0])
+            if not 1 <= limit <= 10000:
+                raise ValueError
+        except ValueError:
+            self.send_json(400, {"error": "limit must be an integer 1..10000", "field": "limit"})
+            return
+        store = self.server.store
+        counts = store.incident_counts()
+        self.send_json(200, {"incidents": store.incidents(state, channel, limit), "counts": counts,
+                             "open": sum(c["open"] for c in counts.values())})
+
+    def _incident_page(self, iid: int, message: str = "") -> None:
+        try:
+            inc = self.server.store.incident(iid)
+        except incidents.IncidentNotFound:
+            self._html(f"<!doctype html><p>No incident {iid}. <a href=\"/\">incidents</a></p>", 404)
+            return
+        am = self.server.alertmanager
+        live: dict[str, str] = {}
+        if am is not None and inc["silences"]:
+            try:
+                ids = {s["id"] for s in inc["silences"]}
+                live = {s["id"]: s.get("status", {}).get("state", "unknown") for s in am.list() if s.get("id") in ids}
+            except SilenceApiError as exc:
+                message = message or f"Alertmanager unreachable, silence states unknown: {exc}"
+        self._html(console.incident(inc, self._safe, am is not None, live, message))
+
+    def _same_origin(self) -> bool:
+        """False (after answering 403) when the request's Origin is another site."""
+        origin = self.headers.get("Origin")
+        if origin is None:  # curl, the CLI, and browsers on same-origin GET-less forms may omit it
+            return True
+        host = self.headers.get("Host", "")
+        if urlsplit(origin).netloc == host and host:
+            return True
+        self.discard_body()
+        self.send_json(403, {"error": f"Origin {origin[:100]!r} is not this pager; console actions come from its own pages"})
+        return False
+
+    def _form_or_json(self, form: bool) -> dict | None:
+        """The request's fields (form-encoded or JSON object), or None after answering 400/411/413."""
+        if form:
+            raw = self.read_body()
+            if raw is None:
+                return None
+            try:
+                return {k: v[0] for k, v in parse_qs(raw.decode("utf-8"), keep_blank_values=True).items()}
+            except UnicodeDecodeError:
+                self.send_json(400, {"error": "form body is not UTF-8", "field": "body"})
+                return None
+        if self.headers.get("Content-Length") in (None, "0"):
+            self.discard_body()
+            return {}
+        doc = self.read_json()
+        if doc is httpd.INVALID:
+            return None
+        if not isinstance(doc, dict):
+            self.send_json(400, {"error": "body must be a JSON object", "field": "body"})
+            return None
+        return doc
+
+    def _action(self, path: str) -> bool:
+        """Console and API actions on incidents; False when ``path`` is not one of them."""
+        m = re.fullmatch(r"/(api/)?incidents/([0-9]{1,12})/(ack|silence|silences/([0-9a-fA-F-]{1,64})/expire)", path)
+        if not m:
+            return False
+        api, iid, action, sid = m.group(1) is not None, int(m.group(2)), m.group(3), m.group(4)
+        if not self._same_origin():
+            return True
+        fields = self._form_or_json(not api)
+        if fields is None:
+            return True
+
+        def answer(code: int, doc: dict) -> None:
+            if api:
+                self.send_json(code, doc)
+            else:  # the console: back to the incident page, with the outcome shown
+                from urllib.parse import quote
+                msg = doc.get("error") or doc.get("message", "")
+                self.send_body(303, b"", "text/plain", headers={"Location": f"/incidents/{iid}?msg={quote(msg)}"})
+
+        by = str(fields.get("by") or fields.get("author") or ("console" if not api else "api"))[:100]
+        store = self.server.store
+        try:
+            inc = store.incident(iid)
+        except incidents.IncidentNotFound:
+            self.send_json(404, {"error": f"no incident {iid}", "field": "id"})
+            return True
+        if action == "ack":
+            state, changed = store.acknowledge(iid, by)
+            _log.info("incident acknowledged" if changed else "acknowledge: nothing to do",
+                      extra={"fields": {"incident": iid, "by": by, "state": state}})
+            answer(200, {"id": iid, "state": state, "changed": changed,
+                         "message": f"acknowledged by {by}" if changed else f"incident is {state}; nothing to acknowledge"})
+            return True
+        am = self.server.alertmanager
+        if am is None:
+            answer(503, {"error": "silences need the pager started with --alertmanager-url"})
+            return True
+        try:
+            if action == "silence":
+                try:
+                    dur = parse_duration(fields.get("duration", fields.get("duration_s", "")), "duration")
+                except DurationError as exc:
+                    answer(400, {"error": str(exc), "field": "duration"})
+                    return True
+                comment = str(fields.get("comment", ""))[:1000]
+                sil_id, body = am.create(inc["commonLabels"], dur, by, comment)
+                store.record_silence(iid, sil_id, body["endsAt"], body["createdBy"], body["comment"], body["matchers"])
+                _log.info("silence created", extra={"fields": {"incident": iid, "silence": sil_id, "by": by}})
+                answer(201, {"id": iid, "silence": sil_id, "endsAt": body["endsAt"], "matchers": body["matchers"],
+                             "message": f"silence {sil_id} created until {body['endsAt']}"})
+            else:
+                if sid not in {s["id"] for s in inc["silences"]}:
+                    answer(404, {"error": f"silence {sid} is not one of incident {iid}'s", "field": "silence"})
+                    return True
+                am.expire(sid)
+                store.record_silence_expired(iid, sid, by)
+                answer(200, {"id": iid, "silence": sid, "expired": True, "message": f"silence {sid} expired"})
+        except SilenceInputError as exc:
+            answer(400, {"error": str(exc)})
+        except SilenceApiError as exc:
+            _log.warning("alertmanager silences API failed", extra={"fields": {"error": str(exc)}})
+            answer(502, {"error": f"Alertmanager: {exc}"})
+        return True
+
     def _post(self) -> None:
         path = urlsplit(self.path).path
+        if self._action(path):
+            return
         channel = path.removeprefix("/hook/")
         if not path.startswith("/hook/") or channel not in CHANNELS:
             self.discard_body()
@@ -173,17 +364,26 @@ class PagerHandler(httpd.Handler):
 
 
 def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None, token: str | None = None,
-          runbook_base: str | None = None, dedupe_window_s: float | None = None) -> None:
-    """Run the pager until SIGTERM/SIGINT (``token``: required bearer token of the webhooks)."""
+          runbook_base: str | None = None, dedupe_window_s: float | None = None,
+          alertmanager_url: str | None = None, escalation=None) -> None:
+    """Run the pager until SIGTERM/SIGINT (``token``: required bearer token of the webhooks;
+    ``alertmanager_url``: Alertmanager for silences, None disables them; ``escalation``: a
+    :class:`gpuobs.pager.escalation.Policy` or None)."""
     store = PageStore(db_path) if dedupe_window_s is None else PageStore(db_path, dedupe_window_s)
-    srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base)
+    srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base, alertmanager_url)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
+    escalator = None
+    if escalation is not None:
+        from gpuobs.pager.escalation import Escalator
+        escalator = Escalator(store, escalation).start()
     _log.info("pager listening", extra={"fields": {"addr": f"{host}:{port}", "db": str(db_path)}})
     done.wait()
+    if escalator is not None:
+        escalator.stop()
     srv.shutdown()
     srv.server_close()
     store.close()

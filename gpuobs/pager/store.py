@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuobs.core.errors import InputError
+from gpuobs.pager import incidents
 
 STATUSES = ("firing", "resolved")
 CHANNELS = ("page", "ticket")
@@ -164,8 +165,9 @@ class PageStore:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(self.SCHEMA)
-        self._db.commit()
+        self._db.executescript(self.SCHEMA + incidents.SCHEMA)
+        with self._db:
+            incidents.backfill(self._db)
 
     def add(self, channel: str, payload: dict, received_at: float | None = None) -> int:
         """Store a validated payload received on ``channel`` (page|ticket); returns its id."""
@@ -199,6 +201,7 @@ class PageStore:
                   json.dumps(a["annotations"]), a["startsAt"], a["endsAt"]) for a in payload["alerts"]])
             self._db.execute("INSERT INTO deliveries(key, received_at, notification_id) VALUES (?, ?, ?)",
                              (key, ts, nid))
+            incidents.apply(self._db, nid, channel, payload, ts)
             self._db.execute("DELETE FROM deliveries WHERE key IN (SELECT key FROM deliveries ORDER BY received_at"
                              " DESC LIMIT -1 OFFSET ?)", (DEDUPE_MAX_KEYS,))
         return nid, False
@@ -236,6 +239,57 @@ class PageStore:
                 out.append({"id": nid, "received_at": ts, "channel": channel, "receiver": receiver,
                             "status": st, "groupKey": gk, "alerts": alerts})
         return out
+
+    # ---- incidents (gpuobs.pager.incidents) ---------------------------------------------------
+    def incidents(self, state: str | None = None, channel: str | None = None, limit: int = 200) -> list[dict]:
+        """Incidents, open first (see :func:`gpuobs.pager.incidents.list_incidents`)."""
+        with self._lock:
+            return incidents.list_incidents(self._db, state, channel, limit)
+
+    def incident(self, incident_id: int) -> dict:
+        """One incident with timeline and silences; raises IncidentNotFound."""
+        with self._lock:
+            return incidents.get(self._db, incident_id)
+
+    def incident_counts(self) -> dict[str, dict[str, int]]:
+        """``{channel: {state: n}}``."""
+        with self._lock:
+            return incidents.counts(self._db)
+
+    def acknowledge(self, incident_id: int, by: str, at: float | None = None) -> tuple[str, bool]:
+        """Acknowledge (one committed transaction); returns ``(state, changed)``; raises IncidentNotFound."""
+        with self._lock, self._db:
+            return incidents.acknowledge(self._db, incident_id, by, time.time() if at is None else at)
+
+    def record_silence(self, incident_id: int, silence_id: str, ends_at: str, by: str, comment: str,
+                       matchers: list[dict]) -> None:
+        """Remember a silence created in Alertmanager for the incident (timeline row)."""
+        with self._lock, self._db:
+            incidents.get(self._db, incident_id)
+            incidents.record_silence(self._db, incident_id, silence_id, time.time(), ends_at, by, comment, matchers)
+
+    def record_silence_expired(self, incident_id: int, silence_id: str, by: str) -> bool:
+        """Mark a silence of the incident expired; False when it is not one of the incident's."""
+        with self._lock, self._db:
+            return incidents.record_silence_expired(self._db, incident_id, silence_id, time.time(), by)
+
+    def escalate_due(self, now: float, policy) -> list[dict]:
+        """Open, unacknowledged incidents due for escalation under ``policy`` at ``now``, marked escalated
+        in the same transaction (so no incident escalates twice in one opening)."""
+        with self._lock, self._db:
+            ids = incidents.escalate_due(self._db, now, policy.after_s, policy.channels)
+            return [incidents.get(self._db, i) for i in ids]
+
+    def record_escalation(self, incident_id: int, at: float, policy, delivered: bool | None,
+                          error: str | None) -> None:
+        """Put the escalation on the incident's timeline."""
+        detail = {"receiver": policy.receiver, "after_s": policy.after_s}
+        if delivered is not None:
+            detail["delivered"] = delivered
+        if error:
+            detail["error"] = error
+        with self._lock, self._db:
+            incidents.event(self._db, incident_id, at, "escalated", **detail)
 
     def count(self) -> int:
         """Number of stored notifications."""

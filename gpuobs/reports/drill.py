@@ -5,7 +5,7 @@ hostname, faults (admin-API bodies, with ``gpu`` for per-GPU kinds), per-alert t
 injection, ``injected_at`` (epoch s), ``cleared_s``, false alerts and problems. For the drill's fault,
 the drill catalogue's panels (:data:`gpuobs.drills.catalogue.PANELS`) name the metrics that fault moves; each is fetched from Prometheus over a window from
 :data:`BEFORE_S` before the injection to shortly after the last alert resolved (or now, at most
-:data:`MAX_AFTER_S` after the injection), scoped to the drill's ``Hostname`` (and ``gpu``), and
+:data:`MAX_AFTER_S` after the injection), scoped to the drill's node (identity label ``node``) and ``gpu``, and
 plotted with vertical lines at injected, firing, paged, cleared and resolved.
 """
 
@@ -19,6 +19,7 @@ from string import Template
 
 from gpuobs.core.files import atomic_write
 from gpuobs.drills.catalogue import panels_for
+from gpuobs.mixin.families import IDENTITY_LABEL
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reports import html as h
 from gpuobs.reports.plots import Marker, timeseries_png
@@ -37,7 +38,7 @@ def _fault_gpu(result: dict) -> str | None:
     return None
 
 
-def selectors(result: dict, host_label: str = "Hostname") -> dict[str, str]:
+def selectors(result: dict, host_label: str = IDENTITY_LABEL) -> dict[str, str]:
     """Template values scoping the queries to the drill's host (and GPU); empty for fleet drills."""
     host = result.get("hostname")
     if not host or host == "fleet":
@@ -139,7 +140,7 @@ def _safe(name: str) -> str:
 
 
 def write_drill_report(result: dict, prometheus_url: str, out_dir: Path, *, client: PromClient | None = None,
-                       now: float | None = None, host_label: str = "Hostname") -> Path:
+                       now: float | None = None, host_label: str = IDENTITY_LABEL) -> Path:
     """Write ``drill-<name>-<injected epoch>.html`` into ``out_dir`` and return its path.
 
     ``result`` is a saved ``DrillResult.to_json()``; missing optional keys are tolerated. Raises

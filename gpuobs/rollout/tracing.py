@@ -27,8 +27,6 @@ children under a missing parent.
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
@@ -41,31 +39,9 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 
-from gpuobs.core.otel import resource
+from gpuobs.core.otel import ENDPOINT_VARS, Tracing, otlp_endpoint, resource  # noqa: F401  (re-exported)
 
 SERVICE_NAME = "gpuobs-rollout"
-ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-
-
-@dataclass
-class Tracing:
-    """A tracer with its own provider (never the global one); call :meth:`shutdown` to flush."""
-
-    tracer: trace.Tracer
-    provider: TracerProvider
-    exporter: SpanExporter | None
-
-    def shutdown(self) -> None:
-        """Flush pending spans to the exporter and stop it (idempotent)."""
-        self.provider.force_flush()
-        self.provider.shutdown()
-
-
-def otlp_endpoint(env: dict[str, str] | None = None) -> str | None:
-    """The configured OTLP endpoint, or None when neither standard variable is set (non-empty)."""
-    env = os.environ if env is None else env
-    return next((env[v] for v in ENDPOINT_VARS if env.get(v)), None)
-
 
 def setup(exporter: SpanExporter | None = None, *, env: dict[str, str] | None = None,
           service_name: str = SERVICE_NAME) -> Tracing:

@@ -273,7 +273,7 @@ def _up(cfg: StackConfig, out) -> StackState:
                           "--training-nodes", str(cfg.training_nodes), "--rate", str(cfg.rate_rps)] + exporter_extra,
         "pager": py + ["pager", "--port", str(p.pager), "--db", str(run / "pager.sqlite"),
                        "--runbooks-dir", str(assets.path("runbooks")), "--token-file", str(pager_token_file),
-                       "--runbook-base", runbook_base],
+                       "--runbook-base", runbook_base, "--alertmanager-url", f"http://127.0.0.1:{p.alertmanager}"],
         "alertmanager": [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / 'alertmanager/data'}",
                          f"--web.listen-address=127.0.0.1:{p.alertmanager}", "--cluster.listen-address=",
                          f"--web.external-url=http://127.0.0.1:{p.alertmanager}", "--log.format=json",

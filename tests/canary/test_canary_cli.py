@@ -57,10 +57,17 @@ def test_analyze_table_and_state_file(capsys, tmp_path):
 
 
 def test_unreachable_prometheus_is_an_error_not_a_verdict(capsys):
-    assert cli(analyze_args(_dead_url(), "--json")) == 1
+    assert cli(analyze_args(_dead_url(), "--json")) == 4  # not 1: that is ROLLBACK
     captured = capsys.readouterr()
-    assert json.loads(captured.out) == {"verdict": None, "error": json.loads(captured.out)["error"], "exit_code": 1}
-    assert "unavailable" in captured.err and "error:" in captured.err
+    assert json.loads(captured.out) == {"verdict": None, "error": json.loads(captured.out)["error"], "exit_code": 4}
+    assert "unavailable" in captured.err and "could not judge: backend error" in captured.err
+
+
+@pytest.mark.parametrize("status", [503, 401])
+def test_failing_backend_exits_4_could_not_judge(capsys, status):
+    with FakePrometheus(lambda endpoint, params: (status, b"unavailable or unauthorized")) as fp:
+        assert cli(analyze_args(fp.url, "--retries", "0")) == 4
+    assert "could not judge: backend error" in capsys.readouterr().err
 
 
 def test_bad_input_exits_2(capsys, tmp_path):

@@ -28,6 +28,7 @@ def test_zero_only_when_allowed_and_format():
 
 def test_the_exit_code_table():
     assert errors.InputError("x").exit_code == 2 and errors.Failure("x").exit_code == 1
+    assert errors.BackendError("x").exit_code == errors.EXIT_BACKEND == 4
     assert errors.Inconclusive("x").exit_code == 3 and isinstance(errors.InputError("x"), ValueError)
 
 

@@ -359,8 +359,7 @@ KNOWN_DIFFERENT = {"DCGM_EXP_XID_ERRORS_COUNT"}
 def test_fix_csv_lines_match_the_shipped_recommended_file():
     from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "deploy" / "dcgm-exporter" / "recommended.csv"
-    if not path.exists():
-        pytest.skip("deploy/dcgm-exporter/recommended.csv not in this checkout yet (issue 10 item 4)")
+    assert path.is_file(), "deploy/dcgm-exporter/recommended.csv is missing"
     shipped = {}
     for raw in path.read_text().splitlines():
         if raw.strip() and not raw.lstrip().startswith("#"):

@@ -47,21 +47,23 @@ def openmetrics(ts, at: float) -> str:
 def prometheus(tmp_path_factory):
     """Start one real Prometheus per scenario on its backfilled TSDB; yields {scenario: url}."""
     procs, urls = [], {}
+    base = free_port_range(len(SCENARIOS))  # one block: each Prometheus binds later, so ask once for all
     try:
-        for name, (kw, _) in SCENARIOS.items():
+        for i, (name, (kw, _)) in enumerate(SCENARIOS.items()):
             d = tmp_path_factory.mktemp(name)
             (d / "in.om").write_text(openmetrics(fleet(**kw), time.time() - 30))
             subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(d / "in.om"),
                             str(d / "data")], check=True, capture_output=True, timeout=60)
             (d / "prometheus.yml").write_text("global: {}\n")
-            port = free_port_range(1)
+            port = base + i
             procs.append(subprocess.Popen(
                 ["prometheus", f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
                  f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             urls[name] = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
-        for url in urls.values():
+        for proc, url in zip(procs, urls.values()):
             while True:
+                assert proc.poll() is None, f"Prometheus for {url} exited with {proc.returncode}"
                 try:
                     if requests.get(f"{url}/-/ready", timeout=1).status_code == 200:
                         break

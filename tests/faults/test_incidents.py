@@ -171,8 +171,10 @@ def test_incidents_page_once_and_resolve_once(tmp_path):
     with concurrent.futures.ThreadPoolExecutor(len(KINDS)) as pool:
         for i, kind in enumerate(KINDS):
             b = base + 16 * i
+            # Every port of each parallel stack from its own block, the logwatch agents' included (left
+            # to start-up, three stacks starting at once could pick the same free port).
             ports = Ports(prometheus=b, alertmanager=b + 1, pager=b + 2, node_base=b + 3, engine_base=b + 8,
-                          grafana=b + 12)
+                          grafana=b + 12, logwatch_base=b + 13)
             jobs[kind] = pool.submit(run_incident, kind, tmp_path / f"run{i}", ports)
         results = {k: f.result() for k, f in jobs.items()}
     failures = []

@@ -136,9 +136,9 @@ def test_xid_fault_in_a_node_container_pages_at_the_pager_container(stack, drill
     out = res.alerts[0]
     assert (out.alertname, out.receiver) == ("GpuXidCritical", "page")
     assert out.runbook_url.startswith(stack["urls"]["pager"] + "/runbooks/")
-    # The page is in the pager container's database, for node-0's Hostname.
+    # The page is in the pager container's database, for node-0 (its `node` identity label).
     pages = requests.get(f"{stack['urls']['pager']}/api/pages", params={"limit": 1000}, timeout=5).json()["pages"]
-    assert any(a["labels"]["alertname"] == "GpuXidCritical" and a["labels"]["Hostname"] == "gpu-node-00"
+    assert any(a["labels"]["alertname"] == "GpuXidCritical" and a["labels"]["node"] == "gpu-node-00"
                for p in pages for a in p["alerts"])
 
 

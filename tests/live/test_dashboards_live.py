@@ -171,12 +171,12 @@ def test_template_variables_list_the_simulated_fleet(live):
             got[(dash["uid"], name)] = vals
             one[name] = regex_escape(vals[0]) if vals else ""
     serving, training = live.hosts[:2], live.hosts[2:]
-    assert got[("gpuobs-fleet", "Hostname")] == live.hosts
+    assert got[("gpuobs-fleet", "node")] == live.hosts
     assert got[("gpuobs-fleet", "gpu")] == ["0", "1"]  # of the first host, as Grafana preselects it
-    assert got[("gpuobs-memory", "Hostname")] == live.hosts
+    assert got[("gpuobs-memory", "node")] == live.hosts
     assert got[("gpuobs-serving", "model_name")] == ["meta-llama/Llama-3.1-70B-Instruct"]
-    assert got[("gpuobs-serving", "Hostname")] == serving
-    assert got[("gpuobs-training", "Hostname")] == training
+    assert got[("gpuobs-serving", "node")] == serving
+    assert got[("gpuobs-training", "node")] == training
     assert got[("gpuobs-training", "gpu")] == ["0", "1"]
     assert got[("gpuobs-release", "model_name")] == got[("gpuobs-serving", "model_name")]
 
@@ -221,7 +221,7 @@ def _panel(uid: str, pid: int) -> dict:
 
 def _series(live: Live, uid: str, pid: int, ref: str = "A", values: dict | None = None) -> list[dict]:
     (t,) = [t for t in _panel(uid, pid)["targets"] if t["refId"] == ref]
-    vals = {"Hostname": ".*", "gpu": ".*", "model_name": ".*", "datasource": "prometheus", **(values or {})}
+    vals = {"node": ".*", "gpu": ".*", "model_name": ".*", "datasource": "prometheus", **(values or {})}
     expr = interpolate(t["expr"], vals)
     deadline = max(live.deadline, time.monotonic() + 10)
     while not (res := query(live.prom, expr)["result"]) and time.monotonic() < deadline:
@@ -231,29 +231,29 @@ def _series(live: Live, uid: str, pid: int, ref: str = "A", values: dict | None 
 
 def test_panel_values_describe_the_simulated_fleet(live):
     # Missing GPUs: every node reports all it should.
-    missing = {r["metric"]["Hostname"]: float(r["value"][1]) for r in _series(live, "gpuobs-fleet", 2)}
+    missing = {r["metric"]["node"]: float(r["value"][1]) for r in _series(live, "gpuobs-fleet", 2)}
     assert missing == {h: 0.0 for h in live.hosts}
     assert float(_series(live, "gpuobs-fleet", 10, "A")[0]["value"][1]) == 3.0  # DCGM exporters up
     assert [float(r["value"][1]) for r in _series(live, "gpuobs-fleet", 11)] == [1.0]  # one driver version
     # Health table: 2 GPUs reporting and 2 expected per node, on the default driver.
     rows = _series(live, "gpuobs-fleet", 1, "A")
-    assert {(r["metric"]["Hostname"], r["metric"]["DCGM_FI_DRIVER_VERSION"], r["value"][1]) for r in rows} == \
+    assert {(r["metric"]["node"], r["metric"]["DCGM_FI_DRIVER_VERSION"], r["value"][1]) for r in rows} == \
         {(h, "550.54.15", "2") for h in live.hosts}
     # The injected Xid 13 is the only code on the timeline; GPUs without an Xid in the window add
     # dcgm-exporter's 0-valued series without an `xid` label (expcollector.go), summed into one 0 row.
     timeline = {r["metric"].get("xid"): float(r["value"][1]) for r in _series(live, "gpuobs-fleet", 3)}
     assert set(timeline) - {None} == {"13"} and timeline["13"] > 0 and timeline.get(None, 0.0) == 0.0
     # Utilisation vs SM active: both ratios in 0..1, and GPU_UTIL reads above SM active (the lie).
-    util = {(r["metric"]["Hostname"], r["metric"]["gpu"]): float(r["value"][1])
+    util = {(r["metric"]["node"], r["metric"]["gpu"]): float(r["value"][1])
             for r in _series(live, "gpuobs-fleet", 8, "A")}
-    sm = {(r["metric"]["Hostname"], r["metric"]["gpu"]): float(r["value"][1])
+    sm = {(r["metric"]["node"], r["metric"]["gpu"]): float(r["value"][1])
           for r in _series(live, "gpuobs-fleet", 8, "B")}
     assert set(util) == set(sm) and len(util) == 6
     assert all(0 <= v <= 1 for v in [*util.values(), *sm.values()])
     assert all(util[k] > sm[k] for k in util)
     # Time to OOM only for the fragmenting GPU, and finite.
     oom = _series(live, "gpuobs-memory", 3)
-    assert {(r["metric"]["Hostname"], r["metric"]["gpu"]) for r in oom} == {(live.hosts[0], "0")}
+    assert {(r["metric"]["node"], r["metric"]["gpu"]) for r in oom} == {(live.hosts[0], "0")}
     assert 0 < float(oom[0]["value"][1]) < math.inf
     # Release: both tracks present with the default engine version.
     versions = {(r["metric"]["track"], r["value"][1]) for r in _series(live, "gpuobs-release", 1)}

@@ -90,11 +90,11 @@ def test_xid_drill_pages_with_runbook_and_resolves(stack, drills):
     firing = [p for p in pages if p["status"] == "firing"]
     assert len(firing) == 1 and firing[0]["channel"] == "page"
     labels = firing[0]["alerts"][0]["labels"]
-    assert (labels["Hostname"], labels["gpu"], labels["xid"], labels["severity"]) == ("gpu-node-00", "0", "48", "critical")
+    assert (labels["node"], labels["gpu"], labels["xid"], labels["severity"]) == ("gpu-node-00", "0", "48", "critical")
     assert labels["UUID"].startswith("GPU-") and labels["modelName"] == "NVIDIA H100 80GB HBM3"
     runbook = firing[0]["alerts"][0]["annotations"]["runbook_url"]
     assert runbook == f"{pager}/runbooks/xid.md#gpuxidcritical"
-    assert "## GpuXidCritical" in requests.get(runbook.split("#")[0], timeout=5).text
+    assert '<h2 id="gpuxidcritical">GpuXidCritical</h2>' in requests.get(runbook.split("#")[0], timeout=5).text  # rendered, anchored
 
 
 def test_node_down_produces_exactly_one_page(stack, drills):
@@ -103,15 +103,16 @@ def test_node_down_produces_exactly_one_page(stack, drills):
     assert res.ok, (res.problems, res.unexpected)
     pages = requests.get(f"{stack.urls.pager}/api/pages", params={"limit": 1000}, timeout=5).json()["pages"]
     node1 = [p for p in pages if p["channel"] == "page" and p["status"] == "firing" and p["received_at"] >= t0
-             and any(a["labels"].get("Hostname") == "gpu-node-01" for a in p["alerts"])]
+             and any(a["labels"].get("node") == "gpu-node-01" for a in p["alerts"])]
     assert len(node1) == 1, node1
     assert [a["labels"]["alertname"] for a in node1[0]["alerts"]] == ["GpuExporterDown"]
-    # Its serving engine went down with it; ServingEngineDown stays quiet while the node's DCGM target is
-    # down too (`unless` in the rule), so no inhibition race can let it page before GpuExporterDown.
+    # Its serving engine went down with it, but the rule leaves a node whose DCGM exporter is down too to
+    # GpuExporterDown (an Alertmanager inhibition alone races when both fire after the same `for:`). It may
+    # be pending for one evaluation when the engine's scrape fails before the exporter's; it never fires.
     r = requests.get(f"{stack.urls.prometheus}/api/v1/query",
-                     params={"query": 'max_over_time(ALERTS{alertname="ServingEngineDown",alertstate="firing"}[15m])'},
+                     params={"query": 'max_over_time(ALERTS{alertname="ServingEngineDown",alertstate="firing",node="gpu-node-01"}[15m])'},
                      timeout=5).json()["data"]["result"]
-    assert [x["metric"]["Hostname"] for x in r] == []
+    assert r == []
 
 
 def test_thermal_and_fragmentation_fire_only_on_the_faulted_gpus(stack, drills):
@@ -120,7 +121,7 @@ def test_thermal_and_fragmentation_fire_only_on_the_faulted_gpus(stack, drills):
     r = requests.get(f"{stack.urls.prometheus}/api/v1/query", params={
         "query": 'max_over_time(ALERTS{alertname=~"GPUThrottling|KVFragmentationRisk",alertstate="firing"}[15m])'},
         timeout=5).json()["data"]["result"]
-    fired = sorted((x["metric"]["alertname"], x["metric"]["Hostname"], x["metric"]["gpu"]) for x in r)
+    fired = sorted((x["metric"]["alertname"], x["metric"]["node"], x["metric"]["gpu"]) for x in r)
     assert fired == [("GPUThrottling", "gpu-node-02", "1"), ("KVFragmentationRisk", "gpu-node-02", "4")]
 
 

@@ -59,12 +59,12 @@ def test_xid48_three_times_and_xid79_page_through_the_log_path_and_restart_count
 
     def pages(name: str, host: str) -> list[dict]:
         out = requests.get(f"{pager}/api/pages", params={"alertname": name, "status": "firing"}, timeout=5).json()["pages"]
-        return [p for p in out if any(a["labels"].get("Hostname") == host and a["labels"]["alertname"] == name
+        return [p for p in out if any(a["labels"].get("node") == host and a["labels"]["alertname"] == name
                                       for a in p["alerts"])]
 
     def firing(name: str, host: str) -> bool:
         alerts = requests.get(f"{prom}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-        return any(a["labels"]["alertname"] == name and a["labels"].get("Hostname") == host and a["state"] == "firing"
+        return any(a["labels"]["alertname"] == name and a["labels"].get("node") == host and a["state"] == "firing"
                    for a in alerts)
 
     t48 = time.time()

@@ -43,12 +43,12 @@ def test_code_lists_come_from_the_catalogue():
     assert warn["1m"] == {63, 94}
 
 
-NODE1 = {"Hostname": "gpu-node-01"}
+NODE1 = {"node": "gpu-node-01"}
 WATCHING = {"alertname": "GpuKernelLogWatching", "severity": "info", "family": "xid", **NODE1}
 
 
 def gpu(n: int, host: str = "gpu-node-01", bus: str | None = None) -> dict[str, str]:
-    return {"Hostname": host, "gpu": str(n), "UUID": f"GPU-{host}-{n}", "pci_bus_id": bus or f"00000000:{0x18 + n:02X}:00.0"}
+    return {"node": host, "gpu": str(n), "UUID": f"GPU-{host}-{n}", "pci_bus_id": bus or f"00000000:{0x18 + n:02X}:00.0"}
 
 
 FALLEN = {"alertname": "GpuFallenOffBus", "severity": "critical", "family": "gpu-missing", **gpu(6)}
@@ -60,7 +60,7 @@ def test_watching_node_mutes_dcgm_xid_alerts_there_only(name):
     assert inhibits(WATCHING, target)
     assert not inhibits(WATCHING, {**target, **gpu(0, "gpu-node-02")})
     # an empty host label is never a match (design §4.6)
-    assert not inhibits({**WATCHING, "Hostname": ""}, {**target, "Hostname": ""})
+    assert not inhibits({**WATCHING, "node": ""}, {**target, "node": ""})
     # the kernel-log alerts themselves are not muted by it
     assert not inhibits(WATCHING, {**target, "alertname": "GpuKernelXidCritical"})
 
@@ -70,10 +70,10 @@ def test_fallen_off_bus_mutes_gpu_missing_engine_and_that_gpus_alerts():
     assert inhibits(FALLEN, {"alertname": "ServingEngineDown", "severity": "critical", **NODE1})
     assert inhibits(FALLEN, {"alertname": "GpuKernelXidCritical", "severity": "critical", "xid": "48", **gpu(6)})
     assert not inhibits(FALLEN, {"alertname": "GpuKernelXidCritical", "severity": "critical", "xid": "48", **gpu(5)})
-    assert not inhibits(FALLEN, {"alertname": "GpuMissing", "severity": "critical", "Hostname": "gpu-node-02"})
+    assert not inhibits(FALLEN, {"alertname": "GpuMissing", "severity": "critical", "node": "gpu-node-02"})
     assert not inhibits(FALLEN, {**FALLEN, **gpu(6, "gpu-node-02")})  # another node's GPU off the bus pages
     # identical HGX boards share bus ids: with no host label, one node's GPU never mutes another's
-    assert not inhibits({**FALLEN, "Hostname": ""},
+    assert not inhibits({**FALLEN, "node": ""},
                         {"alertname": "GpuKernelXidCritical", "severity": "critical", "xid": "48", **gpu(6, "")})
 
 
@@ -116,7 +116,7 @@ def test_held_kernel_log_page_never_outlasts_the_dcgm_alert_that_inhibits_it(tmp
     by_file = {p.name: yaml.safe_load(p.read_text()) for p in render_rules(tmp_path, "http://x", profile)}
     rules_ = [r for doc in by_file.values() for g in doc["groups"] for r in g["rules"]]
     dbe = next(r for r in rules_ if r.get("alert") == "GpuEccDoubleBitError")
-    window = parse_duration(re.search(r"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL\[([0-9a-z]+)\]", dbe["expr"]).group(1))
+    window = parse_duration(re.search(r"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL(?:\{[^}]*\})?\[([0-9a-z]+)\]", dbe["expr"]).group(1))
     held = next(r for r in rules_ if r.get("alert") == "GpuKernelXidCritical" and "for" in r)
     recent = int(re.search(r"gpuobs_xid_last_event_timestamp_seconds\) < ([0-9]+)", held["expr"]).group(1))
     assert recent + 30 <= window, (profile, recent, window)  # 30 s: scrape + evaluation slack

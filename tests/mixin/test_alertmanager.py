@@ -50,7 +50,7 @@ RULE_CASES = sorted({(r["alert"], r["labels"]["severity"], r["labels"]["family"]
 def test_every_alert_routes_by_severity(alertname, severity, family):
     receiver = expected_receiver(alertname, severity)
     r = route([f"alertname={alertname}", f"severity={severity}", f"family={family}",
-               "Hostname=gpu-node-01", "gpu=0"], receiver)
+               "node=gpu-node-01", "gpu=0"], receiver)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip() == receiver
 
@@ -62,7 +62,7 @@ def test_every_family_has_a_route_case():
 
 
 @pytest.mark.parametrize("labels, receiver", [
-    (["alertname=GpuXidCritical", "severity=critical", "Hostname=gpu-node-01", "xid=79"], "page"),
+    (["alertname=GpuXidCritical", "severity=critical", "node=gpu-node-01", "xid=79"], "page"),
     (["alertname=GpuExporterDown", "severity=critical"], "page"),
     (["alertname=GpuXidWarning", "severity=warning", "xid=13"], "ticket"),
     (["alertname=ServingErrorBudgetBurn", "severity=critical", "slo=ttft", "model_name=m"], "page"),
@@ -170,14 +170,15 @@ def test_every_inhibit_rule_has_disjoint_source_and_target_and_an_equal_list():
 def test_inhibit_rules_never_mute_the_watchdog():
     watchdog = {"alertname": "Watchdog", "severity": "info", "family": "meta"}
     for name, sev in {(r["alert"], r["labels"]["severity"]) for r in alert_rules()}:
-        assert not inhibits({"alertname": name, "severity": sev, "Hostname": "", "gpu": ""}, watchdog), name
+        assert not inhibits({"alertname": name, "severity": sev, "node": "", "gpu": ""}, watchdog), name
+        assert not inhibits({"alertname": name, "severity": sev, "node": "gpu-node-01", "gpu": "0"}, watchdog), name
 
 
-NODE1 = {"Hostname": "gpu-node-01"}
+NODE1 = {"node": "gpu-node-01"}
 
 
 def gpu(n: int, host: str = "gpu-node-01") -> dict[str, str]:
-    return {"Hostname": host, "gpu": str(n), "UUID": f"GPU-{host}-{n}"}
+    return {"node": host, "gpu": str(n), "UUID": f"GPU-{host}-{n}"}
 
 
 EXPORTER_DOWN = {"alertname": "GpuExporterDown", "severity": "critical", "family": "exporter", **NODE1}
@@ -199,11 +200,11 @@ def burn(severity: str, slo: str = "ttft", model: str = "m-a") -> dict[str, str]
 ])
 def test_exporter_down_silences_everything_else_on_its_node(target):
     assert inhibits(EXPORTER_DOWN, target)
-    assert not inhibits(EXPORTER_DOWN, {**target, "Hostname": "gpu-node-02"})
+    assert not inhibits(EXPORTER_DOWN, {**target, "node": "gpu-node-02"})
 
 
 def test_exporter_down_does_not_silence_itself_elsewhere():
-    assert not inhibits(EXPORTER_DOWN, {**EXPORTER_DOWN, "Hostname": "gpu-node-02"})
+    assert not inhibits(EXPORTER_DOWN, {**EXPORTER_DOWN, "node": "gpu-node-02"})
 
 
 @pytest.mark.parametrize("target", [
@@ -233,13 +234,13 @@ def test_critical_burn_silences_the_same_slo_ticket_only():
 def test_gpu_missing_silences_the_serving_engine_down_on_its_node():
     engine_down = {"alertname": "ServingEngineDown", "severity": "critical", "family": "exporter", **NODE1}
     assert inhibits(GPU_MISSING, engine_down)
-    assert not inhibits(GPU_MISSING, {**engine_down, "Hostname": "gpu-node-02"})
+    assert not inhibits(GPU_MISSING, {**engine_down, "node": "gpu-node-02"})
 
 
 def test_gpu_missing_silences_its_nodes_tickets_but_not_other_pages():
     assert inhibits(GPU_MISSING, {"alertname": "KVFragmentationRisk", "severity": "warning", **gpu(1)})
     assert not inhibits(GPU_MISSING, {"alertname": "GpuEccDoubleBitError", "severity": "critical", **gpu(1)})
-    assert not inhibits(GPU_MISSING, {**GPU_MISSING, "Hostname": "gpu-node-02"})
+    assert not inhibits(GPU_MISSING, {**GPU_MISSING, "node": "gpu-node-02"})
 
 
 def test_critical_xid_silences_the_same_gpus_warning_xids():
@@ -268,5 +269,166 @@ def test_engine_down_waits_long_enough_for_its_nodes_exporter_down_to_inhibit_it
     assert engine["receiver"] == "page"
     gap = parse_duration(prom["scrape_interval"]) + parse_duration(prom["evaluation_interval"])
     assert parse_duration(engine["group_wait"]) > gap + parse_duration(cfg["route"]["group_wait"])
-    r = route(["alertname=ServingEngineDown", "severity=critical", "Hostname=gpu-node-01"], "page")
+    r = route(["alertname=ServingEngineDown", "severity=critical", "node=gpu-node-01"], "page")
     assert r.returncode == 0 and r.stdout.strip() == "page", r.stdout + r.stderr
+
+
+# --- identity: grouping and inhibition never match an empty or shared host label -----------------
+
+IDENTITY = "node"
+
+
+def test_config_is_the_render_of_the_shipped_fleet_config():
+    from gpuobs.mixin.alertmanager import render_alertmanager
+    from gpuobs.mixin.fleet import load_fleet
+
+    assert CONFIG.read_text() == render_alertmanager(load_fleet(ROOT / "prometheus" / "fleet.yaml"))
+
+
+def test_route_groups_by_alertname_and_the_identity_label():
+    route = yaml.safe_load(CONFIG.read_text())["route"]
+    assert route["group_by"] == ["alertname", IDENTITY]
+    assert "Hostname" not in CONFIG.read_text().split("inhibit_rules:")[1].split("receivers:")[0]
+
+
+def test_every_identity_inhibition_requires_a_non_empty_identity_on_both_sides():
+    guard = Matcher(IDENTITY, "=~", ".+")
+    keyed = [r for r in inhibit_rules() if IDENTITY in r.equal]
+    assert len(keyed) >= 6
+    for rule in keyed:
+        assert guard in rule.source and guard in rule.target, rule
+
+
+#: dcgm-exporter host-label modes (design §4.1) as they reach Alertmanager on an alert's labels when a
+#: rule keeps them: the node name, the exporter pod's name, "localhost" (4.0-4.5.3 with -r), lowercase
+#: `hostname` (master after #655), none (-n).
+HOST_MODES = {
+    "node-name": lambda n: {"Hostname": n},
+    "pod-name": lambda n: {"Hostname": "nvidia-dcgm-exporter-7x2kq"},
+    "localhost": lambda n: {"Hostname": "localhost"},
+    "lowercase": lambda n: {"hostname": "localhost"},
+    "empty": lambda n: {"Hostname": ""},
+    "absent": lambda n: {},
+}
+
+
+def _gpu_alert(name: str, severity: str, node: str | None, mode: str, gpu_idx: str = "0", **extra) -> dict[str, str]:
+    labels = {"alertname": name, "severity": severity, "gpu": gpu_idx, **HOST_MODES[mode](node or ""), **extra}
+    if node is not None:
+        labels[IDENTITY] = node
+    return labels
+
+
+@pytest.mark.parametrize("mode", sorted(HOST_MODES))
+def test_a_fault_on_one_node_never_silences_another_nodes_page(mode):
+    """The issue's reproduction: a DBE on node 1 must not inhibit node 2's Xid page (same GPU index), nor
+    node 1's exporter-down or GPU-missing alert node 2's, whatever host label the exporters print."""
+    pairs = [
+        (_gpu_alert("GpuEccDoubleBitError", "critical", "k8s-gpu-1", mode),
+         _gpu_alert("GpuXidCritical", "critical", "k8s-gpu-2", mode, xid="48")),
+        (_gpu_alert("GpuXidCritical", "critical", "k8s-gpu-1", mode, xid="79"),
+         _gpu_alert("GpuEccDoubleBitError", "critical", "k8s-gpu-2", mode)),
+        ({"alertname": "GpuExporterDown", "severity": "critical", IDENTITY: "k8s-gpu-1", **HOST_MODES[mode]("k8s-gpu-1")},
+         _gpu_alert("GpuXidCritical", "critical", "k8s-gpu-2", mode, xid="48")),
+        ({"alertname": "GpuMissing", "severity": "critical", IDENTITY: "k8s-gpu-1"},
+         {"alertname": "ServingEngineDown", "severity": "critical", IDENTITY: "k8s-gpu-2"}),
+    ]
+    for source, target in pairs:
+        assert not inhibits(source, target), (source, target)
+        # ... while on the same node the inhibition still works.
+        assert inhibits(source, {**target, IDENTITY: source[IDENTITY]}), (source, target)
+
+
+@pytest.mark.parametrize("mode", sorted(HOST_MODES))
+def test_alerts_without_the_identity_never_inhibit_each_other(mode):
+    """Two alerts that both lack the identity (a rule or scrape config without it) match nothing."""
+    source = _gpu_alert("GpuEccDoubleBitError", "critical", None, mode)
+    target = _gpu_alert("GpuXidCritical", "critical", None, mode, xid="48")
+    assert not inhibits(source, target)
+    assert not inhibits({"alertname": "GpuExporterDown", "severity": "critical", **HOST_MODES[mode]("x")},
+                        {"alertname": "ServingEngineDown", "severity": "critical", **HOST_MODES[mode]("y")})
+
+
+# --- the same cases on a real Alertmanager --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory):
+    """A real Alertmanager (0.25) on 127.0.0.1 with the repository's config; its webhooks point at a
+    closed port (nothing is delivered: only inhibition state is read). Stopped after the module."""
+    import shutil
+    import time
+
+    import requests
+
+    from gpuobs.stack.ports import free_port_range
+
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")  # Debian's name first
+    if not binary:
+        pytest.fail("alertmanager is required (make binaries installs it)")
+    tmp = tmp_path_factory.mktemp("am")
+    port = free_port_range(2)
+    cfg = yaml.safe_load(CONFIG.read_text())
+    for r in cfg["receivers"]:
+        for w in r.get("webhook_configs", []):
+            w["url"] = f"http://127.0.0.1:{port + 1}/hook"
+    (tmp / "am.yml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen([binary, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+                             f"--web.external-url=http://127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            try:
+                if requests.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("alertmanager did not become ready")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _inhibited_after_posting(url: str, alerts: list[dict[str, str]]) -> dict[str, list[str]]:
+    """POST ``alerts`` (firing) and return ``{alertname@node: inhibitedBy}`` as Alertmanager reports them."""
+    import time
+
+    import requests
+
+    tag = f"t{time.monotonic_ns()}"  # keep each case's alerts apart from earlier cases'
+    body = [{"labels": {**a, "case": tag}, "annotations": {},
+             "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5))} for a in alerts]
+    r = requests.post(f"{url}/api/v2/alerts", json=body, timeout=5)
+    assert r.status_code == 200, r.text
+    got = requests.get(f"{url}/api/v2/alerts", params={"filter": f'case="{tag}"'}, timeout=5).json()
+    assert len(got) == len(alerts), got
+    return {f"{a['labels']['alertname']}@{a['labels'].get(IDENTITY, '')}": a["status"]["inhibitedBy"] for a in got}
+
+
+@pytest.mark.parametrize("mode", ["localhost", "empty", "absent", "pod-name"])
+def test_real_alertmanager_dbe_on_node1_does_not_inhibit_node2s_xid_page(alertmanager, mode):
+    state = _inhibited_after_posting(alertmanager, [
+        _gpu_alert("GpuEccDoubleBitError", "critical", "k8s-gpu-1", mode),
+        _gpu_alert("GpuXidCritical", "critical", "k8s-gpu-2", mode, xid="48"),
+        _gpu_alert("GpuXidWarning", "warning", "k8s-gpu-1", mode, xid="63"),
+    ])
+    assert state["GpuXidCritical@k8s-gpu-2"] == []          # another node: pages
+    assert state["GpuXidWarning@k8s-gpu-1"] != []           # same GPU: inhibited by the DBE
+    assert state["GpuEccDoubleBitError@k8s-gpu-1"] == []
+
+
+def test_real_alertmanager_alerts_without_identity_inhibit_nothing(alertmanager):
+    state = _inhibited_after_posting(alertmanager, [
+        _gpu_alert("GpuEccDoubleBitError", "critical", None, "localhost"),
+        _gpu_alert("GpuXidCritical", "critical", None, "localhost", xid="48"),
+    ])
+    assert state == {"GpuEccDoubleBitError@": [], "GpuXidCritical@": []}

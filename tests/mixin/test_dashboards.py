@@ -270,7 +270,10 @@ def test_linked_panels_show_what_their_alerts_are_about():
 def test_fleet_dashboard_covers_missing_gpus_xid_and_the_utilisation_lie():
     fleet = by_uid()["gpuobs-fleet"]
     text = {p["id"]: " ".join(t["expr"] for t in p["targets"]) for p in all_panels(fleet)}
-    assert any("gpuobs_node_expected_gpus" in e and "count by (Hostname)" in e for e in text.values())
+    # the enhanced expected-GPU count, or on a stock exporter the GPUs seen within the last hour
+    assert any("gpuobs_node_expected_gpus" in e and "count by (node)" in e
+               and "last_over_time(DCGM_FI_DEV_GPU_TEMP" in e for e in text.values())
+    assert any("count by (err_code) (DCGM_FI_DEV_XID_ERRORS" in e for e in text.values())  # stock Xid gauge
     assert any("DCGM_EXP_XID_ERRORS_COUNT" in e and "by (xid)" in e for e in text.values())
     lie = [p for p in all_panels(fleet) if "DCGM_FI_DEV_GPU_UTIL" in text[p["id"]]
            and "DCGM_FI_PROF_SM_ACTIVE" in text[p["id"]]]
@@ -306,3 +309,34 @@ def test_release_dashboard_compares_tracks_and_annotates_stages():
 @pytest.fixture(scope="module")
 def inventory():
     return exporter_inventory()
+
+
+def test_dashboards_group_by_the_identity_label_never_by_hostname():
+    for name, d in DASHBOARDS.items():
+        text = json.dumps({"panels": d["panels"], "templating": d["templating"]})
+        assert "Hostname" not in text, f"{name}: groups or filters by dcgm-exporter's Hostname"
+    names = {v["name"] for d in DASHBOARDS.values() for v in variables(d)}
+    assert "node" in names
+
+
+def test_dashboards_follow_the_fleet_configs_identity_and_selectors():
+    from gpuobs.mixin.dashboards import render_all
+    from gpuobs.mixin.fleet import parse_fleet
+
+    cfg = parse_fleet({"identity_label": "k8s_node", "selectors": {"dcgm": 'job="gpu-telemetry"'}})
+    fleet = json.loads(render_all(cfg)["fleet.json"])
+    assert {v["name"] for v in variables(fleet)} >= {"k8s_node", "gpu"}
+    exprs = [t["expr"] for _p, t in panel_targets(fleet)]
+    assert any('up{job="gpu-telemetry", k8s_node=~"$k8s_node"}' in e for e in exprs)
+    assert not any("$node" in e or "by (node" in e for e in exprs)
+
+
+def test_queries_over_recording_rules_do_not_select_scrape_labels():
+    """Recording rules keep only the GPU's identity labels (node, gpu, UUID, ...): a panel that selects
+    a recorded series by job (the DCGM selector) would show no data."""
+    recorded = recording_rule_names()
+    for name, d in DASHBOARDS.items():
+        for p, t in panel_targets(d):
+            for m in re.finditer(r"([a-zA-Z_:][\w:]*)\{([^}]*)\}", t["expr"]):
+                if m.group(1) in recorded:
+                    assert "job" not in m.group(2), f"{name} panel {p['id']}: {m.group(0)}"

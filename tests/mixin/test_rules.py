@@ -31,7 +31,7 @@ def test_promtool_unit_tests_pass():
 #: Alerts with no Grafana panel to link: the meta alert, scrape/telemetry health, interconnect, Xid and
 #: GPU-missing alerts (their runbooks start from the node, not from a dashboard).
 ALERTS_WITHOUT_DASHBOARD = {
-    "Watchdog", "GpuExporterDown", "ServingEngineDown", "GpuTelemetryStale",
+    "Watchdog", "GpuExporterDown", "ServingEngineDown", "GpuTelemetryStale", "GpuTelemetryWithoutIdentity",
     "GpuNvlinkErrors", "GpuPcieReplays", "GpuXidCritical", "GpuXidWarning", "GpuMissing",
     # kernel-log alerts (gpu-kernel-log.yml): the runbook starts from the node's log lines
     "GpuKernelLogWatching", "GpuKernelXidCritical", "GpuKernelXidWarning", "GpuKernelXidRepeated",
@@ -188,9 +188,16 @@ def test_xid_rules_file_is_generated_from_the_catalogue():
     assert {13, 31, 43, 45, 63, 68, 92, 94} <= set(xid.ticket_codes())
     assert not set(crit) & set(xid.ticket_codes())
     doc = yaml.safe_load(render_xid_rules())
-    expr = doc["groups"][0]["rules"][0]["expr"]
-    assert "DCGM_FI_DEV_XID_ERRORS" not in expr  # never "last Xid gauge > 0"
-    assert f'xid=~"{"|".join(map(str, crit))}"' in expr
+    for rule in doc["groups"][0]["rules"]:
+        expr = rule["expr"]
+        codes = crit if rule["alert"] == "GpuXidCritical" else xid.ticket_codes()
+        # never "last Xid gauge > 0" (pages forever) nor changes() on it (never fires: one series per code);
+        # the stock path is a (GPU, err_code) series absent in the hour before the last 5 minutes
+        assert not re.search(r"DCGM_FI_DEV_XID_ERRORS\{[^}]*\}\s*>", expr)
+        assert "changes(DCGM_FI_DEV_XID_ERRORS" not in expr
+        stock = [c for c in codes if c != 79]  # 79 never reaches DCGM in time; GpuMissing pages for it
+        assert "[1h] offset 5m" in expr and 'err_code=~"' + "|".join(map(str, stock)) + '"' in expr
+        assert f'xid=~"{"|".join(map(str, codes))}"' in expr  # the enhanced DCGM_EXP_XID_ERRORS_COUNT path
 
 
 def test_every_alert_belongs_to_exactly_one_family():

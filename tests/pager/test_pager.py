@@ -100,15 +100,18 @@ def test_not_json_unknown_channel_and_server_keeps_running(pager):
 def test_html_lists_status_summary_and_runbook_escaped(pager):
     url, _, _ = pager
     requests.post(f"{url}/hook/page", json=PAYLOAD, headers=AUTH, timeout=5)
-    html = requests.get(f"{url}/", timeout=5).text
-    assert "GpuXidCritical" in html and "firing" in html
-    assert '<a href="http://127.0.0.1:9097/runbooks/xid.md#gpuxidcritical">runbook</a>' in html
-    assert "<script>" not in html and "&lt;script&gt;" in html
+    for page in ("/notifications", "/"):  # the notification log and the incident console
+        html = requests.get(f"{url}{page}", timeout=5).text
+        assert "GpuXidCritical" in html and ("firing" if page != "/" else "open") in html
+        assert '<a href="http://127.0.0.1:9097/runbooks/xid.md#gpuxidcritical">runbook</a>' in html
+        assert "<script>" not in html and "&lt;script&gt;" in html
 
 
 def test_runbooks_are_served_and_paths_cannot_escape(pager):
     url, _, _ = pager
-    assert requests.get(f"{url}/runbooks/xid.md", timeout=5).text == "# Xid\n"
+    assert requests.get(f"{url}/runbooks/xid.md", params={"format": "markdown"}, timeout=5).text == "# Xid\n"
+    r = requests.get(f"{url}/runbooks/xid.md", timeout=5)
+    assert r.headers["Content-Type"].startswith("text/html") and '<h1 id="xid">Xid</h1>' in r.text
     assert requests.get(f"{url}/runbooks/../pager.sqlite", timeout=5).status_code == 404
     assert requests.get(f"{url}/runbooks/%2e%2e%2fpager.sqlite", timeout=5).status_code == 404
 
@@ -131,7 +134,7 @@ def test_head_then_get_on_one_connection(pager):
     with requests.Session() as s:
         h = s.head(f"{url}/runbooks/xid.md", timeout=5)
         assert h.status_code == 200 and h.text == ""
-        assert s.get(f"{url}/runbooks/xid.md", timeout=5).text == "# Xid\n"
+        assert s.get(f"{url}/runbooks/xid.md?format=markdown", timeout=5).text == "# Xid\n"
 
 
 def _resolved(payload: dict) -> dict:
@@ -225,8 +228,11 @@ def test_runbook_links_only_under_the_configured_base(pager):
         p["alerts"][0]["fingerprint"] = f"fp{i}"
         p["alerts"][0]["annotations"]["runbook_url"] = link
         assert requests.post(f"{url}/hook/page", json=p, headers=AUTH, timeout=5).status_code == 200
-    html = requests.get(f"{url}/", timeout=5).text
-    assert html.count("<a href=") == 0 and html.count("not under the runbook base") == len(hostile)
+    html = requests.get(f"{url}/notifications", timeout=5).text
+    assert html.count("<a href=") == 1 and html.count("not under the runbook base") == len(hostile)  # 1: back link
+    html = requests.get(f"{url}/", timeout=5).text  # the console: one incident, its first alert's URL as text
+    assert "not under the runbook base" in html
+    assert not any(f'href="{h}' in html for h in hostile)
 
 
 def test_database_is_owner_only(tmp_path):

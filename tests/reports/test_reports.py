@@ -55,7 +55,7 @@ class DrillData:
         while t <= end:
             pts.append((t, 40.0 + i))
             t, i = t + step, i + 1
-        return ok(matrix([({"Hostname": HOSTILE_HOST, "gpu": "1", "rank": "3", "xid": "48"}, pts)]))
+        return ok(matrix([({"node": HOSTILE_HOST, "Hostname": "localhost", "gpu": "1", "rank": "3", "xid": "48"}, pts)]))
 
 
 def stack_doc(run, prometheus):
@@ -140,7 +140,7 @@ def test_drill_report_self_contained_scoped_and_escaped(tmp_path):
     assert len(queries) == 4
     for p in queries:
         q = p["query"][0]
-        assert 'Hostname="gpu-\\"n0\\"<script>alert(1)</script>"' in q, q
+        assert 'node="gpu-\\"n0\\"<script>alert(1)</script>"' in q, q
         assert float(p["start"][0]) == pytest.approx(T0 - BEFORE_S)
         assert float(p["end"][0]) == pytest.approx(T0 + 230.0)
     assert sum('gpu="1"' in p["query"][0] for p in queries) == 3
@@ -149,7 +149,7 @@ def test_drill_report_self_contained_scoped_and_escaped(tmp_path):
 
 def test_drill_report_fail_false_alerts_and_rejected_query(tmp_path):
     res = drill_result(drill="xid", faults=[{"kind": "xid", "gpu": 0, "code": 48}], ok=False,
-                       unexpected=["GpuXidWarning{Hostname=<img src=x onerror=alert(1)>}"],
+                       unexpected=["GpuXidWarning{node=<img src=x onerror=alert(1)>}"],
                        problems=["GpuXidCritical did not resolve after the fault was cleared"],
                        alerts=[{"alertname": "GpuXidCritical", "expected_receiver": "page", "fired_s": 12.0,
                                 "paged_s": None, "receiver": None, "resolved_s": None,

@@ -39,12 +39,14 @@ class Param:
 
 @dataclass(frozen=True)
 class FaultKind:
-    """A fault kind: whether it targets one GPU (``gpu`` required) and its parameters."""
+    """A fault kind: whether it targets one GPU (``gpu`` required), its parameters, and the node roles
+    it acts on (:data:`gpuobs.exporter.sim.node.ROLES`; elsewhere it would be accepted and do nothing)."""
 
     name: str
     per_gpu: bool
     params: dict[str, Param] = field(default_factory=dict)
     help: str = ""
+    roles: tuple[str, ...] = ("serving", "training")
 
 
 #: Driver version format accepted by the ``driver`` fault (NVIDIA Linux driver: 535.104.05, 580.95.05).
@@ -99,14 +101,17 @@ KINDS: dict[str, FaultKind] = {
         FaultKind(
             "kv-pressure", False,
             {"factor": Param(float, False, 2.5, 1.0, 100.0, "multiplier of KV-cache demand per request")},
-            "long-context surge on the node's engine: KV usage near 1, preemptions, queueing",
+            "long-context surge on the node's engine: KV usage near 1, preemptions, queueing (serving nodes)",
+            roles=("serving",),
         ),
         FaultKind("collective-hang", False, {},
-                  "training collective hangs: steps stop, GPU_UTIL stays ~100 while SM_ACTIVE and power collapse"),
+                  "training collective hangs: steps stop, GPU_UTIL stays ~100 while SM_ACTIVE and power collapse "
+                  "(training nodes)", roles=("training",)),
         FaultKind(
             "straggler", True,
             {"slowdown": Param(float, False, 1.6, 1.05, 20.0, "compute-time multiplier of this GPU's rank")},
-            "one training rank is slow; every other rank waits for it in collectives",
+            "one training rank is slow; every other rank waits for it in collectives (training nodes)",
+            roles=("training",),
         ),
         FaultKind(
             "driver", False,
@@ -166,10 +171,12 @@ def _number(name: str, value: Any, spec: Param) -> float | int:
     return value
 
 
-def validate(body: Any, gpu_count: int) -> FaultRequest:
-    """Validate a decoded JSON fault request against :data:`KINDS` for a node with ``gpu_count`` GPUs.
+def validate(body: Any, gpu_count: int, role: str | None = None) -> FaultRequest:
+    """Validate a decoded JSON fault request against :data:`KINDS` for a node with ``gpu_count`` GPUs
+    and the given ``role`` (serving|training; None skips the role check).
 
-    Raises FaultError for: body not an object, missing/unknown ``kind``, missing or out-of-range
+    Raises FaultError for: body not an object, missing/unknown ``kind``, a kind that does nothing on
+    the node's role (``straggler`` on a serving node, ``kv-pressure`` on a training node), missing or out-of-range
     ``gpu`` for per-GPU kinds, ``gpu`` given for node-wide kinds, unknown fields, and parameters of
     the wrong type or out of bounds.
     """
@@ -179,6 +186,9 @@ def validate(body: Any, gpu_count: int) -> FaultRequest:
     if not isinstance(kind_name, str) or kind_name not in KINDS:
         raise FaultError("kind", f"field 'kind' must be one of {', '.join(sorted(KINDS))}; got {kind_name!r}")
     kind = KINDS[kind_name]
+    if role is not None and role not in kind.roles:
+        raise FaultError("kind", f"kind '{kind_name}' does nothing on a {role} node (it acts on "
+                                 f"{' or '.join(kind.roles)} nodes only); this node's role is {role}")
     allowed = {"kind", "gpu", *kind.params}
     for key in body:
         if key not in allowed:

@@ -173,9 +173,10 @@ class Node:
 
     # ---- faults -------------------------------------------------------------------------
     def inject(self, req: FaultRequest) -> Fault:
-        """Apply a validated fault request and return the active Fault (with its new id)."""
+        """Apply a validated fault request and return the active Fault (with its new id, unique in the
+        fleet: ``n<node index>-f<n>``, so ids from different nodes never collide in logs and drills)."""
         with self.lock:
-            f = Fault(f"f-{next(self._ids)}", req, self.now)
+            f = Fault(f"n{self.cfg.index}-f{next(self._ids)}", req, self.now)
             self.faults[f.id] = f
             self._fire(f)
             self._recompute_effects()

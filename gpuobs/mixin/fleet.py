@@ -1,0 +1,158 @@
+"""The fleet config ``gpuobs rules render --fleet FILE`` generates the mixin from (``prometheus/fleet.yaml``).
+
+A monitoring mixin's ``_config``: the few facts about a fleet that rules, the Alertmanager config's
+grouping and inhibitions, and the dashboards depend on (design §4.6, §6):
+
+* ``identity_label``: the node-identity label the scrape config guarantees on every DCGM, vLLM and
+  gpuobs series (default ``node``; see README "Pointing it at a real fleet" for the relabelling).
+  dcgm-exporter's own ``Hostname`` is NOT usable: it may be the node name, the exporter pod name,
+  ``localhost``, lowercase ``hostname`` or absent (design §4.1).
+* ``selectors.dcgm`` / ``selectors.vllm``: PromQL label matchers that select the DCGM exporter's and
+  the serving engines' targets (``job`` is the Service name under kube-prometheus ServiceMonitors,
+  e.g. ``nvidia-dcgm-exporter``).
+* ``paths``: per family, which signal paths the rules use: ``both`` (default: the enhanced signal
+  when its series exist, else the stock one), ``stock`` or ``enhanced``.
+* ``xid_kernel_log``: also page Xids from gpuobs logwatch's kernel-log counters inside
+  GpuXidCritical/GpuXidWarning (off by default: the kernel-log rule file pages on them itself).
+* ``gpu.slowdown_temp_c``: the temperature at which the GPU's thermal slowdown starts (H100 SXM: 87 C,
+  the simulator's ``GpuModel.slowdown_temp_c``), used by the stock throttling path.
+* ``runbook_base``: where runbook links point (the stack rewrites it at render time).
+
+Errors: :class:`FleetConfigError` (an input error, exit 2) naming the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gpuobs.core.errors import InputError
+
+#: Families whose rules have a stock and an enhanced path (gpuobs.mixin.families).
+PATH_FAMILIES = ("xid", "gpu-missing", "ecc", "throttling", "collective-hang", "memory")
+PATH_CHOICES = ("both", "stock", "enhanced")
+
+DEFAULT_DCGM_SELECTOR = 'job=~"dcgm|.*dcgm-exporter.*"'
+DEFAULT_VLLM_SELECTOR = 'job=~"vllm|.*vllm.*"'
+
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_MATCHER = re.compile(r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*')
+
+
+class FleetConfigError(InputError):
+    """The fleet config is malformed; the message names the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Parsed fleet config (see the module docstring). ``paths`` maps every PATH_FAMILIES name."""
+
+    identity_label: str = "node"
+    dcgm_selector: str = DEFAULT_DCGM_SELECTOR
+    vllm_selector: str = DEFAULT_VLLM_SELECTOR
+    paths: dict = field(default_factory=lambda: {f: "both" for f in PATH_FAMILIES})
+    xid_kernel_log: bool = False
+    slowdown_temp_c: float = 87.0
+    runbook_base: str = "http://127.0.0.1:9097"
+
+    def stock(self, family: str) -> bool:
+        return self.paths[family] in ("both", "stock")
+
+    def enhanced(self, family: str) -> bool:
+        return self.paths[family] in ("both", "enhanced")
+
+
+def _selector(value: object, name: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise FleetConfigError(f"selectors.{name}: expected PromQL label matchers like 'job=~\"dcgm|.*dcgm-exporter.*\"'; "
+                               f"got {value!r}")
+    parts = _split_matchers(value)
+    for part in parts:
+        if not _MATCHER.fullmatch(part):
+            raise FleetConfigError(f"selectors.{name}: {part.strip()!r} is not a label matcher "
+                                   '(name, one of = != =~ !~, and a double-quoted value)')
+    return ", ".join(p.strip() for p in parts)
+
+
+def _split_matchers(text: str) -> list[str]:
+    """Split ``a="x", b=~"y,z"`` on the commas outside quotes."""
+    parts, cur, quoted, esc = [], "", False, False
+    for ch in text:
+        if esc:
+            cur, esc = cur + ch, False
+            continue
+        if ch == "\\":
+            cur, esc = cur + ch, True
+            continue
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            parts.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    parts.append(cur)
+    return [p for p in parts if p.strip()]
+
+
+def parse_fleet(doc: object, source: str = "fleet config") -> FleetConfig:
+    """A FleetConfig from a parsed YAML document. Raises FleetConfigError naming the bad field."""
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise FleetConfigError(f"{source}: expected a mapping with identity_label, selectors, paths, gpu")
+    known = {"identity_label", "selectors", "paths", "xid_kernel_log", "gpu", "runbook_base"}
+    unknown = set(doc) - known
+    if unknown:
+        raise FleetConfigError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(known))}")
+    ident = doc.get("identity_label", "node")
+    if not isinstance(ident, str) or not _LABEL.fullmatch(ident) or ident.startswith("__"):
+        raise FleetConfigError(f"identity_label: expected a Prometheus label name like node; got {ident!r}")
+    if ident in ("Hostname", "hostname"):
+        raise FleetConfigError(f"identity_label: {ident!r} is dcgm-exporter's own host label, which may be a pod name, "
+                               "'localhost' or absent; use a label the scrape config sets (e.g. node)")
+    sel = doc.get("selectors") or {}
+    if not isinstance(sel, dict) or set(sel) - {"dcgm", "vllm"}:
+        raise FleetConfigError("selectors: expected a mapping with keys dcgm and/or vllm")
+    paths = {f: "both" for f in PATH_FAMILIES}
+    given = doc.get("paths") or {}
+    if not isinstance(given, dict):
+        raise FleetConfigError(f"paths: expected a mapping of family -> {'|'.join(PATH_CHOICES)}")
+    for fam, choice in given.items():
+        if fam not in PATH_FAMILIES:
+            raise FleetConfigError(f"paths.{fam}: unknown family; allowed: {', '.join(PATH_FAMILIES)}")
+        if choice not in PATH_CHOICES:
+            raise FleetConfigError(f"paths.{fam}: expected one of {', '.join(PATH_CHOICES)}; got {choice!r}")
+        paths[fam] = choice
+    kl = doc.get("xid_kernel_log", False)
+    if not isinstance(kl, bool):
+        raise FleetConfigError(f"xid_kernel_log: expected true or false; got {kl!r}")
+    gpu = doc.get("gpu") or {}
+    if not isinstance(gpu, dict) or set(gpu) - {"slowdown_temp_c"}:
+        raise FleetConfigError("gpu: expected a mapping with key slowdown_temp_c")
+    temp = gpu.get("slowdown_temp_c", 87)
+    if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not 40 <= temp <= 120:
+        raise FleetConfigError(f"gpu.slowdown_temp_c: expected degrees C between 40 and 120; got {temp!r}")
+    base = doc.get("runbook_base", "http://127.0.0.1:9097")
+    if not isinstance(base, str) or not re.match(r"https?://", base):
+        raise FleetConfigError(f"runbook_base: expected an http(s) URL; got {base!r}")
+    return FleetConfig(identity_label=ident,
+                       dcgm_selector=_selector(sel.get("dcgm", DEFAULT_DCGM_SELECTOR), "dcgm"),
+                       vllm_selector=_selector(sel.get("vllm", DEFAULT_VLLM_SELECTOR), "vllm"),
+                       paths=paths, xid_kernel_log=kl, slowdown_temp_c=float(temp), runbook_base=base.rstrip("/"))
+
+
+def load_fleet(path: Path) -> FleetConfig:
+    """Read and parse a fleet config file. Raises FleetConfigError (unreadable file, bad YAML, bad field)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise FleetConfigError(f"--fleet {path}: {exc.strerror}") from exc
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise FleetConfigError(f"--fleet {path}: not valid YAML ({exc})") from exc
+    return parse_fleet(doc, str(path))

@@ -1,0 +1,285 @@
+"""Incidents: what is open now, built from the stored notifications.
+
+One incident per Alertmanager aggregation group and channel: the key is ``(channel, groupKey)``
+(Alertmanager's group key names the route and the group labels, alertmanager v0.25.0
+``dispatch/dispatch.go`` ``aggrGroup.GroupKey``), and its alerts are tracked by their
+``fingerprint`` (the hash of the alert's label set, ``model.LabelSet.Fingerprint``). Every webhook
+notification of a group carries all of the group's alerts, firing and resolved, so each
+notification sets the state of the alerts it names:
+
+* ``open``: at least one alert firing and nobody acknowledged it;
+* ``acknowledged``: at least one alert firing, acknowledged (by whom and when are on the timeline);
+* ``resolved``: every known alert of the group resolved (a resolved notification resolves).
+
+A firing notification for a resolved incident re-opens it (the acknowledgement is cleared: it was for
+the earlier firing). Every change is one row of the incident's timeline (``kind``: ``opened``,
+``notified``, ``acknowledged``, ``resolved``, ``reopened``, ``silenced``, ``silence_expired``,
+``escalated``; escalation policy: :mod:`gpuobs.pager.escalation`).
+
+The functions here take an open sqlite3 connection inside the caller's transaction
+(:class:`gpuobs.pager.store.PageStore` holds the lock and commits).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+STATES = ("open", "acknowledged", "resolved")
+#: Severity labels in the order the console lists them (alert rules use critical/warning/info).
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS incidents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel TEXT NOT NULL,
+    group_key TEXT NOT NULL,
+    state TEXT NOT NULL,
+    opened_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    acknowledged_at REAL,
+    acknowledged_by TEXT,
+    resolved_at REAL,
+    group_labels TEXT NOT NULL,
+    common_labels TEXT NOT NULL,
+    open_since REAL,
+    escalated_at REAL,
+    UNIQUE (channel, group_key)
+);
+CREATE TABLE IF NOT EXISTS incident_alerts (
+    incident_id INTEGER NOT NULL REFERENCES incidents(id),
+    fingerprint TEXT NOT NULL,
+    status TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    annotations TEXT NOT NULL,
+    starts_at TEXT NOT NULL,
+    ends_at TEXT NOT NULL,
+    PRIMARY KEY (incident_id, fingerprint)
+);
+CREATE TABLE IF NOT EXISTS incident_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    incident_id INTEGER NOT NULL REFERENCES incidents(id),
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS incident_events_by_incident ON incident_events(incident_id);
+CREATE TABLE IF NOT EXISTS incident_silences (
+    incident_id INTEGER NOT NULL REFERENCES incidents(id),
+    silence_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    ends_at TEXT NOT NULL,
+    created_by TEXT NOT NULL,
+    comment TEXT NOT NULL,
+    matchers TEXT NOT NULL,
+    expired_at REAL,
+    PRIMARY KEY (incident_id, silence_id)
+);
+"""
+
+
+class IncidentNotFound(LookupError):
+    """No incident with that id."""
+
+
+def event(db: sqlite3.Connection, incident_id: int, at: float, kind: str, **detail: Any) -> None:
+    """Append one timeline row."""
+    db.execute("INSERT INTO incident_events(incident_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+               (incident_id, at, kind, json.dumps(detail, sort_keys=True)))
+
+
+def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: dict, at: float) -> int:
+    """Fold one stored, validated notification into its incident; returns the incident id."""
+    gk = payload["groupKey"]
+    row = db.execute("SELECT id, state FROM incidents WHERE channel = ? AND group_key = ?", (channel, gk)).fetchone()
+    group_labels = json.dumps(payload["groupLabels"], sort_keys=True)
+    common_labels = json.dumps(payload["commonLabels"], sort_keys=True)
+    if row is None:
+        iid = db.execute(
+            "INSERT INTO incidents(channel, group_key, state, opened_at, updated_at, group_labels, common_labels,"
+            " open_since) VALUES (?, ?, 'open', ?, ?, ?, ?, ?)",
+            (channel, gk, at, at, group_labels, common_labels, at)).lastrowid
+        prev = None
+    else:
+        iid, prev = int(row[0]), row[1]
+        db.execute("UPDATE incidents SET updated_at = ?, group_labels = ?, common_labels = ? WHERE id = ?",
+                   (at, group_labels, common_labels, iid))
+    for a in payload["alerts"]:
+        db.execute(
+            "INSERT INTO incident_alerts VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(incident_id, fingerprint) DO UPDATE"
+            " SET status = excluded.status, labels = excluded.labels, annotations = excluded.annotations,"
+            " starts_at = excluded.starts_at, ends_at = excluded.ends_at",
+            (iid, a["fingerprint"], a["status"], json.dumps(a["labels"], sort_keys=True),
+             json.dumps(a["annotations"], sort_keys=True), a["startsAt"], a["endsAt"]))
+    firing = db.execute("SELECT COUNT(*) FROM incident_alerts WHERE incident_id = ? AND status = 'firing'",
+                        (iid,)).fetchone()[0]
+    names = sorted({a["labels"]["alertname"] for a in payload["alerts"]})
+    event(db, iid, at, "notified", notification=notification_id, status=payload["status"], alerts=names,
+          firing=firing, receiver=payload["receiver"])
+    if prev is None:
+        if firing:
+            event(db, iid, at, "opened")
+        else:  # first heard of it resolved (the pager was down while it fired)
+            db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ? WHERE id = ?", (at, iid))
+            event(db, iid, at, "resolved")
+    elif firing and prev == "resolved":
+        db.execute("UPDATE incidents SET state = 'open', resolved_at = NULL, acknowledged_at = NULL,"
+                   " acknowledged_by = NULL, open_since = ?, escalated_at = NULL WHERE id = ?", (at, iid))
+        event(db, iid, at, "reopened")
+    elif not firing and prev != "resolved":
+        db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ? WHERE id = ?", (at, iid))
+        event(db, iid, at, "resolved")
+    return iid
+
+
+def acknowledge(db: sqlite3.Connection, incident_id: int, by: str, at: float) -> tuple[str, bool]:
+    """Acknowledge an open incident; returns ``(state after, changed)``. Acknowledging an acknowledged
+    or resolved incident changes nothing (``changed`` False). Raises IncidentNotFound."""
+    row = db.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+    if row is None:
+        raise IncidentNotFound(incident_id)
+    if row[0] != "open":
+        return row[0], False
+    db.execute("UPDATE incidents SET state = 'acknowledged', acknowledged_at = ?, acknowledged_by = ?,"
+               " updated_at = ? WHERE id = ?", (at, by, at, incident_id))
+    event(db, incident_id, at, "acknowledged", by=by)
+    return "acknowledged", True
+
+
+def _identity(alerts: list[dict], common: dict[str, str]) -> dict[str, Any]:
+    """Node, GPUs, Xid codes, severity, alert names and descriptions of an incident's alerts.
+
+    Node: the ``node`` label (Kubernetes node of the scrape, kube-prometheus ServiceMonitor
+    relabelling) or else ``Hostname`` (stock dcgm-exporter's host label).
+    """
+    firing = [a for a in alerts if a["status"] == "firing"] or alerts
+
+    def values(*keys: str) -> list[str]:
+        out: list[str] = []
+        for a in firing:
+            for k in keys:
+                v = a["labels"].get(k)
+                if v:
+                    if v not in out:
+                        out.append(v)
+                    break
+        return out
+
+    sev = values("severity") or [common.get("severity", "")]
+    severity = min(sev, key=lambda s: SEVERITY_ORDER.get(s, 9)) if sev else ""
+    descs = [a["annotations"].get("description") or a["annotations"].get("summary", "") for a in firing]
+    return {
+        "severity": severity, "alertnames": values("alertname"), "nodes": values("node", "Hostname"),
+        "gpus": values("gpu"), "xids": values("xid"),
+        "descriptions": [d for i, d in enumerate(descs) if d and d not in descs[:i]],
+        "summary": next((a["annotations"].get("summary", "") for a in firing if a["annotations"].get("summary")), ""),
+        "runbook_url": next((a["annotations"]["runbook_url"] for a in firing
+                             if a["annotations"].get("runbook_url")), ""),
+    }
+
+
+_COLS = ("id, channel, group_key, state, opened_at, updated_at, acknowledged_at, acknowledged_by, resolved_at,"
+         " group_labels, common_labels, escalated_at")
+
+
+def escalate_due(db: sqlite3.Connection, now: float, after_s: float, channels: tuple[str, ...]) -> list[int]:
+    """Ids of open, unacknowledged incidents on ``channels`` open since ``now - after_s`` or earlier and
+    not yet escalated in this opening; marks them escalated (``escalated_at = now``)."""
+    marks = ",".join("?" * len(channels))
+    ids = [r[0] for r in db.execute(
+        f"SELECT id FROM incidents WHERE state = 'open' AND escalated_at IS NULL AND channel IN ({marks})"
+        " AND open_since IS NOT NULL AND open_since <= ? ORDER BY id", (*channels, now - after_s))]
+    for iid in ids:
+        db.execute("UPDATE incidents SET escalated_at = ? WHERE id = ?", (now, iid))
+    return ids
+
+
+def _row(db: sqlite3.Connection, r: tuple) -> dict[str, Any]:
+    (iid, channel, gk, state, opened, updated, ack_at, ack_by, res_at, gl, cl, esc_at) = r
+    alerts = [{"fingerprint": fp, "status": st, "labels": json.loads(lab), "annotations": json.loads(ann),
+               "startsAt": sa, "endsAt": ea}
+              for fp, st, lab, ann, sa, ea in db.execute(
+                  "SELECT fingerprint, status, labels, annotations, starts_at, ends_at FROM incident_alerts"
+                  " WHERE incident_id = ? ORDER BY status, fingerprint", (iid,))]
+    common = json.loads(cl)
+    return {"id": iid, "channel": channel, "groupKey": gk, "state": state, "opened_at": opened,
+            "updated_at": updated, "acknowledged_at": ack_at, "acknowledged_by": ack_by, "resolved_at": res_at,
+            "escalated_at": esc_at,
+            "groupLabels": json.loads(gl), "commonLabels": common,
+            "firing": sum(a["status"] == "firing" for a in alerts), **_identity(alerts, common), "alerts": alerts}
+
+
+def list_incidents(db: sqlite3.Connection, state: str | None = None, channel: str | None = None,
+                   limit: int = 200) -> list[dict[str, Any]]:
+    """Incidents, unresolved first, then by severity and newest update."""
+    cond, args = [], []
+    if state:
+        cond.append("state = ?")
+        args.append(state)
+    if channel:
+        cond.append("channel = ?")
+        args.append(channel)
+    q = f"SELECT {_COLS} FROM incidents" + (" WHERE " + " AND ".join(cond) if cond else "")
+    q += " ORDER BY state = 'resolved', updated_at DESC LIMIT ?"
+    rows = [_row(db, r) for r in db.execute(q, (*args, limit)).fetchall()]
+    rows.sort(key=lambda i: (STATES.index(i["state"]),
+                             SEVERITY_ORDER.get(i["severity"], 9) if i["state"] != "resolved" else 0,
+                             -i["updated_at"]))
+    return rows
+
+
+def get(db: sqlite3.Connection, incident_id: int) -> dict[str, Any]:
+    """One incident with its alerts, timeline (oldest first) and silences. Raises IncidentNotFound."""
+    r = db.execute(f"SELECT {_COLS} FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+    if r is None:
+        raise IncidentNotFound(incident_id)
+    inc = _row(db, r)
+    inc["timeline"] = [{"at": at, "kind": kind, **json.loads(detail)} for at, kind, detail in db.execute(
+        "SELECT at, kind, detail FROM incident_events WHERE incident_id = ? ORDER BY id", (incident_id,))]
+    inc["silences"] = [
+        {"id": sid, "created_at": ca, "endsAt": ea, "createdBy": by, "comment": c, "matchers": json.loads(m),
+         "expired_at": xa}
+        for sid, ca, ea, by, c, m, xa in db.execute(
+            "SELECT silence_id, created_at, ends_at, created_by, comment, matchers, expired_at FROM incident_silences"
+            " WHERE incident_id = ? ORDER BY created_at", (incident_id,))]
+    return inc
+
+
+def counts(db: sqlite3.Connection) -> dict[str, dict[str, int]]:
+    """``{channel: {state: n}}`` for every channel and state (zeros included)."""
+    out = {ch: {s: 0 for s in STATES} for ch in ("page", "ticket")}
+    for ch, st, n in db.execute("SELECT channel, state, COUNT(*) FROM incidents GROUP BY channel, state"):
+        out.setdefault(ch, {s: 0 for s in STATES})[st] = n
+    return out
+
+
+def record_silence(db: sqlite3.Connection, incident_id: int, silence_id: str, at: float, ends_at: str, by: str,
+                   comment: str, matchers: list[dict]) -> None:
+    """Remember a silence created for the incident and put it on the timeline."""
+    db.execute("INSERT OR REPLACE INTO incident_silences VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+               (incident_id, silence_id, at, ends_at, by, comment, json.dumps(matchers)))
+    event(db, incident_id, at, "silenced", silence=silence_id, by=by, comment=comment, endsAt=ends_at)
+
+
+def record_silence_expired(db: sqlite3.Connection, incident_id: int, silence_id: str, at: float, by: str) -> bool:
+    """Mark the incident's silence expired (timeline row); False when the incident has no such silence."""
+    cur = db.execute("UPDATE incident_silences SET expired_at = ? WHERE incident_id = ? AND silence_id = ?",
+                     (at, incident_id, silence_id))
+    if cur.rowcount == 0:
+        return False
+    event(db, incident_id, at, "silence_expired", silence=silence_id, by=by)
+    return True
+
+
+def backfill(db: sqlite3.Connection) -> int:
+    """Build incidents from notifications stored before incidents existed (a database from an older
+    pager); returns how many notifications were folded in. Runs only while no incident exists."""
+    if db.execute("SELECT COUNT(*) FROM incidents").fetchone()[0]:
+        return 0
+    n = 0
+    for nid, ts, channel, payload in db.execute(
+            "SELECT id, received_at, channel, payload FROM notifications ORDER BY id").fetchall():
+        apply(db, nid, channel, json.loads(payload), ts)
+        n += 1
+    return n

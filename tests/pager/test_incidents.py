@@ -1,0 +1,179 @@
+"""The incident console: incidents from group key + fingerprints, states, ack, timeline, JSON API, CLI."""
+
+from __future__ import annotations
+
+import copy
+import sqlite3
+
+import requests
+
+from gpuobs.cli import run as cli_run
+from gpuobs.pager.store import PageStore
+from gpuobs.stack.ports import free_port_range
+from tests.pager.test_pager import AUTH, PAYLOAD, pager  # noqa: F401 (the pager server fixture)
+
+XID = copy.deepcopy(PAYLOAD)
+XID["alerts"][0]["annotations"]["description"] = "GPU 3 (PCI 00000000:18:00.0) on gpu-node-01 reported Xid 48"
+
+
+def _payload(status: str = "firing", starts: str = "2026-11-30T05:00:00Z", **labels: str) -> dict:
+    p = copy.deepcopy(XID)
+    p["status"] = status
+    p["alerts"][0]["status"] = status
+    p["alerts"][0]["startsAt"] = starts
+    p["alerts"][0]["endsAt"] = "2026-11-30T05:10:00Z" if status == "resolved" else "0001-01-01T00:00:00Z"
+    p["alerts"][0]["labels"].update(labels)
+    return p
+
+
+def _ticket() -> dict:
+    p = copy.deepcopy(XID)
+    p["receiver"] = "ticket"
+    p["groupKey"] = '{}/{severity="warning"}:{alertname="GpuXidWarning", Hostname="gpu-node-02"}'
+    a = p["alerts"][0]
+    a["labels"] = {"alertname": "GpuXidWarning", "severity": "warning", "Hostname": "gpu-node-02", "gpu": "1", "xid": "13"}
+    a["annotations"] = {"summary": "warning Xid", "description": "GPU 1 on gpu-node-02 reported Xid 13"}
+    a["fingerprint"] = "t1"
+    return p
+
+
+def test_firing_opens_one_incident_with_identity_and_description_up_front(pager):
+    url, store, _ = pager
+    assert requests.post(f"{url}/hook/page", json=XID, headers=AUTH, timeout=5).status_code == 200
+    assert requests.post(f"{url}/hook/page", json=XID, headers=AUTH, timeout=5).json()["duplicate"] is True
+    doc = requests.get(f"{url}/api/incidents", timeout=5).json()
+    assert doc["open"] == 1 and doc["counts"]["page"]["open"] == 1
+    (inc,) = doc["incidents"]
+    assert (inc["state"], inc["severity"], inc["nodes"], inc["gpus"], inc["xids"]) == (
+        "open", "critical", ["gpu-node-01"], ["3"], ["48"])
+    assert inc["descriptions"] == ["GPU 3 (PCI 00000000:18:00.0) on gpu-node-01 reported Xid 48"]
+    html = requests.get(f"{url}/", timeout=5).text
+    assert '<span id="open-pages">1</span> open page' in html
+    assert "reported Xid 48" in html and '<td class="xid">48</td>' in html and '<td class="node">gpu-node-01</td>' in html
+    assert 'action="/incidents/1/ack"' in html and "refresh" not in html
+    one = requests.get(f"{url}/api/incidents/{inc['id']}", timeout=5).json()
+    assert [e["kind"] for e in one["timeline"]] == ["notified", "opened"]  # the duplicate added nothing
+    assert requests.get(f"{url}/api/incidents/999", timeout=5).status_code == 404
+    assert requests.get(f"{url}/api/incidents?state=firing", timeout=5).json()["field"] == "state"
+
+
+def test_node_label_wins_over_hostname():
+    from gpuobs.pager.incidents import _identity
+    alerts = [{"status": "firing", "labels": {"node": "k8s-node-7", "Hostname": "dcgm-pod-x", "gpu": "0"},
+               "annotations": {}}]
+    assert _identity(alerts, {})["nodes"] == ["k8s-node-7"]
+
+
+def test_ack_resolve_refire_lifecycle_and_timeline(pager):
+    url, _, _ = pager
+    requests.post(f"{url}/hook/page", json=_payload(), headers=AUTH, timeout=5)
+    r = requests.post(f"{url}/api/incidents/1/ack", json={"by": "alice"}, timeout=5).json()
+    assert (r["state"], r["changed"]) == ("acknowledged", True)
+    assert requests.post(f"{url}/api/incidents/1/ack", timeout=5).json()["changed"] is False
+    assert "Acknowledge</button>" not in requests.get(f"{url}/", timeout=5).text
+    requests.post(f"{url}/hook/page", json=_payload("resolved"), headers=AUTH, timeout=5)
+    inc = requests.get(f"{url}/api/incidents/1", timeout=5).json()
+    assert inc["state"] == "resolved" and inc["resolved_at"] and inc["acknowledged_by"] == "alice"
+    assert requests.get(f"{url}/api/incidents?state=open", timeout=5).json()["incidents"] == []
+    # The same alert fires again (new startsAt): the incident re-opens, the old ack no longer holds.
+    requests.post(f"{url}/hook/page", json=_payload(starts="2026-11-30T06:00:00Z"), headers=AUTH, timeout=5)
+    inc = requests.get(f"{url}/api/incidents/1", timeout=5).json()
+    assert (inc["state"], inc["acknowledged_by"], inc["resolved_at"]) == ("open", None, None)
+    kinds = [e["kind"] for e in inc["timeline"]]
+    assert kinds == ["notified", "opened", "acknowledged", "notified", "resolved", "notified", "reopened"]
+    assert inc["timeline"][2]["by"] == "alice"
+    assert len(requests.get(f"{url}/api/incidents", timeout=5).json()["incidents"]) == 1
+
+
+def test_group_stays_open_while_any_alert_fires_and_pages_and_tickets_are_apart(pager):
+    url, _, _ = pager
+    two = _payload()
+    second = copy.deepcopy(two["alerts"][0])
+    second["fingerprint"], second["labels"]["gpu"] = "def456", "5"
+    two["alerts"].append(second)
+    requests.post(f"{url}/hook/page", json=two, headers=AUTH, timeout=5)
+    half = copy.deepcopy(two)
+    half["alerts"][0].update(status="resolved", endsAt="2026-11-30T05:10:00Z")
+    requests.post(f"{url}/hook/page", json=half, headers=AUTH, timeout=5)
+    requests.post(f"{url}/hook/ticket", json=_ticket(), headers=AUTH, timeout=5)
+    doc = requests.get(f"{url}/api/incidents", timeout=5).json()
+    page = next(i for i in doc["incidents"] if i["channel"] == "page")
+    assert page["state"] == "open" and page["firing"] == 1 and page["gpus"] == ["5"]
+    assert doc["counts"]["ticket"]["open"] == 1 and doc["open"] == 2
+    html = requests.get(f"{url}/", timeout=5).text
+    pages, tickets = html.split('<section id="tickets">')
+    assert "GpuXidCritical" in pages and "GpuXidWarning" not in pages
+    assert "GpuXidWarning" in tickets and "Xid 13" in tickets
+    assert requests.get(f"{url}/api/incidents?channel=ticket", timeout=5).json()["incidents"][0]["xids"] == ["13"]
+
+
+def test_console_ack_form_redirects_and_foreign_origin_is_refused(pager):
+    url, _, _ = pager
+    requests.post(f"{url}/hook/page", json=XID, headers=AUTH, timeout=5)
+    r = requests.post(f"{url}/incidents/1/ack", data={"ack": "1"}, headers={"Origin": "https://evil.example"},
+                      allow_redirects=False, timeout=5)
+    assert r.status_code == 403
+    assert requests.get(f"{url}/api/incidents/1", timeout=5).json()["state"] == "open"
+    r = requests.post(f"{url}/incidents/1/ack", data={"ack": "1"}, headers={"Origin": url}, allow_redirects=False,
+                      timeout=5)
+    assert r.status_code == 303 and r.headers["Location"].startswith("/incidents/1")
+    page = requests.get(f"{url}{r.headers['Location']}", timeout=5).text
+    assert "acknowledged by console" in page and '<td class="kind">acknowledged</td>' in page
+    assert "Silences need the pager started with --alertmanager-url" in page
+
+
+def test_silences_without_alertmanager_answer_503_and_unreachable_502(pager, tmp_path):
+    url, store, _ = pager
+    requests.post(f"{url}/hook/page", json=XID, headers=AUTH, timeout=5)
+    body = {"duration": "2h", "comment": "known bad GPU", "author": "bob"}
+    assert requests.post(f"{url}/api/incidents/1/silence", json=body, timeout=5).status_code == 503
+    from gpuobs.pager.server import PagerServer  # a pager pointed at a closed port
+    import threading
+    dead = free_port_range(1)
+    srv = PagerServer(("127.0.0.1", 0), store, None, alertmanager_url=f"http://127.0.0.1:{dead}")
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        u2 = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert requests.post(f"{u2}/api/incidents/1/silence", json={**body, "duration": "2 fortnights"},
+                             timeout=5).json()["field"] == "duration"
+        r = requests.post(f"{u2}/api/incidents/1/silence", json=body, timeout=10)
+        assert r.status_code == 502 and "Alertmanager" in r.json()["error"]
+        assert store.incident(1)["silences"] == []
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_older_database_is_backfilled_into_incidents(tmp_path):
+    db = tmp_path / "old.sqlite"
+    store = PageStore(db)
+    store.add("page", _payload())
+    store.add("page", _payload("resolved"))
+    store.close()
+    con = sqlite3.connect(db)  # as an older pager left it: notifications, no incidents
+    con.executescript("DELETE FROM incident_events; DELETE FROM incident_alerts; DELETE FROM incidents;")
+    con.commit()
+    con.close()
+    store = PageStore(db)
+    (inc,) = store.incidents()
+    assert inc["state"] == "resolved" and [e["kind"] for e in store.incident(inc["id"])["timeline"]] == [
+        "notified", "opened", "notified", "resolved"]
+    store.close()
+
+
+def test_cli_list_show_ack(pager, capsys):
+    url, _, _ = pager
+    requests.post(f"{url}/hook/page", json=XID, headers=AUTH, timeout=5)
+    assert cli_run(["incident", "list", "--pager-url", url]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("1 open (1 pages, 0 tickets)") and "node=gpu-node-01 gpu=3 xid=48" in out
+    assert cli_run(["incident", "ack", "1", "--pager-url", url, "--author", "carol"]) == 0
+    assert "incident #1: acknowledged" in capsys.readouterr().out
+    assert cli_run(["incident", "show", "1", "--pager-url", url]) == 0
+    out = capsys.readouterr().out
+    assert "by carol" in out and "acknowledged" in out and "reported Xid 48" in out
+    assert cli_run(["incident", "ack", "42", "--pager-url", url]) == 2
+    assert "no incident 42" in capsys.readouterr().err
+    dead = free_port_range(1)
+    assert cli_run(["incident", "ack", "1", "--pager-url", f"http://127.0.0.1:{dead}"]) == 1
