@@ -85,6 +85,18 @@ class Shape:
     fleet_rps: float = 40.0
     warmup_s: float | None = None  # override the config's warm-up
     goal: str = ""
+    # topology and stage timing (0 / None: the bench's defaults, --pods, 30 s looks x 20)
+    canary_pods: int = 1
+    baseline_pods: int = 0
+    share: float = CANARY_SHARE
+    interval: float = INTERVAL_S
+    looks: int = LOOKS
+    base_err: float = BASE_ERROR
+
+    @property
+    def small(self) -> bool:
+        """A dev-stack shape (few nodes, its own timing), reported in its own table."""
+        return self.baseline_pods > 0
 
 
 SHAPES = (
@@ -106,6 +118,22 @@ SHAPES = (
     Shape("A/A, warm-up x1.4 for 60 s, warmup: 60s", aa=True, warm=1.4, warmup_s=60.0, goal="fr"),
     Shape("+10% uniform, warmup: 60s", mult=1.10, warmup_s=60.0),
     Shape("A/A, low traffic (5 req/s)", aa=True, fleet_rps=5.0),
+    # the dev stack (`make up`, `make rollout-good`): 3 nodes at the simulator's 4 req/s, stage 1 = 1
+    # canary node against 2 baseline nodes, 15 s looks, 6 min stage (Makefile ROLLOUT_FLAGS); the
+    # simulator's base error ratio 0.02%; release 1.5.0 is x0.98 TTFT (behaviour.yaml)
+    *(Shape(f"dev 1+2 nodes, A/A{n}", aa=True, het=h, fleet_rps=12.0, baseline_pods=2, share=1 / 3, interval=15.0,
+            looks=24, base_err=0.0002, err=0.0002, goal="dev" if h <= 0.02 else "")
+      for n, h in (("", 0.0), (", node spread 2%", 0.02), (", node spread 3%", 0.03))),
+    Shape("dev 1+2 nodes, good release x0.98", mult=0.98, fleet_rps=12.0, baseline_pods=2, share=1 / 3,
+          interval=15.0, looks=24, base_err=0.0002, err=0.0002, goal="devpromote"),
+    Shape("dev 1+2 nodes, +20% (rollout-bad)", mult=1.20, fleet_rps=12.0, baseline_pods=2, share=1 / 3,
+          interval=15.0, looks=24, base_err=0.0002, err=0.0002),
+    # the live rollout test (tests/live/test_rollout_live.py): 4 nodes, stage 50% = 2 canary nodes
+    # against 2 baseline nodes, 15 s looks, 3 min stage
+    Shape("live 2+2 nodes, A/A", aa=True, fleet_rps=16.0, canary_pods=2, baseline_pods=2, share=0.5,
+          interval=15.0, looks=12, base_err=0.0002, err=0.0002, goal="dev"),
+    Shape("live 2+2 nodes, good release x0.98", mult=0.98, fleet_rps=16.0, canary_pods=2, baseline_pods=2,
+          share=0.5, interval=15.0, looks=12, base_err=0.0002, err=0.0002, goal="devpromote"),
 )
 
 
@@ -126,12 +154,13 @@ def _latency(rng: np.random.Generator, n: int, s: Shape, canary: bool, t_mid: fl
 def simulate_run(rng: np.random.Generator, s: Shape, pods: int) -> tuple[list[Pod], np.ndarray, np.ndarray]:
     """One run's pods, plus exact per-interval (canary, baseline) bucket counts (K, 2, B+1) and
     (request, error) counts (K, 2, 2) for the anchors."""
-    horizon = INTERVAL_S * LOOKS
-    out, exact_b = [], np.zeros((LOOKS, 2, len(s.bounds) + 1))
-    exact_e = np.zeros((LOOKS, 2, 2))
+    horizon, looks = s.interval * s.looks, s.looks
+    pods = s.canary_pods + s.baseline_pods if s.baseline_pods else pods
+    out, exact_b = [], np.zeros((looks, 2, len(s.bounds) + 1))
+    exact_e = np.zeros((looks, 2, 2))
     for p in range(pods):
-        canary = p == 0
-        rate = s.fleet_rps * (CANARY_SHARE if canary else (1 - CANARY_SHARE) / (pods - 1))
+        canary = p < s.canary_pods
+        rate = s.fleet_rps * (s.share / s.canary_pods if canary else (1 - s.share) / (pods - s.canary_pods))
         bounds = np.asarray(s.canary_bounds if canary and s.canary_bounds else s.bounds)
         node = math.exp(rng.normal(0.0, s.het)) if s.het else 1.0
         phase = rng.uniform(0.0, SCRAPE_S)
@@ -142,11 +171,11 @@ def simulate_run(rng: np.random.Generator, s: Shape, pods: int) -> tuple[list[Po
         x_all = [_latency(rng, int(k), s, canary, (a + b) / 2, node) for k, a, b in zip(n, lo, t)]
         per = np.array([np.bincount(np.searchsorted(bounds, x, side="left"), minlength=bounds.size + 1)
                         for x in x_all], dtype=float)
-        errs = rng.binomial(n, s.err if canary else BASE_ERROR)
+        errs = rng.binomial(n, s.err if canary else s.base_err)
         reasons = np.stack([n - errs, errs], 1).astype(float)
         base = 0.0 if canary else rng.uniform(1e4, 1e5)
         buckets = np.cumsum(np.cumsum(per, 0), 1) + (0.0 if canary else base)
-        rcum = np.cumsum(reasons, 0) + (0.0 if canary else np.array([base, base * BASE_ERROR]))
+        rcum = np.cumsum(reasons, 0) + (0.0 if canary else np.array([base, base * s.base_err]))
         if canary and s.reset_at:
             after = t >= s.reset_at
             first = int(np.argmax(after))
@@ -156,8 +185,8 @@ def simulate_run(rng: np.random.Generator, s: Shape, pods: int) -> tuple[list[Po
         out.append(Pod(labels, t, buckets, rcum, tuple(float(b) for b in bounds)))
         # exact counts per look interval (by each interval's end scrape), on the baseline's layout
         side = 0 if canary else 1
-        k_of = np.minimum((t // INTERVAL_S).astype(int), LOOKS)
-        valid = (t > 0) & (k_of < LOOKS)
+        k_of = np.minimum((t // s.interval).astype(int), looks)
+        valid = (t > 0) & (k_of < looks)
         if bounds.size != len(s.bounds):
             per_b = np.zeros((per.shape[0], len(s.bounds) + 1))
             cum_c = np.cumsum(per, 1)
@@ -173,11 +202,13 @@ def simulate_run(rng: np.random.Generator, s: Shape, pods: int) -> tuple[list[Po
 
 def run_shape(args: tuple[Shape, int, int, int]) -> dict:
     """All runs of one shape: gpuobs through Analyzer, and the anchors, on the same data."""
-    s, runs, pods, seed = args
+    s, runs, pods, seed, config = args
     rng = np.random.default_rng(seed)
-    cfg = load_config().select(["ttft", "error_ratio"])
+    cfg = load_config(config).select(["ttft", "error_ratio"])
     if s.warmup_s is not None:
         cfg = cfg.with_timing(warmup_s=s.warmup_s)
+    if s.small:  # the rollout controller's analysis: horizon = stage timeout, interval = look interval
+        cfg = cfg.with_timing(horizon_s=s.interval * s.looks, interval_s=s.interval)
     session = FakeSession()
     client = PromClient("http://fake-prometheus", retries=0, session=session)
     analyzer = Analyzer(client, cfg, CANARY, BASELINE)
@@ -187,9 +218,9 @@ def run_shape(args: tuple[Shape, int, int, int]) -> dict:
     for r in range(runs):
         pods_r, exact_b, exact_e = simulate_run(rng, s, pods)
         session.pods = pods_r
-        looks = np.arange(1, LOOKS + 1) * INTERVAL_S
-        session.empty_at = frozenset(round(float(x), 3) for x in looks[rng.random(LOOKS) < s.empty])
-        session.gap_at = frozenset(round(float(x), 3) for x in looks[rng.random(LOOKS) < s.err_gap])
+        looks = np.arange(1, s.looks + 1) * s.interval
+        session.empty_at = frozenset(round(float(x), 3) for x in looks[rng.random(s.looks) < s.empty])
+        session.gap_at = frozenset(round(float(x), 3) for x in looks[rng.random(s.looks) < s.err_gap])
         decision, at = "HOLD", math.inf
         for k, end in enumerate(looks, 1):
             session.missing = False
@@ -210,13 +241,13 @@ def run_shape(args: tuple[Shape, int, int, int]) -> dict:
         with np.errstate(invalid="ignore", divide="ignore"):
             erc = exact_e[:, 0, 1] / np.maximum(exact_e[:, 0, 0], 1)
             erb = exact_e[:, 1, 1] / np.maximum(exact_e[:, 1, 0], 1)
-        res["kayenta"].append(_kayenta(p99c, p99b, erc, erb))
-        res["threshold"].append(_threshold(p99c, erc, 1.25 * fleet_p99, 0.01))
+        res["kayenta"].append(_kayenta(p99c, p99b, erc, erb, s.looks))
+        res["threshold"].append(_threshold(p99c, erc, 1.25 * fleet_p99, 0.01, s.looks))
     return {"shape": s, "runs": runs, **res}
 
 
-def _kayenta(p99c, p99b, erc, erb) -> tuple[str, float]:
-    for k in range(2, LOOKS + 1):
+def _kayenta(p99c, p99b, erc, erb, looks: int) -> tuple[str, float]:
+    for k in range(2, looks + 1):
         for x, y in ((p99c[:k], p99b[:k]), (erc[:k], erb[:k])):
             x, y = x[np.isfinite(x)], y[np.isfinite(y)]
             if x.size < 2 or y.size < 2:
@@ -225,15 +256,15 @@ def _kayenta(p99c, p99b, erc, erb) -> tuple[str, float]:
                 p = mannwhitneyu(x, y, alternative="two-sided").pvalue
             if np.isfinite(p) and p < 0.02 and np.median(x[:, None] - y[None, :]) > 0:
                 return "ROLLBACK", float(k)
-    return "PROMOTE", float(LOOKS)
+    return "PROMOTE", float(looks)
 
 
-def _threshold(p99c, erc, t_p99, t_err) -> tuple[str, float]:
+def _threshold(p99c, erc, t_p99, t_err, looks: int) -> tuple[str, float]:
     fails = np.cumsum(np.nan_to_num(p99c, nan=0.0) > t_p99) > 2
     fails |= np.cumsum(erc > t_err) > 2
     if fails.any():
         return "ROLLBACK", float(np.argmax(fails) + 1)
-    return "PROMOTE", float(LOOKS)
+    return "PROMOTE", float(looks)
 
 
 def rates(decisions: list[tuple[str, float]]) -> dict[str, float]:
@@ -254,6 +285,21 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def pct(x: float) -> str:
     return f"{100 * x:.1f}%"
+
+
+def small_table(results: list[dict]) -> str:
+    """The dev-stack shapes: few nodes, the rollout controller's timing."""
+    lines = ["| shape | runs | rolled back (95% CI) | promoted within the stage (median look, s) | HOLD at the deadline "
+             "| Kayenta MW 98% (b): rolled back | PROMOTE with missing data |", "|---|---:|---|---|---|---|---:|"]
+    for r in results:
+        s = r["shape"]
+        o, kb = rates(r["ours"]), rates(r["kayenta"])
+        lo, hi = wilson(o["rb20"], r["runs"])
+        med = f"look {o['pr_med']:g}, {o['pr_med'] * s.interval:.0f} s" if math.isfinite(o["pr_med"]) else "-"
+        lines.append(f"| {s.name} ({s.looks} looks x {s.interval:g} s) | {r['runs']} | {pct(o['rb20'])} "
+                     f"({pct(lo)}-{pct(hi)}) | {pct(o['pr'])} ({med}) | {pct(1 - o['rb20'] - o['pr'])} | "
+                     f"{pct(kb['rb20'])} | {r['missing_promote']} |")
+    return "\n".join(lines)
 
 
 def table(results: list[dict]) -> str:
@@ -290,6 +336,13 @@ def goals(results: list[dict]) -> list[tuple[str, bool]]:
         o = rates(by["+10% uniform"]["ours"])
         out.append((f"+10% uniform: >= 95% by look 20: {pct(o['rb20'])}", o["rb20"] >= 0.95))
         out.append((f"+10% uniform: >= 80% by look 10: {pct(o['rb10'])}", o["rb10"] >= 0.80))
+    for r in results:
+        s, o = r["shape"], rates(r["ours"])
+        if s.goal == "dev":
+            out.append((f"{s.name}: false rollbacks <= 1%: {pct(o['rb20'])}", o["rb20"] <= 0.01))
+        if s.goal == "devpromote":
+            out.append((f"{s.name}: PROMOTE within the {s.looks * s.interval:g} s stage >= 95%: {pct(o['pr'])}",
+                        o["pr"] >= 0.95))
     bad = sum(r["missing_promote"] for r in results)
     out.append((f"no PROMOTE with a critical metric missing (all shapes): {bad} such looks", bad == 0))
     return out
@@ -301,14 +354,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aa-runs", type=int, default=2000, help="runs per A/A shape (default 2000)")
     ap.add_argument("--quick", action="store_true", help="200 runs per shape, 400 per A/A shape")
     ap.add_argument("--pods", type=int, default=20, help="pods including the canary (default 20)")
-    ap.add_argument("--shape", action="append", help="run only shapes whose name contains this text")
+    ap.add_argument("--shape", action="append",
+                    help="run only shapes whose name contains this text (=NAME: exactly this name)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
     ap.add_argument("--seed", type=int, default=20240601, help="RNG seed (default 20240601)")
+    ap.add_argument("--config", help="metrics YAML to bench instead of the packaged default (needs ttft and "
+                    "error_ratio)")
     args = ap.parse_args(argv)
     if args.quick:
         args.runs, args.aa_runs = 200, 400
-    shapes = [s for s in SHAPES if not args.shape or any(x in s.name for x in args.shape)]
-    work = [(s, args.aa_runs if s.aa else args.runs, args.pods, args.seed + i) for i, s in enumerate(SHAPES)
+    shapes = [s for s in SHAPES if not args.shape or any(s.name == x[1:] if x.startswith("=") else x in s.name
+                                                         for x in args.shape)]
+    work = [(s, args.aa_runs if s.aa else args.runs, args.pods, args.seed + i, args.config) for i, s in enumerate(SHAPES)
             if s in shapes]
     t0 = time.monotonic()
     print(f"# Canary analyzer benchmark (product path)\n\nFleet {SHAPES[0].fleet_rps:g} req/s unless stated, canary "
@@ -319,7 +376,12 @@ def main(argv: list[str] | None = None) -> int:
             results = pool.map(run_shape, work, chunksize=1)
     else:
         results = [run_shape(w) for w in work]
-    print(table(results) + "\n")
+    big, small = [r for r in results if not r["shape"].small], [r for r in results if r["shape"].small]
+    if big:
+        print(table(big) + "\n")
+    if small:
+        print("Dev stack and live-test topologies (rollout controller timing: horizon = stage timeout):\n")
+        print(small_table(small) + "\n")
     checks = goals(results)
     print("Goals at the base traffic:")
     for text, ok in checks:

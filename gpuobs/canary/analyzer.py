@@ -119,6 +119,9 @@ class Analyzer:
                 res.classification, res.reason = "NoData", str(why)
             results.append(res)
         verdict, reasons, warnings = combine(results)
+        # the node-spread assumption is part of why: few nodes, the prior decides the intervals' width
+        reasons.extend(f"assumption: {m.name}: {n}" for m in results if m.critical for n in m.notes
+                       if "node_spread" in n)
         reachable, outlook = self._outlook(results, a, end)
         if not reachable and verdict == "HOLD":
             reasons.extend(outlook)
@@ -167,7 +170,11 @@ class Analyzer:
         return res
 
     def _boundary(self, spec: MetricSpec, alpha: float, start: float, end: float, n: float, info: float,
-                  state: AnalysisState | None, key: str = "", tail: bool = False) -> tuple[float, dict[str, float]]:
+                  state: AnalysisState | None, key: str = "", tail: bool = False,
+                  pass_alpha: float = 0.0) -> tuple[float, dict[str, float]] | tuple[float, float, dict[str, float]]:
+        """The harm-side boundary of this look at ``alpha`` (and, with ``pass_alpha`` > 0, the
+        pass-side one: same looks, ``config.pass_spending`` at ``pass_alpha``), on the z scale, and
+        the look's position."""
         cfg = self.config
         horizon = cfg.horizon_s - cfg.warmup_s  # ``start`` is the end of the warm-up
         t_now = (end - start) / horizon
@@ -182,7 +189,11 @@ class Analyzer:
             if not prior or info >= prior[-1][1] * MIN_INFO_GROWTH:
                 prior.append((t_now, info))
         c = float(group_sequential_boundaries(spending, times, infos)[-1])
-        return c, {"t": round(t_now, 4), "info": info, "tested_looks": float(len(times))}
+        look = {"t": round(t_now, 4), "info": info, "tested_looks": float(len(times))}
+        if not pass_alpha:
+            return c, look
+        pass_sp = (cfg.pass_spending or spending).with_alpha(pass_alpha)
+        return c, float(group_sequential_boundaries(pass_sp, times, infos)[-1]), look
 
     def _judge(self, spec: MetricSpec, res: MetricResult, shift: Shift, start: float, end: float,
                state: AnalysisState | None) -> None:
@@ -300,12 +311,9 @@ class Analyzer:
         res.evidence["nodes_canary"], res.evidence["nodes_baseline"] = float(len(nc_u)), float(len(nb_u))
         if spec.clustered_by:
             res.evidence["n_eff_canary"] = float(ec_u.sum() / sides["canary"]["factor"])
-        if len(nb_u) < 2:
-            res.notes.append(f"one baseline {unit}: node-to-node variation cannot be estimated; assuming a "
-                             f"{cfg.node_spread:.0%} spread (node_spread), which widens every interval")
         x = bin_log_centres(common)
         alphas = spec.test_alpha(res.alpha)
-        ctx = _HistContext(common, x, cc, cb, nc_u, nb_u, ec_u, eb_u, log1p(cfg.node_spread))
+        ctx = _HistContext(common, x, cc, cb, nc_u, nb_u, ec_u, eb_u, log1p(cfg.node_spread), cfg.node_spread_df)
         needed = []
         for name, _ in spec.tests:
             try:
@@ -317,6 +325,9 @@ class Analyzer:
             res.tests.append(row)
             allowed = spec.allowed_effect if name == "location" else spec.quantile_allowed_effect
             needed.append(t["need"](float(norm.isf(alphas[name])), allowed))
+        note = _node_spread_note(ctx, unit, cfg.node_spread, cfg.node_spread_df, len(nb_u), len(nc_u))
+        if note:
+            res.notes.append(note)
         # in the unit of n_canary (observations: tokens for ITL), from effective requests
         res.needed_canary = (float(np.nanmax(needed)) * float(nc_u.sum() / max(ec_u.sum(), 1e-9))
                              if needed and not np.all(np.isnan(needed)) else None)
@@ -328,23 +339,29 @@ class Analyzer:
         two_sided = spec.direction == "either"
         side_alpha = alpha / 2 if two_sided else alpha
         cl: Clustered = t["stat"]
-        c, look = self._boundary(spec, side_alpha, start, end, t["n"], cl.info, state, key=f"{spec.name}.{name}",
-                                 tail=name != "location")
+        c, c_pass, look = self._boundary(spec, side_alpha, start, end, t["n"], cl.info, state,
+                                         key=f"{spec.name}.{name}", tail=name != "location",
+                                         pass_alpha=self.config.alpha / 2 if two_sided else self.config.alpha)
         c_normal = c
-        if math.isfinite(c) and math.isfinite(cl.df):
-            c = float(student_t.isf(norm.sf(c), max(1.0, cl.df)))
+        if math.isfinite(cl.df):
+            c, c_pass = (float(student_t.isf(norm.sf(v), max(1.0, cl.df))) if math.isfinite(v) else v
+                         for v in (c, c_pass))
         z = t.get("z", cl.z)
         up_harm, down_harm = spec.direction in ("increase", "either"), spec.direction in ("decrease", "either")
-        lo_e, hi_e = t["interval"](c) if math.isfinite(c) else (-math.inf, math.inf)
+        # the harmful end at the harm-side boundary, the passing end at the pass-side one (an
+        # asymmetric repeated confidence interval, see config.pass_spending)
+        lo_h, hi_h = t["interval"](c) if math.isfinite(c) else (-math.inf, math.inf)
+        lo_p, hi_p = t["interval"](c_pass) if math.isfinite(c_pass) else (-math.inf, math.inf)
+        lo_e, hi_e = (lo_h if up_harm else lo_p), (hi_p if up_harm else hi_h)
         allowed = spec.allowed_effect if name == "location" else spec.quantile_allowed_effect
-        high = up_harm and z >= c and (spec.min_effect <= 0 or lo_e > spec.min_effect)
-        low = z <= -c and hi_e < (-spec.min_effect if down_harm else 0.0)
-        passed = (not up_harm or hi_e < allowed) and (not down_harm or lo_e > -allowed)
+        high = up_harm and z >= c and (spec.min_effect <= 0 or lo_h > spec.min_effect)
+        low = z <= -c and hi_h < (-spec.min_effect if down_harm else 0.0)
+        passed = (not up_harm or hi_p < allowed) and (not down_harm or lo_p > -allowed)
         code = int(classify(True, high, low, passed))
         return {"test": name, "classification": CLASS_NAMES[code], "harmful": bool(harmful(code, spec.direction)),
                 "effect": t["effect"], "interval": (lo_e, hi_e), "z": float(z), "boundary": float(c),
                 "df": cl.df, "alpha": alpha, "node_tau": math.sqrt(cl.tau2), "node_tau_source": cl.tau2_source,
-                "boundary_normal": c_normal, "look": look, "what": t["what"], **t.get("extra", {})}
+                "boundary_normal": c_normal, "boundary_pass": float(c_pass), "look": look, "what": t["what"], **t.get("extra", {})}
 
     @staticmethod
     def _combine_tests(spec: MetricSpec, res: MetricResult) -> None:
@@ -442,6 +459,31 @@ def _expm1(v: float) -> float:
     return math.expm1(min(v, 700.0))
 
 
+# the prior's share of the node-spread estimate above which a look reports the assumption
+PRIOR_NOTE_WEIGHT = 0.25
+
+
+def _node_spread_note(ctx: "_HistContext", unit: str, spread: float, prior_df: float, kb: int, kc: int) -> str:
+    """The node-spread assumption in words when it carries weight (few nodes), else ``""``."""
+    try:
+        loc = ctx.location_stat()
+    except (ValueError, ZeroDivisionError, FloatingPointError):
+        return ""
+    d = loc.node_df
+    weight = 1.0 if d == 0 or math.isinf(prior_df) else prior_df / (prior_df + d)
+    if weight < PRIOR_NOTE_WEIGHT:
+        return ""
+    used = math.expm1(math.sqrt(loc.tau2))
+    if d == 0:
+        src = (f"{kb} baseline and {kc} canary {unit}(s) cannot estimate node-to-node variation; assuming the "
+               f"configured node_spread {spread:.1%}")
+    else:
+        src = (f"node-to-node variation from {kb} baseline and {kc} canary {unit}(s) ({d} df) pooled with the "
+               f"assumed node_spread {spread:.1%} ({prior_df:g} df, {weight:.0%} of the weight)")
+    return (f"{src}: node sd {used:.1%} used; a canary {unit} that differs from the baseline by more than "
+            f"the assumed spread can be rolled back (more baseline {unit}s let the data decide)")
+
+
 def _errors_needed(p_b: float, allowed: float, alpha: float) -> float:
     """Canary requests at which a canary erring at the baseline's ratio ``p_b`` passes (its anytime
     upper bound <= p_b + allowed); inf beyond 1e8 requests, NaN when p_b is unknown. ``p_b`` is
@@ -469,9 +511,9 @@ class _HistContext:
     ``needed(c1)`` inputs, ``extra`` (descriptive fields).
     """
 
-    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc):
+    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc, prior_df):
         self.bounds, self.x, self.cc, self.cb, self.nc, self.nb, self.ec, self.eb = bounds, x, cc, cb, nc, nb, ec, eb
-        self.tau_loc = tau_loc
+        self.tau_loc, self.prior_df = tau_loc, prior_df
         self.Nc, self.Nb, self.Ec, self.Eb = nc.sum(), nb.sum(), ec.sum(), eb.sum()
         self.wc, self.wb = nc / self.Nc, nb / self.Nb
         self.g = float((self.wc ** 2).sum() + (self.wb ** 2).sum())
@@ -506,9 +548,9 @@ class _HistContext:
             mean_b = float((self.pb * self.x).sum() / self.Nb)
             s2c = (self.Ec * self.s2c + CANARY_VARIANCE_PRIOR * self.s2b) / (self.Ec + CANARY_VARIANCE_PRIOR)
             v_req = s2c / self.Ec + self.s2b / self.Eb
-            ok = self.nb >= 2
-            self._loc = clustered(mean_c - mean_b, v_req, self.wc, self.wb, self.mb_u[ok], self.s2b / self.eb[ok],
-                                  self.tau_loc ** 2)
+            okb, okc = self.nb >= 2, self.nc >= 2
+            groups = [(self.mb_u[okb], self.s2b / self.eb[okb]), (self.mc_u[okc], s2c / self.ec[okc])]
+            self._loc = clustered(mean_c - mean_b, v_req, self.wc, self.wb, groups, self.tau_loc ** 2, self.prior_df)
         return self._loc
 
     def _location(self) -> dict[str, Any]:
@@ -530,11 +572,16 @@ class _HistContext:
         kappa = max(float(dev4 / (self.Nb * self.s2b ** 2)), 1.5)
         e = 0.5 * math.log(self.s2c / self.s2b)
         v_req = (kappa - 1) / 4 * (1 / self.Ec + 1 / self.Eb)
-        ok = self.nb >= 3
-        s2u = self.ssb[ok] / (self.nb[ok] - 1)
-        with np.errstate(divide="ignore"):
-            vals = np.where(s2u > 0, 0.5 * np.log(np.where(s2u > 0, s2u, 1.0)), np.nan)
-        cl = clustered(e, v_req, self.wc, self.wb, vals, (kappa - 1) / (4 * self.eb[ok]), 0.0)
+        groups = []
+        for n_u, ss_u, e_u in ((self.nb, self.ssb, self.eb), (self.nc, self.ssc, self.ec)):
+            ok = n_u >= 3
+            s2u = ss_u[ok] / (n_u[ok] - 1)
+            with np.errstate(divide="ignore"):
+                vals = np.where(s2u > 0, 0.5 * np.log(np.where(s2u > 0, s2u, 1.0)), np.nan)
+            groups.append((vals, (kappa - 1) / (4 * e_u[ok])))
+        # node effects scale a node's latencies (a shift of its log latency) and leave its spread as
+        # it is: the prior for the spread test's between-node variance is 0, with the same weight
+        cl = clustered(e, v_req, self.wc, self.wb, groups, 0.0, self.prior_df)
 
         def interval(c: float) -> tuple[float, float]:
             return _expm1(e - c * cl.se), _expm1(e + c * cl.se)
@@ -579,8 +626,8 @@ class _HistContext:
         loc = self.location_stat()
         tau2 = (slope ** 2) * loc.tau2  # a node shifted by nu moves the share above b by slope * nu
         var = v_c0 + v_b + tau2 * self.g
-        df = loc.df if tau2 > 0 else math.inf
-        cl = Clustered(pc - p0, math.sqrt(var), df, tau2, loc.tau2_source, 1.0 / var)
+        df = var * var / ((tau2 * self.g) ** 2 / loc.tau2_df) if tau2 > 0 and math.isfinite(loc.tau2_df) else math.inf
+        cl = Clustered(pc - p0, math.sqrt(var), df, tau2, loc.tau2_source, 1.0 / var, loc.tau2_df, loc.node_df)
         z_exact = exceedance_z(xc * self.Ec / self.Nc, self.Ec, p0)
         z = z_exact * math.sqrt(v_c0) / cl.se if cl.se > 0 else z_exact
 

@@ -130,8 +130,10 @@ class CanaryConfig:
     metrics: tuple[MetricSpec, ...] = field(default_factory=tuple)
     warmup_s: float = 0.0
     tail_spending: Spending | None = None  # quantile and spread tests; None -> spending
+    pass_spending: Spending | None = None  # the passing end of every histogram test; None -> its harm spending
     node_label: str = "instance"
-    node_spread: float = 0.05
+    node_spread: float = 0.015
+    node_spread_df: float = 4.0
     critical_share_total: float = 0.0  # sum of the critical alpha shares of the full config (select keeps it)
 
     def metric_alpha(self, spec: MetricSpec) -> float:
@@ -146,7 +148,7 @@ class CanaryConfig:
 
     def _copy(self, **kw: Any) -> "CanaryConfig":
         doc = {f: getattr(self, f) for f in ("alpha", "horizon_s", "interval_s", "step_s", "spending", "metrics",
-                                              "warmup_s", "tail_spending", "node_label", "node_spread",
+                                              "warmup_s", "tail_spending", "pass_spending", "node_label", "node_spread", "node_spread_df",
                                               "critical_share_total")}
         doc.update(kw)
         return CanaryConfig(**doc)
@@ -279,6 +281,12 @@ def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
     tail_spending = Spending(alpha, _num(tsp, "main_until", "tail_spending", 0.01, 1.0, 1.0),
                              _num(tsp, "main_share", "tail_spending", 0.0, 1.0, 1.0),
                              _num(tsp, "rho", "tail_spending", 0.1, 10, 5.0))
+    psp = doc.get("pass_spending") or {}
+    if not isinstance(psp, dict):
+        raise ConfigError(f"{source}.pass_spending", psp, "a mapping main_until, main_share, rho")
+    pass_spending = Spending(alpha, _num(psp, "main_until", "pass_spending", 0.01, 1.0, 1.0),
+                             _num(psp, "main_share", "pass_spending", 0.0, 1.0, 1.0),
+                             _num(psp, "rho", "pass_spending", 0.1, 10, 1.0))
     metrics = doc.get("metrics")
     if not isinstance(metrics, list) or not metrics:
         raise ConfigError(f"{source}.metrics", metrics, "a non-empty list")
@@ -299,8 +307,9 @@ def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
         raise ConfigError(f"{source}.warmup", warmup, f"a duration shorter than the horizon ({horizon:g} s)")
     return CanaryConfig(alpha, horizon, parse_duration(doc.get("interval", "30s"), "interval"),
                         parse_duration(doc.get("step", "15s"), "step"), spending, specs, warmup_s=warmup_s,
-                        tail_spending=tail_spending,
-                        node_label=node_label, node_spread=_num(doc, "node_spread", source, 0.0, 1.0, 0.05))
+                        tail_spending=tail_spending, pass_spending=pass_spending,
+                        node_label=node_label, node_spread=_num(doc, "node_spread", source, 0.0, 1.0, 0.015),
+                        node_spread_df=_num(doc, "node_spread_df", source, 0.0, 1e6, 4.0))
 
 
 def load_config(path: str | Path | None = None) -> CanaryConfig:

@@ -266,25 +266,66 @@ def dl_tau2(values: np.ndarray, variances: np.ndarray) -> float:
     max(0, (Q - (k-1)) / (S1 - S2/S1)), Q Cochran's heterogeneity statistic, S1/S2 the sums of the
     inverse-variance weights and of their squares). ``values``: one estimate per unit (node/pod);
     ``variances``: their within-unit sampling variances. NaN with fewer than 2 usable units."""
-    x = np.asarray(values, dtype=float)
-    v = np.asarray(variances, dtype=float)
-    ok = np.isfinite(x) & np.isfinite(v) & (v > 0)
-    x, v = x[ok], v[ok]
-    if x.size < 2:
-        return math.nan
-    w = 1.0 / v
-    mu = float((w * x).sum() / w.sum())
-    q = float((w * (x - mu) ** 2).sum())
-    denom = float(w.sum() - (w * w).sum() / w.sum())
-    return max(0.0, (q - (x.size - 1)) / denom) if denom > 0 else 0.0
+    tau2, df = dl_tau2_groups([(values, variances)])
+    return tau2 if df > 0 else math.nan
+
+
+def dl_tau2_groups(groups: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[float, int]:
+    """DerSimonian-Laird between-unit variance pooled over groups that may differ in mean (canary
+    and baseline nodes: each group keeps its own weighted mean, as in a meta-regression on the group
+    indicator): ``tau^2 = max(0, (sum Q_g - df) / sum (S1_g - S2_g/S1_g))``, ``df = sum (k_g - 1)``.
+    ``groups``: ``(values (k_g,), within-unit variances (k_g,))``; units with a non-finite value or a
+    non-positive variance are skipped. Returns ``(tau^2, df)``; ``(nan, 0)`` when no group has two
+    usable units."""
+    q = denom = 0.0
+    df = 0
+    for values, variances in groups:
+        x = np.asarray(values, dtype=float)
+        v = np.asarray(variances, dtype=float)
+        ok = np.isfinite(x) & np.isfinite(v) & (v > 0)
+        x, v = x[ok], v[ok]
+        if x.size < 2:
+            continue
+        w = 1.0 / v
+        mu = float((w * x).sum() / w.sum())
+        q += float((w * (x - mu) ** 2).sum())
+        denom += float(w.sum() - (w * w).sum() / w.sum())
+        df += int(x.size) - 1
+    if df == 0:
+        return math.nan, 0
+    return (max(0.0, (q - df) / denom) if denom > 0 else 0.0), df
+
+
+def moderated_tau2(tau2_hat: float, df: int, prior_tau2: float, prior_df: float) -> tuple[float, float]:
+    """Between-node variance from ``df`` degrees of freedom of data pooled with a prior.
+
+    The prior is a scaled inverse-chi-square law with ``prior_df`` degrees of freedom and scale
+    ``prior_tau2`` (the config's ``node_spread`` on the log scale, squared); the data's estimate
+    ``tau2_hat`` carries ``df`` degrees of freedom. The pooled value is the precision-weighted
+    average ``(prior_df prior_tau2 + df tau2_hat) / (prior_df + df)`` with ``prior_df + df`` degrees of
+    freedom: the conjugate update of a normal variance (Gelman et al., "Bayesian Data Analysis",
+    3rd ed., section 3.3) and the moderated variance of Smyth 2004 ("Linear models and empirical
+    Bayes methods for assessing differential expression in microarray experiments", Stat. Appl.
+    Genet. Mol. Biol. 3: s~^2 = (d0 s0^2 + d s^2)/(d0 + d), a t statistic on d0 + d df). With
+    ``df = 0`` it is the prior (``prior_df`` degrees of freedom); ``prior_df = inf`` fixes tau^2 at
+    the prior; ``prior_df = 0`` is the data alone (NaN when ``df = 0`` too).
+    Returns ``(tau2, degrees of freedom)``.
+    """
+    if math.isinf(prior_df):
+        return float(prior_tau2), math.inf
+    if df == 0 or not math.isfinite(tau2_hat):
+        return (float(prior_tau2), float(prior_df)) if prior_df > 0 else (math.nan, 0.0)
+    d = float(df)
+    return (prior_df * prior_tau2 + d * tau2_hat) / (prior_df + d), prior_df + d
 
 
 @dataclass(frozen=True)
 class Clustered:
     """A two-group comparison whose units (nodes/pods) vary: ``effect`` (canary minus baseline),
     ``se`` (requests plus between-unit variance), ``df`` (Satterthwaite degrees of freedom; inf when
-    the between-unit part is nil or taken from the prior), ``tau2`` (between-unit variance used),
-    ``tau2_source`` ("baseline units" or "prior"), ``info`` (1/se^2)."""
+    the between-unit part is nil or fixed), ``tau2`` (between-unit variance used), ``tau2_source``
+    (how it was obtained, for reports), ``info`` (1/se^2), ``tau2_df`` (degrees of freedom of tau2:
+    nodes' plus the prior's), ``node_df`` (the nodes' share of them)."""
 
     effect: float
     se: float
@@ -292,6 +333,8 @@ class Clustered:
     tau2: float
     tau2_source: str
     info: float
+    tau2_df: float = math.inf
+    node_df: int = 0
 
     @property
     def z(self) -> float:
@@ -301,7 +344,8 @@ class Clustered:
 
 
 def clustered(effect: float, v_requests: float, w_canary: np.ndarray, w_baseline: np.ndarray,
-              unit_values: np.ndarray, unit_vars: np.ndarray, tau2_prior: float) -> Clustered:
+              unit_groups: list[tuple[np.ndarray, np.ndarray]], tau2_prior: float,
+              prior_df: float = 0.0) -> Clustered:
     """Widen a request-level comparison for between-node variation.
 
     Model: unit ``u`` of a group has a true value ``theta + delta*[canary] + nu_u``, nu_u ~ (0, tau^2)
@@ -309,23 +353,29 @@ def clustered(effect: float, v_requests: float, w_canary: np.ndarray, w_baseline
     different nodes). The request-weighted group estimates then differ by ``delta`` plus noise of
     variance ``v_requests + tau^2 (sum w_c^2 + sum w_b^2)``, ``w`` the request shares of the units in
     their group (one canary pod: sum w_c^2 = 1, so the canary's own node effect is never averaged
-    away). tau^2 is estimated from the *baseline's* units (:func:`dl_tau2`), which share the
-    release; with fewer than two baseline units ``tau2_prior`` is used (the conservative default of
-    the config's ``node_spread``) and the caller says so. The estimate's uncertainty is carried by
-    Satterthwaite degrees of freedom ``(V)^2 / ((tau^2 g)^2 / (k-1))`` for a Student-t boundary.
+    away). tau^2 is estimated from the units' spread around their own group's mean
+    (:func:`dl_tau2_groups` over ``unit_groups``: the baseline's nodes and, where there are several,
+    the canary's), pooled with the prior ``tau2_prior`` carrying ``prior_df`` degrees of freedom
+    (:func:`moderated_tau2`): with many nodes the data dominate, with two or three baseline nodes (a
+    dev stack: 1 df from the data) the prior does, instead of a 1-df estimate whose Student-t boundary
+    no healthy canary can pass. The uncertainty of tau^2 is carried by Satterthwaite degrees of
+    freedom ``V^2 / ((tau^2 g)^2 / df_tau)`` for a Student-t boundary.
     """
     g = float(np.sum(np.square(w_canary)) + np.sum(np.square(w_baseline)))
-    tau2 = dl_tau2(unit_values, unit_vars)
-    k = int(np.sum(np.isfinite(unit_values)))
-    if math.isnan(tau2):
-        tau2, source, df = float(tau2_prior), "prior", math.inf
+    tau2_hat, d = dl_tau2_groups(unit_groups)
+    tau2, df_tau = moderated_tau2(tau2_hat, d, tau2_prior, prior_df)
+    if math.isnan(tau2):  # no node degrees of freedom and no prior weight: the prior value, fixed
+        tau2, df_tau = float(tau2_prior), math.inf
+    if d == 0:
+        source = "prior"
+    elif prior_df == 0 or math.isinf(prior_df):
+        source = f"nodes, {d} df" if prior_df == 0 else "prior"
     else:
-        source = "baseline units"
+        source = f"nodes, {d} df + prior, {prior_df:g} df"
     var = v_requests + tau2 * g
-    if source != "prior":
-        df = var * var / ((tau2 * g) ** 2 / (k - 1)) if tau2 > 0 else math.inf
+    df = var * var / ((tau2 * g) ** 2 / df_tau) if tau2 > 0 and math.isfinite(df_tau) else math.inf
     se = math.sqrt(var) if var > 0 else 0.0
-    return Clustered(float(effect), se, df, tau2, source, 1.0 / var if var > 0 else math.inf)
+    return Clustered(float(effect), se, df, tau2, source, 1.0 / var if var > 0 else math.inf, df_tau, d)
 
 
 def unit_moments(counts: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
