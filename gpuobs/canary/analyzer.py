@@ -412,7 +412,8 @@ class Analyzer:
         (e_c, n_c, raw_c), (e_b, n_b, raw_b) = counts["canary"], counts["baseline"]
         res.n_canary, res.n_baseline = raw_c, raw_b
         p_b0 = e_b / n_b if n_b > 0 else math.nan
-        res.needed_canary = _errors_needed(p_b0, spec.allowed_effect, res.alpha) if n_b > 0 else None
+        # the pass side (PROMOTE) is an intersection-union test at the stage alpha (docs/canary.md, 5)
+        res.needed_canary = _errors_needed(p_b0, spec.allowed_effect, self.config.alpha) if n_b > 0 else None
         for side, raw in (("canary", raw_c), ("baseline", raw_b)):
             if raw < spec.min_samples:
                 raise NoData(f"{side} has {raw:.0f} requests in the window, needs {spec.min_samples:.0f}")
@@ -420,7 +421,7 @@ class Analyzer:
         thr = math.log(1 / res.alpha)
         log_e = float(rate_ratio_log_evalue(e_c, n_c, e_b, n_b, 1.0, upper=True))
         log_e_low = float(rate_ratio_log_evalue(e_c, n_c, e_b, n_b, 1.0, upper=False))
-        upper_c = float(binomial_upper_bound(e_c, n_c, res.alpha))
+        upper_c = float(binomial_upper_bound(e_c, n_c, self.config.alpha))
         high = log_e >= thr and p_c - p_b > spec.min_effect
         code = int(classify(True, high, log_e_low >= thr, upper_c <= p_b + spec.allowed_effect))
         res.classification, res.harmful = CLASS_NAMES[code], bool(harmful(code, "increase"))

@@ -35,7 +35,7 @@ _QUANTILE_TEST = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 # (docs/canary.md, "Quantile and spread tests"): location = shift of the mean log latency,
 # spread = ratio of the within-node log-latency standard deviations, pNN = share of canary requests
 # above the baseline's NN-th percentile bucket bound.
-DEFAULT_TESTS = (("location", 0.55), ("p50", 0.015), ("p90", 0.02), ("p99", 0.4), ("spread", 0.015))
+DEFAULT_TESTS = (("location", 0.65), ("p50", 0.015), ("p90", 0.02), ("p99", 0.3), ("spread", 0.015))
 
 
 class ConfigError(InputError):

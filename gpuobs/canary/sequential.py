@@ -38,10 +38,13 @@ defaults (0.5, 0.85, 3) aim the test at "decide within half the stage": of the s
 same alpha (power family rho 0.75-1.5, Hwang-Shih-DeCani gamma -2..4, this two-phase family) they gave
 the highest chance of catching a +10% regression by mid-horizon while keeping >= 95% power at the
 horizon. After the horizon nothing is left: the analysis is final. Since issue 18 the packaged
-config spends the location tests' alpha with main_share 0.95, and the quantile and spread tests'
+config spends the location tests' alpha with main_share 0.9, and the quantile and spread tests'
 alpha with ``tail_spending`` = (t)^5 over the whole horizon: each test of a metric has its own
 boundary at its share of the metric's alpha (weighted Bonferroni across tests, Jennison & Turnbull
-2000 ch. 15), so the metric's family-wise error over all tests and looks stays at its alpha.
+2000 ch. 15), so the metric's family-wise error over all tests and looks stays at its alpha. The
+passing end of each test (PROMOTE) has a second boundary on the same looks, ``pass_spending``
+(linear) at the stage alpha: PROMOTE needs every test to pass, an intersection-union test whose
+error needs no split (docs/canary.md, section 5).
 """
 
 from __future__ import annotations

@@ -356,14 +356,21 @@ def clustered(effect: float, v_requests: float, w_canary: np.ndarray, w_baseline
     away). tau^2 is estimated from the units' spread around their own group's mean
     (:func:`dl_tau2_groups` over ``unit_groups``: the baseline's nodes and, where there are several,
     the canary's), pooled with the prior ``tau2_prior`` carrying ``prior_df`` degrees of freedom
-    (:func:`moderated_tau2`): with many nodes the data dominate, with two or three baseline nodes (a
-    dev stack: 1 df from the data) the prior does, instead of a 1-df estimate whose Student-t boundary
-    no healthy canary can pass. The uncertainty of tau^2 is carried by Satterthwaite degrees of
+    (:func:`moderated_tau2`), and never below the nodes' own estimate (the prior may widen a
+    comparison, not narrow it: a fleet whose real spread exceeds ``node_spread`` keeps the data's
+    estimate): with many nodes the data dominate, with two or three baseline nodes (a dev stack: 1 df
+    from the data) the prior does, instead of a 1-df estimate whose Student-t boundary no healthy
+    canary can pass. The uncertainty of tau^2 is carried by Satterthwaite degrees of
     freedom ``V^2 / ((tau^2 g)^2 / df_tau)`` for a Student-t boundary.
     """
     g = float(np.sum(np.square(w_canary)) + np.sum(np.square(w_baseline)))
     tau2_hat, d = dl_tau2_groups(unit_groups)
     tau2, df_tau = moderated_tau2(tau2_hat, d, tau2_prior, prior_df)
+    if d > 0 and math.isfinite(prior_df) and tau2_hat > tau2:
+        # the assumption widens a comparison, never narrows it below what the nodes show: with many
+        # nodes and a real spread above node_spread the data's estimate stands (its false-rollback
+        # rate is the data's), with few nodes the pooled degrees of freedom still apply
+        tau2 = tau2_hat
     if math.isnan(tau2):  # no node degrees of freedom and no prior weight: the prior value, fixed
         tau2, df_tau = float(tau2_prior), math.inf
     if d == 0:

@@ -17,9 +17,9 @@ answers an empty vector (no data). ``query_range`` answers an empty matrix (the 
 are advisory in the default config and show NoData).
 
 Why several baseline pods: the analyzer (issue 18) treats the serving pod as the unit that varies and
-estimates the between-pod variation from the baseline's pods; with a single baseline pod it must
-assume a conservative spread (``node_spread``) that no healthy canary can be shown to be within
-``allowed_effect`` of, so a fleet without pods would make every healthy canary INCONCLUSIVE.
+estimates the between-pod variation from the pods; with one or two baseline pods it leans on the
+assumed spread (``node_spread``, ``node_spread_df``), and a realistic fleet of pods lets the data
+decide, as in production.
 
 The canary's share of traffic is ``share(t)`` (a controller's traffic weight; Flagger tests change it
 as the canary progresses) and starts at ``canary_from`` (late traffic); ``tracks`` maps a label matcher
