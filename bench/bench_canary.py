@@ -29,6 +29,14 @@ counter reset: the canary pod restarts at 300 s (counters from 0); bucket layout
 default buckets, coarse buckets (0.1, 0.5, 2.5, 10 s), and a canary whose release changed its layout
 to Prometheus' default while the baseline keeps vLLM's.
 
+Small fleets, at the rollout controller's timing (horizon = stage timeout, a look every 15 s): the dev
+stack of `make rollout-good` (3 nodes at the simulator's 4 req/s, stage 1 = 1 canary node against 2
+baseline nodes, 6 min stage; A/A with a node spread of 0/2/3%, the good release 1.5.0 at x0.98 TTFT,
+the bad one at +20%) and the live rollout test (4 nodes, 2 canary against 2 baseline, 3 min stage),
+reported in their own table: with two baseline nodes the node spread rests on the config's
+``node_spread`` assumption (docs/canary.md, 1b).
+
+``--config FILE`` benches another metrics YAML; ``--shape =NAME`` selects one shape by its exact name.
 ``--quick`` runs 200 runs per shape (A/A 400) for a smoke check; the default is 1,000 (A/A 2,000).
 Prints a Markdown table and the issue's goals; exits 1 when a goal is missed.
 """
@@ -289,7 +297,8 @@ def pct(x: float) -> str:
 
 def small_table(results: list[dict]) -> str:
     """The dev-stack shapes: few nodes, the rollout controller's timing."""
-    lines = ["| shape | runs | rolled back (95% CI) | promoted within the stage (median look, s) | HOLD at the deadline "
+    lines = ["| shape | runs | rolled back (95% CI) | promoted within the stage (median look, s) "
+             "| HOLD at the deadline "
              "| Kayenta MW 98% (b): rolled back | PROMOTE with missing data |", "|---|---:|---|---|---|---|---:|"]
     for r in results:
         s = r["shape"]
@@ -365,12 +374,14 @@ def main(argv: list[str] | None = None) -> int:
         args.runs, args.aa_runs = 200, 400
     shapes = [s for s in SHAPES if not args.shape or any(s.name == x[1:] if x.startswith("=") else x in s.name
                                                          for x in args.shape)]
-    work = [(s, args.aa_runs if s.aa else args.runs, args.pods, args.seed + i, args.config) for i, s in enumerate(SHAPES)
+    work = [(s, args.aa_runs if s.aa else args.runs, args.pods, args.seed + i, args.config)
+            for i, s in enumerate(SHAPES)
             if s in shapes]
     t0 = time.monotonic()
     print(f"# Canary analyzer benchmark (product path)\n\nFleet {SHAPES[0].fleet_rps:g} req/s unless stated, canary "
           f"one pod of {args.pods} ({CANARY_SHARE:.0%}), 15 s scrapes, a look every {INTERVAL_S:g} s for {LOOKS} "
-          f"looks, default config (ttft + error_ratio, alpha 1% per stage; no warm-up unless stated), seed {args.seed}.\n", flush=True)
+          f"looks, default config (ttft + error_ratio, alpha 1% per stage; no warm-up unless stated), "
+          f"seed {args.seed}.\n", flush=True)
     if args.jobs > 1:
         with multiprocessing.Pool(args.jobs) as pool:
             results = pool.map(run_shape, work, chunksize=1)

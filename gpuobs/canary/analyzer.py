@@ -361,7 +361,8 @@ class Analyzer:
         return {"test": name, "classification": CLASS_NAMES[code], "harmful": bool(harmful(code, spec.direction)),
                 "effect": t["effect"], "interval": (lo_e, hi_e), "z": float(z), "boundary": float(c),
                 "df": cl.df, "alpha": alpha, "node_tau": math.sqrt(cl.tau2), "node_tau_source": cl.tau2_source,
-                "boundary_normal": c_normal, "boundary_pass": float(c_pass), "look": look, "what": t["what"], **t.get("extra", {})}
+                "boundary_normal": c_normal, "boundary_pass": float(c_pass), "look": look, "what": t["what"],
+                **t.get("extra", {})}
 
     @staticmethod
     def _combine_tests(spec: MetricSpec, res: MetricResult) -> None:

@@ -148,7 +148,8 @@ class CanaryConfig:
 
     def _copy(self, **kw: Any) -> "CanaryConfig":
         doc = {f: getattr(self, f) for f in ("alpha", "horizon_s", "interval_s", "step_s", "spending", "metrics",
-                                              "warmup_s", "tail_spending", "pass_spending", "node_label", "node_spread", "node_spread_df",
+                                              "warmup_s", "tail_spending", "pass_spending", "node_label",
+                                              "node_spread", "node_spread_df",
                                               "critical_share_total")}
         doc.update(kw)
         return CanaryConfig(**doc)
