@@ -196,9 +196,17 @@ class Node:
             return [f.to_json() for f in self.faults.values()]
 
     def _xid(self, gpu: int, code: int) -> None:
+        """Record one Xid: the kernel log always gets it; DCGM's Xid fields only when DCGM can see it.
+
+        Xid 79 (fallen off the bus) never reaches DCGM: the GPU is gone before DCGM's event watch can
+        read it (NVIDIA/DCGM issue #162), and after recovery (GPU reset / reboot, which restarts the
+        host engine) DCGM's Xid state starts empty. So 79 is in the kernel log only, never on
+        DCGM_FI_DEV_XID_ERRORS or DCGM_EXP_XID_ERRORS_COUNT, as on a real node.
+        """
         g = self.gpus[gpu]
         msg = xidcat.message(code)
-        g.record_xid(self.now, code, msg, self.cfg.xid_window_ms / 1000.0)
+        if code not in xidcat.DCGM_UNREPORTABLE_XIDS:
+            g.record_xid(self.now, code, msg, self.cfg.xid_window_ms / 1000.0)
         self._kernel_xid_lines(gpu, code, msg)
 
     def _kernel_xid_lines(self, gpu: int, code: int, msg: str) -> None:
