@@ -36,24 +36,40 @@ class DrillError(Failure):
 
 
 class Claims:
-    """Thread-safe registry of what concurrently running drills expect or allow: (alertname, host|None)."""
+    """Thread-safe registry of what concurrently running drills expect or allow: (alertname, host|None).
+
+    A finished drill's claims linger for the alerts that became active while it ran: an inhibited
+    consequence such as the DCGM path's GpuXidCritical (its Xid count window is 5 minutes) keeps
+    firing after the kernel-log page has resolved and the drill has ended, and it is still that
+    drill's alert, not a false alert of a drill running on another node."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._by_drill: dict[str, set[tuple[str, str | None]]] = {}
+        self._ended: dict[str, tuple[float, set[tuple[str, str | None]]]] = {}
 
     def add(self, drill: str, entries: set[tuple[str, str | None]]) -> None:
         with self._lock:
             self._by_drill[drill] = entries
+            self._ended.pop(drill, None)
 
-    def remove(self, drill: str) -> None:
+    def remove(self, drill: str, at: float | None = None) -> None:
+        """End ``drill``'s claims at ``at`` (epoch s, default now); alerts active before then stay its own."""
         with self._lock:
-            self._by_drill.pop(drill, None)
+            entries = self._by_drill.pop(drill, None)
+            if entries is not None:
+                self._ended[drill] = (time.time() if at is None else at, entries)
 
-    def allows(self, alertname: str, host: str | None, exclude: str) -> bool:
+    def allows(self, alertname: str, host: str | None, exclude: str, active_at: float | None = None) -> bool:
+        """Whether a drill other than ``exclude`` owns ``alertname`` on ``host``: a running drill, or one
+        that ended after the alert became active (``active_at``, epoch s)."""
+        def match(e):
+            return (alertname, None) in e or (alertname, host) in e
         with self._lock:
-            return any((alertname, None) in e or (alertname, host) in e
-                       for d, e in self._by_drill.items() if d != exclude)
+            if any(match(e) for d, e in self._by_drill.items() if d != exclude):
+                return True
+            return active_at is not None and any(
+                match(e) and active_at <= ended for d, (ended, e) in self._ended.items() if d != exclude)
 
 
 @dataclass
@@ -192,11 +208,12 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             labels = a["labels"]
             an, ah = labels.get("alertname"), labels.get(IDENTITY_LABEL)
             # Meta alerts fire all the time (GpuKernelLogWatching: logwatch reads the node's log).
-            if a["state"] != "firing" or an in ("Watchdog", "GpuKernelLogWatching") or _parse_ts(a["activeAt"]) < t0 - 1:
+            active_at = _parse_ts(a["activeAt"])
+            if a["state"] != "firing" or an in ("Watchdog", "GpuKernelLogWatching") or active_at < t0 - 1:
                 continue
             own = any(e.alertname == an and (not e.scoped or host is None or ah == host) for e in spec.expect)
             allowed = an in spec.allowed and (host is None or ah in (host, None))
-            if own or allowed or claims.allows(an, ah, name):
+            if own or allowed or claims.allows(an, ah, name, active_at):
                 continue
             key = f"{an}{{{IDENTITY_LABEL}={ah}}}" if ah else an
             if key not in seen_unexpected:
