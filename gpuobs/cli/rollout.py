@@ -258,10 +258,18 @@ def _json_doc(store: RolloutStore, rid: str, versions: dict[str, str], prometheu
                         "nodes": s.hosts} for s in stages],
             "transitions": transitions, "deploys": store.deploys(rid), "gates": store.gates(rid),
             "fleet_versions": versions, "rollout_id": rec.id,
-            "baseline_version": max(set(previous), key=previous.count) if previous else None,
+            "baseline_version": (max(sorted(set(previous)), key=previous.count) if previous
+                                 else _majority(rec.spec.get("versions_before"), rec.version)),
+            "versions_before": rec.spec.get("versions_before") or {}, "stage_count": len(spec.stages),
             "started_at": rec.created_at, "ended_at": transitions[-1]["ts"] if rec.state in TERMINAL else None,
             "final_verdict": judged[-1].verdict_doc if judged else None, "prometheus": prometheus,
             "canary_selector": CANARY_SELECTOR, "baseline_selector": BASELINE_SELECTOR}
+
+
+def _majority(versions: Any, exclude: str) -> str | None:
+    """The most common version in ``{host: version}`` other than ``exclude`` (None if none)."""
+    vals = [str(v) for v in (versions or {}).values() if v and v != exclude] if isinstance(versions, dict) else []
+    return max(sorted(set(vals)), key=vals.count) if vals else None
 
 
 def report(store: RolloutStore, rid: str, fleet: StackFleet | None = None, as_json: bool = False,

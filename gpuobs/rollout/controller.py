@@ -80,7 +80,10 @@ class Controller:
         while self._exists(rid):
             n += 1
             rid = f"{spec.version}-{stamp}-{n}"
-        doc = {**spec.to_dict(), "label_snapshot": self.fleet.label_snapshot()}
+        # versions_before: what the fleet ran when the rollout started (the report's baseline when
+        # nothing gets deployed, e.g. a release the compatibility gate rejects)
+        doc = {**spec.to_dict(), "label_snapshot": self.fleet.label_snapshot(),
+               "versions_before": {h: self.fleet.version(h) for h in spec.hosts}}
         rec = self.store.create(RolloutRecord(rid, spec.version, PENDING, -1, doc))
         self._say(rec, f"created: {spec.version} ({spec.engine}, CUDA {spec.cuda}) on {len(spec.hosts)} serving "
                        f"node(s), stages {'/'.join(str(s) for s in spec.stages)} nodes")
