@@ -26,6 +26,7 @@ from typing import Any
 from gpuobs.canary.config import ConfigError, parse_duration
 from gpuobs.cli.common import env as _env
 from gpuobs.cli.common import fail as _common_fail
+from gpuobs.core import activity
 from gpuobs.core.errors import EXIT_USAGE
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError, load
@@ -145,7 +146,12 @@ def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: Roll
         if not lock.acquire():
             return _usage(f"another rollout controller holds {lock.path}; use `gpuobs rollout status` or `abort`")
         ctl, fleet = _controller(args, stack, store, tr)
-        rec = fn(ctl, rid if spec is None else ctl.create(spec).id)
+        rid = rid if spec is None else ctl.create(spec).id
+        _note(args, store, rid)
+        try:
+            rec = fn(ctl, rid)
+        finally:
+            _note(args, store, rid)
         tr.shutdown()
         from gpuobs.rollout.notices import send as send_notice  # RolledBack/Rejected/Aborted -> Alertmanager
 
@@ -159,6 +165,23 @@ def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: Roll
     finally:
         lock.release()
         store.close()
+
+
+def _note(args: argparse.Namespace, store: RolloutStore, rid: str) -> None:
+    """Record the rollout in the run directory's activity file (:mod:`gpuobs.core.activity`), so the
+    incident console links incidents on its nodes to it: its start, and its end once terminal. A
+    failure to write is a warning line, never fatal."""
+    try:
+        rec = store.get(rid)
+        ended = store.transitions(rid)[-1]["ts"] if rec.state in TERMINAL else None
+        run_dir = str(args.run_dir)
+        activity.record(run_dir, "rollout", rec.id, title=f"rollout {rec.version}",
+                        nodes=rec.spec.get("hosts") or [], started_at=rec.created_at, ended_at=ended,
+                        detail={"version": rec.version, "report": f"gpuobs rollout status --run-dir {run_dir} --id "
+                                                                  f"{rec.id}",
+                                **({"outcome": f"{rec.state}: {rec.reason}"[:300]} if ended else {})})
+    except (OSError, KeyError, ValueError) as err:
+        print(f"warning: could not record rollout {rid} in {activity.path_in(args.run_dir)}: {err}", flush=True)
 
 
 def run_start(args: argparse.Namespace) -> int:

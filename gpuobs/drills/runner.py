@@ -12,6 +12,9 @@ injection, the deadline, and what it is waiting for: :func:`waiting_line`). With
 ``wait_resolve=False`` (``gpuobs drill --no-wait-resolve``) it stops after clearing the fault: the
 resolution is not awaited (nor checked), which on the default profile saves up to the rules' windows
 (e.g. ``GpuEccDoubleBitError`` looks back 10 minutes). Expected durations: docs/drills.md.
+
+Each drill is recorded in the run directory's activity file (:mod:`gpuobs.core.activity`) when its
+fault is injected and when it ends, so the incident console links the incidents it causes to it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import datetime as dt
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from gpuobs.core import activity
 from gpuobs.core.errors import Failure
 from gpuobs.drills.catalogue import (
     DRILLS,
@@ -277,6 +282,9 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             res.faults.append({**body, "id": f["id"]})
         say(f"{name}: injected " + "; ".join(", ".join(f"{k}={v}" for k, v in f.items()) for f in res.faults)
             + f" on {res.hostname}")
+        # until: the latest the drill can end (both deadlines), in case it dies before recording its end
+        _note(state, res, say, [state.hostnames[i] for i in idx], started_at=t0,
+              until=t0 + (spec.fire_deadline_s + spec.resolve_deadline_s) * scale_fire + 60.0)
 
         def fired_and_paged(alerts, pages):
             now = time.time() - t0
@@ -331,6 +339,30 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
     if wait_resolve:
         poll(time.time() + spec.resolve_deadline_s * scale_fire, resolved, t0, pending_resolve, "resolve")
     claims.remove(name)
+    _finish_problems(res, wait_resolve)
+    _note(state, res, say, [state.hostnames[i] for i in idx], ended_at=time.time(),
+          outcome="PASS" if res.ok else "FAIL: " + "; ".join([*res.problems, *res.unexpected])[:300])
+    return res
+
+
+def _note(state: StackState, res: DrillResult, say, nodes: list[str], **when: Any) -> None:
+    """Record the drill in the run directory's activity file; a failure to write is said, not raised."""
+    run_dir = getattr(state, "run_dir", None)
+    if not run_dir:
+        return
+    outcome = when.pop("outcome", None)
+    detail = {"report": f"gpuobs report drill {res.drill} --run-dir {run_dir}", "faults": res.faults}
+    if outcome:
+        detail["outcome"] = outcome
+    try:
+        activity.record(run_dir, "drill", f"{res.drill}-{int(res.injected_at)}", title=f"drill {res.drill}",
+                        nodes=nodes, detail=detail, **when)
+    except OSError as exc:
+        say(f"{res.drill}: warning: could not record the drill in {activity.path_in(run_dir)}: {exc}")
+
+
+def _finish_problems(res: DrillResult, wait_resolve: bool) -> None:
+    """Turn misses into ``res.problems``."""
     for out in res.alerts:
         if out.fired_s is None:
             res.problems.append(f"{out.alertname} did not fire")
@@ -340,7 +372,6 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             res.problems.append(f"{out.alertname} reached '{out.receiver}', expected '{out.expected_receiver}'")
         if wait_resolve and out.paged_s is not None and out.resolved_s is None:
             res.problems.append(f"{out.alertname} did not resolve after the fault was cleared")
-    return res
 
 
 def run_all(state: StackState, progress=None, wait_resolve: bool = True) -> list[DrillResult]:

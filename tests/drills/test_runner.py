@@ -129,3 +129,15 @@ def test_docs_give_times_for_every_drill():
     for name in DRILLS:
         for table in (measured, expected):
             assert any(line.startswith(f"| {name} ") for line in table.splitlines()), (name, table[:80])
+
+
+def test_the_drill_is_recorded_for_the_incident_console(world, tmp_path):
+    from gpuobs.core import activity
+
+    state = SimpleNamespace(**vars(STATE), run_dir=str(tmp_path))
+    res = runner.run_drill(state, "ecc-dbe", wait_resolve=False)
+    (act,) = activity.load(activity.path_in(tmp_path))
+    assert (act.kind, act.id, act.title, act.nodes) == ("drill", f"ecc-dbe-{int(T0)}", "drill ecc-dbe", [HOST])
+    assert act.started_at == res.injected_at and act.ended_at == pytest.approx(res.injected_at + res.cleared_s)
+    assert act.until > act.ended_at and act.detail["outcome"] == "PASS"
+    assert act.detail["report"] == f"gpuobs report drill ecc-dbe --run-dir {tmp_path}"
