@@ -130,6 +130,17 @@ def test_bad_release_is_rolled_back(stack):
     assert prometheus_versions(stack, "1.4.0") == ["1.4.0"] * 4
     doc, html, _ = report(stack, Path(stack.run_dir) / "reports")
     assert "1.6.0 against 1.4.0" in html and "<tr><td>1/2</td>" in html
+    # its RolledBack notice reaches the console as a ticket, linked to this rollout on its timeline
+    # (the rollout command recorded it in <run>/activity.jsonl; the pager reads that file)
+    deadline, inc = time.monotonic() + 60, None
+    while inc is None and time.monotonic() < deadline:
+        incs = requests.get(f"{stack.urls.pager}/api/incidents", params={"channel": "ticket"}, timeout=5).json()
+        inc = next((i for i in incs["incidents"] if i["commonLabels"].get("rollout") == doc["id"]), None)
+        time.sleep(0.5)
+    assert inc is not None, "the RolledBack notice did not reach the console"
+    one = requests.get(f"{stack.urls.pager}/api/incidents/{inc['id']}", timeout=5).json()
+    assert [(r["kind"], r["id"], r["match"]) for r in one["related"]] == [("rollout", doc["id"], "rollout label")]
+    assert "rollout ended" in [e["kind"] for e in one["timeline"]]
 
 
 def test_good_release_is_promoted_to_every_node(stack):
