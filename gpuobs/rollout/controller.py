@@ -311,6 +311,9 @@ class Controller:
         if got is not None and got[0] == "abort":
             self._begin_rollback(rec, ABORTED, f"aborted by operator: {got[1]}")
             return
+        if got is not None:  # a promote for the stage that has just passed on its own: nothing left to do
+            self.store.log_event(rec.id, "not-acted", got[1].get("operator", "?"),
+                                 f"stage {rec.stage + 1} had already passed", rec.stage)
         nxt = rec.stage + 1
         outcome, why = self._budget_gate(rec, nxt)
         if outcome in ("frozen", "error"):

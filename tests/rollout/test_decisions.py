@@ -76,7 +76,6 @@ def test_pause_between_stages_holds_the_advance(tmp_path):
             clock.at(clock.t + 30, lambda: decisions.resume(r.store, rid, "alice"))
 
     r.controller._end_stage = end_stage
-    passed_at = None
     rec = r.controller.run(rid)
     passed_at = r.store.stage(rid, 0).ended_at
     assert rec.state == SUCCEEDED
@@ -143,6 +142,23 @@ def test_a_promote_for_a_stage_that_already_passed_is_not_applied_to_the_next(tm
     rec = r.controller.run(rid)
     assert rec.state == ABORTED  # stage 2's HOLD ran to its deadline: the stale promote did not pass it
     assert [k for k, _ in kinds(r, rid)] == ["promote", "not-acted"]
+
+
+def test_a_promote_arriving_as_its_stage_passes_is_not_carried_over(tmp_path):
+    r, clock, rid = setup(tmp_path, {1: ["PROMOTE"], 2: ["HOLD"]})
+    original = r.controller._end_stage
+
+    def end_stage(rec, st, status):  # the operator promotes stage 1 just as the analysis passes it
+        original(rec, st, status)
+        if st.idx == 0:
+            decisions.promote(r.store, rid, "erin", "go")
+
+    r.controller._end_stage = end_stage
+    rec = r.controller.run(rid)
+    assert rec.state == ABORTED  # stage 2 was analysed to its deadline, not promoted by the stale request
+    ev = r.store.events(rid)
+    assert [(e["kind"], e["stage"]) for e in ev] == [("promote", 0), ("not-acted", 0)]
+    assert ev[1]["reason"] == "stage 1 had already passed"
 
 
 def test_abort_still_works_while_paused(tmp_path):
