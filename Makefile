@@ -66,7 +66,7 @@ test-compose: venv
 
 # One drill against the stack `make up` started (realistic rule timings: some drills take minutes).
 drill-%: venv
-	@rc=0; $(GPUOBS) drill $* --run-dir $(RUN_DIR) || rc=$$?; \
+	@rc=0; $(GPUOBS) drill $* --run-dir $(RUN_DIR) $(DRILL_FLAGS) || rc=$$?; \
 	  echo "report: $$($(GPUOBS) report drill $* --run-dir $(RUN_DIR) | tail -n 1)"; exit $$rc
 
 # Every drill on a fresh stack of its own with the drill profile (shortened `for:`/windows, 1d SLO
