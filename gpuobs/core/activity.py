@@ -97,7 +97,7 @@ def record(run_dir: Path | str, kind: str, ident: str, *, title: str = "", nodes
     line = (json.dumps(doc, sort_keys=True, default=str) + "\n").encode()
     path = path_in(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line)  # one write of one line: appends from several writers do not interleave
     finally:

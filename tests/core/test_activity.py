@@ -50,3 +50,12 @@ def test_related_by_node_and_time():
     assert [how for _, how in related([other], [], T + 10, None)] == ["fleet-wide incident"]
     # a rollout notice names its rollout: only that one
     assert [a.id for a, _ in related(acts, [], T + 10, None, labels={"rollout": "r-now"})] == ["r-now"]
+
+
+def test_activity_file_is_private_to_its_owner(tmp_path):
+    """The run directory holds nothing readable by group or others (issue 12); the record is 0600."""
+    import stat
+
+    from gpuobs.core import activity
+    activity.record(tmp_path, "drill", "xid", nodes=["gpu-node-00"])
+    assert stat.S_IMODE(activity.path_in(tmp_path).stat().st_mode) == 0o600
