@@ -145,6 +145,7 @@ rollout-incompatible: venv
 # (spec_decode: TPOT -15% but +2% errors on prompts over 512 tokens -> the canary's error_ratio is
 # harmful -> RolledBack, the kill switch turns it off on every node). Each prints the progress, the
 # report's path, and checks both the end state and where the flag file has the flag on.
+# Run flag-good first (or on a fresh stack): flag-bad's errors spend the availability budget (docs/rollout.md).
 FLAG_DEMO_FLAGS ?= --stages 1,50%,100% --interval 15s --stage-timeout 8m --settle 10s
 define flag_demo
 	@rc=0; $(GPUOBS) --log-level warning flag rollout $(1) --run-dir $(RUN_DIR) $(FLAG_DEMO_FLAGS) || rc=$$?; \
