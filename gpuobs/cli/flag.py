@@ -19,6 +19,7 @@ from typing import Any
 from gpuobs.canary.config import ConfigError, parse_duration
 from gpuobs.cli.common import env as _env
 from gpuobs.cli.rollout import _pick, _stack, _usage, report
+from gpuobs.core import activity
 from gpuobs.flags.flagd import FILE_NAME, FlagFile, FlagFileError
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError, load
@@ -121,7 +122,12 @@ def _drive(args: argparse.Namespace, flag: str | None, fn: Any, rid: str | None 
         fleet = StackFlagFleet(stack, flag)
         ctl = FlagController(store, fleet, PromSignals(client), analyzer_factory(client, args.config),
                              out=lambda line: print(line, flush=True), tracer=tr)
-        rec = fn(ctl, rid if spec is None else ctl.create(spec).id)
+        rid = rid if spec is None else ctl.create(spec).id
+        _note(args, store, rid, flag)
+        try:
+            rec = fn(ctl, rid)
+        finally:
+            _note(args, store, rid, flag)
         tr.shutdown()
         line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir), flag=flag)
         if line:
@@ -133,6 +139,22 @@ def _drive(args: argparse.Namespace, flag: str | None, fn: Any, rid: str | None 
     finally:
         lock.release()
         store.close()
+
+
+def _note(args: argparse.Namespace, store: RolloutStore, rid: str, flag: str) -> None:
+    """Record the flag rollout in the run directory's activity file as a rollout (as ``gpuobs rollout``
+    does), so the incident console relates incidents on its nodes, and its notice, to it."""
+    try:
+        rec = store.get(rid)
+        ended = store.transitions(rid)[-1]["ts"] if rec.state in TERMINAL else None
+        run_dir = str(args.run_dir)
+        activity.record(run_dir, "rollout", rec.id, title=f"flag rollout {flag}",
+                        nodes=rec.spec.get("hosts") or [], started_at=rec.created_at, ended_at=ended,
+                        detail={"version": rec.version, "flag": flag,
+                                "report": f"gpuobs flag status --run-dir {run_dir} --id {rec.id}",
+                                **({"outcome": f"{rec.state}: {rec.reason}"[:300]} if ended else {})})
+    except (OSError, KeyError, ValueError) as err:
+        print(f"warning: could not record flag rollout {rid} in {activity.path_in(args.run_dir)}: {err}", flush=True)
 
 
 def run_rollout(args: argparse.Namespace) -> int:
