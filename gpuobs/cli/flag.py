@@ -1,4 +1,4 @@
-"""``gpuobs flag rollout|status|abort|resume|kill``: feature flags as a release unit, with a kill switch.
+"""``gpuobs flag rollout|status|abort|resume|pause|promote|kill``: feature flags as a release unit, with a kill switch.
 
 Works on the native stack of ``--run-dir`` like ``gpuobs rollout`` (docs/rollout.md "Feature flags"):
 the flag file is ``<run>/flags.json`` (flagd format; the engines evaluate it through OpenFeature), the
@@ -6,7 +6,8 @@ flag rollout database ``<run>/flag.sqlite`` and one flag controller at a time ho
 A flag rollout and a release rollout never run at once (both relabel the canary cohort): each refuses
 to start while the other has an unfinished rollout. Exit codes as ``gpuobs rollout``: 0 Succeeded
 (flag on everywhere), 1 RolledBack / Rejected / rollback incomplete, 3 Aborted, 2 usage or input
-error; ``kill`` exits 0 once the flag file says off everywhere.
+error; ``kill`` exits 0 once the flag file says off everywhere. ``pause`` / ``promote`` record a human
+decision in the flag store exactly as ``gpuobs rollout pause|promote`` do (:mod:`gpuobs.rollout.decisions`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from typing import Any
 
 from gpuobs.canary.config import ConfigError, parse_duration
 from gpuobs.cli.common import env as _env
-from gpuobs.cli.rollout import _pick, _stack, _usage, report
+from gpuobs.cli.rollout import _operator, _pick, _stack, _usage, report
 from gpuobs.core import activity
 from gpuobs.flags.flagd import FILE_NAME, FlagFile, FlagFileError
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError, load
-from gpuobs.rollout import tracing
+from gpuobs.rollout import decisions, tracing
 from gpuobs.rollout.adapters.flags import StackFlagFleet
 from gpuobs.rollout.adapters.prometheus import PromSignals, analyzer_factory
 from gpuobs.rollout.flag import FlagController, flag_spec, parse_variant
@@ -42,12 +43,13 @@ exit codes: 0 Succeeded (on everywhere), 1 RolledBack or Rejected (off everywher
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``flag`` (``rollout``, ``status``, ``abort``, ``resume``, ``kill``)."""
+    """Add ``flag`` (``rollout``, ``status``, ``abort``, ``resume``, ``pause``, ``promote``, ``kill``)."""
     fl = subparsers.add_parser("flag", help="feature-flag rollouts judged by the canary, with a kill switch",
                                description="Progressive enablement of a feature flag by node share, each stage "
                                            "judged by the canary analyzer (flag on vs off), error-budget gates, "
                                            "and a kill switch (docs/rollout.md, Feature flags).")
-    sub = fl.add_subparsers(dest="flag_command", metavar="{rollout,status,abort,resume,kill}", required=True)
+    sub = fl.add_subparsers(dest="flag_command", metavar="{rollout,status,abort,resume,pause,promote,kill}",
+                            required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--run-dir", default=_env("RUN_DIR", ".run"), help="stack run directory (env GPUOBS_RUN_DIR)")
     common.add_argument("--prometheus", default=_env("PROMETHEUS_URL"), metavar="URL",
@@ -70,14 +72,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--reason", help="why the freeze is overridden (required with --override-freeze; recorded)")
     r.set_defaults(func=run_rollout)
     for name, helptext in (("status", "show the latest (or --id) flag rollout and where each flag is on"),
-                           ("resume", "continue an unfinished flag rollout from its last persisted state"),
-                           ("abort", "abort the active flag rollout: kill switch, flag off everywhere")):
+                           ("resume", "lift a pause; continue an unfinished flag rollout from its persisted state"),
+                           ("abort", "abort the active flag rollout: kill switch, flag off everywhere"),
+                           ("pause", "hold the flag rollout for a human decision (no look acted on, no stage advance)"),
+                           ("promote", "pass the current stage now, whatever the analysis says (recorded)")):
         p = sub.add_parser(name, parents=[common], help=helptext)
         p.add_argument("--id", help="flag rollout id (default: the latest)")
         if name == "abort":
             p.add_argument("--reason", default="aborted from the command line", help="recorded abort reason")
             p.add_argument("--wait", default="120s", help="how long to wait for a running controller to finish")
-        p.set_defaults(func={"status": run_status, "resume": run_resume, "abort": run_abort}[name])
+        if name in ("pause", "promote", "resume"):
+            p.add_argument("--reason", required=name != "resume", default="",
+                           help="why (recorded with the decision" + (", required)" if name != "resume" else ")"))
+            p.add_argument("--operator", default=_operator(),
+                           help="who decides (recorded; default env GPUOBS_OPERATOR or the login name: %(default)s)")
+        p.set_defaults(func={"status": run_status, "resume": run_resume, "abort": run_abort, "pause": run_pause,
+                             "promote": run_promote}[name])
     k = sub.add_parser("kill", parents=[common], help="kill switch: NAME off on every node now, in one write")
     k.add_argument("name", metavar="NAME", help="flag key")
     k.add_argument("--reason", default="killed from the command line", help="recorded reason")
@@ -193,16 +203,58 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    """Handler of ``flag resume``."""
+    """Handler of ``flag resume``: lift a pause (recorded); if no flag controller runs, continue the
+    latest (or --id) flag rollout from its persisted state."""
     try:
         store = _store(args)
         try:
             rec = _pick(args, store)
+            if rec.paused:
+                decisions.resume(store, rec.id, args.operator, args.reason)
+                print(f"flag rollout {rec.id}: resumed by {args.operator} (paused by {rec.paused.get('operator')}: "
+                      f"{rec.paused.get('reason')})", flush=True)
+                if _controller_running(args):
+                    print("the running flag controller continues", flush=True)
+                    return 0
         finally:
             store.close()
     except (UsageError, KeyError) as err:
-        return _usage(err)
+        return _usage(err.args[0] if isinstance(err, KeyError) else err)
     return _drive(args, None, lambda ctl, rid: ctl.run(rid), rid=rec.id)
+
+
+def _controller_running(args: argparse.Namespace) -> bool:
+    lock = RunLock(args.run_dir, LOCK)
+    if lock.acquire():
+        lock.release()
+        return False
+    return True
+
+
+def _decide(args: argparse.Namespace, fn: Any, verb: str) -> int:
+    """Record a pause or promote of the latest (or --id) flag rollout."""
+    try:
+        store = _store(args)
+        try:
+            rec = fn(store, _pick(args, store).id, args.operator, args.reason)
+        finally:
+            store.close()
+        print(f"flag rollout {rec.id}: {verb} by {args.operator}: {args.reason.strip()} (recorded; "
+              + ("the running flag controller acts on it at its next wait)" if _controller_running(args) else
+                 "no flag controller is running: `gpuobs flag resume` acts on it)"), flush=True)
+    except (UsageError, KeyError) as err:
+        return _usage(err.args[0] if isinstance(err, KeyError) else err)
+    return 0
+
+
+def run_pause(args: argparse.Namespace) -> int:
+    """Handler of ``flag pause``."""
+    return _decide(args, decisions.pause, "pause requested")
+
+
+def run_promote(args: argparse.Namespace) -> int:
+    """Handler of ``flag promote``."""
+    return _decide(args, decisions.promote, "promote requested")
 
 
 def _ask_controller(args: argparse.Namespace, store: RolloutStore, rid: str, reason: str, wait_s: float) -> int | None:

@@ -53,3 +53,22 @@ def test_a_flag_rollout_waits_for_an_unfinished_release_rollout_and_vice_versa(f
     assert run(["rollout", "start", "--version", "1.5.0", "--run-dir", str(run_dir)]) == 2
     assert "flag rollout kv_policy_v2-x (Canary) is unfinished" in capsys.readouterr().err
     assert json.loads((run_dir / "flags.json").read_text())["flags"]["kv_policy_v2"]["targeting"]
+
+
+def test_pause_and_promote_are_recorded_in_the_flag_store(flag_run, capsys):  # noqa: F811
+    run_dir, _ = flag_run
+    spec = RolloutSpec("spec_decode=on", "feature flag spec_decode", "", ("gpu-node-00", "gpu-node-01"), (1, 2))
+    flags = RolloutStore(run_dir / "flag.sqlite")
+    flags.create(RolloutRecord("spec_decode-x", "spec_decode=on", "Canary", 0, spec.to_dict()))
+    flags.close()
+    base = ["--run-dir", str(run_dir), "--operator", "alice"]
+    assert run(["flag", "pause", *base, "--reason", "INC-5 looks related"]) == 0
+    assert "flag rollout spec_decode-x: pause requested by alice" in capsys.readouterr().out
+    assert run(["flag", "pause", *base, "--reason", "again"]) == 2
+    assert "already paused by alice" in capsys.readouterr().err
+    assert run(["flag", "promote", *base, "--reason", "SRE approved"]) == 0
+    flags = RolloutStore(run_dir / "flag.sqlite")
+    rec = flags.get("spec_decode-x")
+    flags.close()
+    assert rec.paused["operator"] == "alice" and rec.promote_request["reason"] == "SRE approved"
+    assert not (run_dir / "rollout.sqlite").exists()  # release rollouts untouched
