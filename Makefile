@@ -17,7 +17,7 @@ DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19
 
 help:
 	@echo "make up | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | rollout-good | rollout-bad |"
-	@echo "     rollout-incompatible | bench | bench-canary | bench-latency | rules | clean"
+	@echo "     rollout-incompatible | flag-good | flag-bad | bench | bench-canary | bench-latency | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuobs needs Python >= 3.11")'
@@ -139,6 +139,34 @@ rollout-bad: venv
 
 rollout-incompatible: venv
 	$(call rollout_demo,2.0.0,Rejected)
+
+# Feature-flag demos against the stack `make up` started (RUN_DIR), same timing as the rollout demos:
+# flag-good (kv_policy_v2, no visible change -> Succeeded, on for every serving node), flag-bad
+# (spec_decode: TPOT -15% but +2% errors on prompts over 512 tokens -> the canary's error_ratio is
+# harmful -> RolledBack, the kill switch turns it off on every node). Each prints the progress, the
+# report's path, and checks both the end state and where the flag file has the flag on.
+# Run flag-good first (or on a fresh stack): flag-bad's errors spend the availability budget (docs/rollout.md).
+FLAG_DEMO_FLAGS ?= --stages 1,50%,100% --interval 15s --stage-timeout 8m --settle 10s
+define flag_demo
+	@rc=0; $(GPUOBS) --log-level warning flag rollout $(1) --run-dir $(RUN_DIR) $(FLAG_DEMO_FLAGS) || rc=$$?; \
+	$(GPUOBS) flag status --run-dir $(RUN_DIR) --json > $(RUN_DIR)/flag-last.json; \
+	state=$$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["state"])' $(RUN_DIR)/flag-last.json); \
+	where=$$($(PY) -c 'import sys; from pathlib import Path; from gpuobs.flags.flagd import FlagFile; \
+	  from gpuobs.stack.supervisor import load_state; run = Path(sys.argv[1]); \
+	  hosts = set(load_state(run).serving_hosts); on = set(FlagFile(run / "flags.json").hosts(sys.argv[2])) & hosts; \
+	  print("everywhere" if on == hosts else "nowhere" if not on else "on " + ",".join(sorted(on)))' $(RUN_DIR) $(1)); \
+	echo "report: $$($(GPUOBS) report rollout --file $(RUN_DIR)/flag-last.json --run-dir $(RUN_DIR) | tail -n 1)"; \
+	if [ "$$state" = "$(2)" ] && [ "$$where" = "$(3)" ]; then \
+	  echo "demo OK: flag $(1) ended $$state (exit $$rc), on $$where, as expected"; \
+	else echo "demo FAILED: flag $(1) ended $${state:-nowhere} (exit $$rc), on $$where; expected $(2), on $(3)"; exit 1; fi
+endef
+
+.PHONY: flag-good flag-bad
+flag-good: venv
+	$(call flag_demo,kv_policy_v2,Succeeded,everywhere)
+
+flag-bad: venv
+	$(call flag_demo,spec_decode,RolledBack,nowhere)
 
 # Which alert families work on the running stack's Prometheus (or GPUOBS_PROMETHEUS_URL): docs/doctor.md.
 .PHONY: doctor

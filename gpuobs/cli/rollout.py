@@ -194,6 +194,13 @@ def run_start(args: argparse.Namespace) -> int:
         interval = parse_duration(args.interval, "--interval")
         release = load(Path(args.releases) if args.releases else None).get(args.version)
         stack = _stack(args)
+        if (Path(args.run_dir) / "flag.sqlite").exists():  # a flag rollout owns the canary labels meanwhile
+            flags = RolloutStore(Path(args.run_dir) / "flag.sqlite")
+            busy = flags.latest(active_only=True, terminal=TERMINAL)
+            flags.close()
+            if busy:
+                raise UsageError(f"flag rollout {busy.id} ({busy.state}) is unfinished and owns the canary labels; "
+                                 "finish or abort it first (`gpuobs flag status`)")
         hosts = StackFleet(stack).hosts
         spec = RolloutSpec(release.version, release.engine, release.cuda, tuple(hosts),
                            tuple(parse_stages(args.stages, len(hosts))), interval,

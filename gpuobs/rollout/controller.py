@@ -83,18 +83,26 @@ class Controller:
         if active:
             raise UsageError(f"rollout {active.id} ({active.version}) is {active.state}: resume or abort it first")
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
-        rid, n = f"{spec.version}-{stamp}", 1
+        rid, n = f"{self.id_stem(spec)}-{stamp}", 1
         while self._exists(rid):
             n += 1
-            rid = f"{spec.version}-{stamp}-{n}"
+            rid = f"{self.id_stem(spec)}-{stamp}-{n}"
         # versions_before: what the fleet ran when the rollout started (the report's baseline when
         # nothing gets deployed, e.g. a release the compatibility gate rejects)
         doc = {**spec.to_dict(), "label_snapshot": self.fleet.label_snapshot(),
                "versions_before": {h: self.fleet.version(h) for h in spec.hosts}}
         rec = self.store.create(RolloutRecord(rid, spec.version, PENDING, -1, doc))
-        self._say(rec, f"created: {spec.version} ({spec.engine}, CUDA {spec.cuda}) on {len(spec.hosts)} serving "
+        self._say(rec, f"created: {self.describe(spec)} on {len(spec.hosts)} serving "
                        f"node(s), stages {'/'.join(str(s) for s in spec.stages)} nodes")
         return rec
+
+    def id_stem(self, spec: RolloutSpec) -> str:
+        """Rollout ids are ``<stem>-<UTC stamp>``; the stem is the version (a flag rollout: the flag)."""
+        return spec.version
+
+    def describe(self, spec: RolloutSpec) -> str:
+        """What is rolled out, for the first progress line."""
+        return f"{spec.version} ({spec.engine}, CUDA {spec.cuda})"
 
     def run(self, rollout_id: str) -> RolloutRecord:
         """Drive the rollout from its persisted state to a terminal state (or an incomplete rollback)."""

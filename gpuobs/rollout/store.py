@@ -306,14 +306,15 @@ class RolloutStore:
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``<run>/rollout.lock`` held by the process driving a rollout.
+    """An exclusive ``flock`` on ``<run>/rollout.lock`` (flag rollouts: ``flag.lock``) held by the
+    process driving a rollout.
 
     The kernel drops it when the process dies (``kill -9`` included), so ``abort`` can tell a live
     controller (lock busy: ask it through the database) from a dead one (lock free: act itself).
     """
 
-    def __init__(self, run_dir: Path | str):
-        self.path = Path(run_dir) / "rollout.lock"
+    def __init__(self, run_dir: Path | str, name: str = "rollout.lock"):
+        self.path = Path(run_dir) / name
         self._fd: int | None = None
 
     def acquire(self) -> bool:

@@ -39,6 +39,9 @@ from gpuobs.core.errors import Failure
 from gpuobs.core.files import atomic_write
 from gpuobs.exporter.sim import k8s, profiles
 from gpuobs.exporter.sim.identity import exporter_pod_name, hostname
+from gpuobs.flags.flagd import FILE_NAME as FLAGS_FILE
+from gpuobs.flags.flagd import FlagFile, FlagFileError
+from gpuobs.reference.releases import load as load_catalogue
 from gpuobs.stack import alert_timing
 from gpuobs.stack import state as state_file
 from gpuobs.stack.grafana import find_grafana
@@ -246,6 +249,14 @@ def _up(cfg: StackConfig, out) -> StackState:
     pager_url = f"http://127.0.0.1:{p.pager}"
     runbook_base = cfg.runbook_base or pager_url
     exporter_extra = ["--exporter-profile", cfg.exporter_profile, "--host-label-mode", cfg.host_label_mode]
+    # The engines' feature flags (flagd format; every catalogue flag off when first written, kept as
+    # it is across restarts): `gpuobs flag rollout|kill` rewrite it, the engines evaluate it.
+    flags_file = run / FLAGS_FILE
+    try:
+        FlagFile(flags_file).ensure(load_catalogue().flags)
+    except (OSError, FlagFileError) as exc:
+        raise StackError(f"flag file {flags_file}: {exc}", 2) from None
+    exporter_extra += ["--flags", str(flags_file)]
     if cfg.collect_interval_s:
         exporter_extra += ["--collect-interval", f"{cfg.collect_interval_s:g}"]
     if cfg.clock_events_name != "canonical":
