@@ -13,11 +13,11 @@ EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
 DRILL_RUN_DIR ?= .run-drills
 DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --base-port 19400 --engine-base-port 18000
 
-.PHONY: help venv binaries up down status images test-compose test test-faults lint rules drills bench bench-canary bench-latency clean
+.PHONY: help venv binaries up up-ha down status images test-compose test test-faults lint rules drills bench bench-canary bench-latency bench-scale clean
 
 help:
-	@echo "make up | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | rollout-good | rollout-bad |"
-	@echo "     rollout-incompatible | bench | bench-canary | bench-latency | rules | clean"
+	@echo "make up | up-ha | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | rollout-good |"
+	@echo "     rollout-bad | rollout-incompatible | bench | bench-canary | bench-latency | bench-scale | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuobs needs Python >= 3.11")'
@@ -43,6 +43,15 @@ up: venv binaries
 	  echo "$$why; starting the native stack (prometheus + alertmanager from PATH)."; \
 	  echo native > $(RUN_DIR)/mode; $(GPUOBS) stack up --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE); \
 	fi
+
+# The HA topology (docs/ha.md): 2 Prometheus shards x 2 replicas, a 3-member Alertmanager cluster,
+# VictoriaMetrics (global store, replica dedup) and vmalert (fleet-wide rules), natively. `make down`
+# and `make status` act on it like on `make up`'s stack. HA_FLAGS: e.g. --shards 3 --ha-base-port 9100.
+HA_FLAGS ?=
+up-ha: venv binaries
+	@mkdir -p $(RUN_DIR)
+	@echo native > $(RUN_DIR)/mode
+	$(GPUOBS) stack up --topology ha --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE) $(HA_FLAGS)
 
 down: venv
 	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE_PY) down --run-dir $(RUN_DIR); \
@@ -88,6 +97,12 @@ bench-canary: venv
 
 bench-latency: venv binaries
 	$(PY) bench/bench_xid_latency.py
+
+# The HA topology at scale (bench/bench_scale.py; about 10 minutes, not part of `make test`): ingest per
+# replica and VictoriaMetrics, head series per shard, CPU/memory per component, canary look and Xid
+# fault-to-page latency via a shard vs vmalert, against the single stack. Table in bench/README.md.
+bench-scale: venv binaries
+	$(PY) bench/bench_scale.py
 
 lint: venv binaries
 	promtool check config prometheus/prometheus.yml
