@@ -1,0 +1,126 @@
+"""Live: the HA topology (gpuobs.stack.ha) with a small fleet. An Xid fault pages exactly once through
+2 shards x 2 replicas and a 3-member Alertmanager cluster while one Alertmanager and the Prometheus
+replica scraping the faulty node are killed with SIGKILL right after the fault; both come back and
+nothing pages twice. Also: VictoriaMetrics holds one copy of each series (replica dedup), vmalert
+loaded the fleet-wide rules and the shards only the node-local ones. Bounded waits; ~2 minutes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import requests
+
+from gpuobs.promapi.exporter_admin import AdminClient
+from gpuobs.stack import ha, supervisor
+from gpuobs.stack.ports import free_port_range
+from gpuobs.stack.render import Ports
+
+pytestmark = pytest.mark.live
+
+NODES, GPUS = 2, 2
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    base = free_port_range(32)
+    ports = Ports(pager=base, node_base=base + 1, engine_base=base + 4)
+    run = tmp_path_factory.mktemp("ha")
+    out = io.StringIO()
+    cfg = ha.HAConfig(stack=supervisor.StackConfig(run_dir=run, ports=ports, nodes=NODES, gpus=GPUS, training_nodes=0,
+                                                   logwatch=False, profile="drill", timeout_s=120),
+                      base_port=base + 8)
+    state = ha.up(cfg, out=out)
+    try:
+        yield state
+    finally:
+        supervisor.down(run, out=out)
+        for comp in supervisor.load_state(run).components.values():  # down clears them: check the pids
+            assert not supervisor.alive(comp.pid, comp.argv)
+        for name, comp in state.components.items():
+            assert not supervisor.alive(comp.pid, comp.argv), f"{name} still running after down"
+
+
+def _poll(fn, deadline_s: float, what: str):
+    end = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < end:
+        try:
+            last = fn()
+        except requests.RequestException:
+            last = None
+        if last:
+            return last
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {deadline_s:g}s waiting for {what}")
+
+
+def _firing_pages(pager: str) -> Counter:
+    pages = requests.get(f"{pager}/api/pages", params={"status": "firing", "limit": 1000}, timeout=5).json()["pages"]
+    return Counter((a["labels"].get("alertname"), a["labels"].get("node"))
+                   for p in pages if p["channel"] == "page" for a in p["alerts"] if a["status"] == "firing")
+
+
+def _shard_of(state, node: str) -> int:
+    for name, url in state.members.items():
+        if name.startswith("prometheus-") and name.endswith("-r0"):
+            ts = requests.get(f"{url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            if any(t["labels"].get("node") == node for t in ts):
+                return int(name.split("-")[1][1:])
+    raise AssertionError(f"no shard scrapes {node}")
+
+
+def _kill9(state, name: str) -> None:
+    pids = supervisor.find_processes(state, name)
+    assert pids, f"{name} is not running"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    _poll(lambda: not supervisor.find_processes(state, name), 10, f"{name} to die")
+
+
+def test_topology_stores_one_copy_and_places_rules(stack):
+    vm = stack.urls.prometheus
+
+    def count(q):
+        res = requests.get(f"{vm}/api/v1/query", params={"query": q}, timeout=5).json()["data"]["result"]
+        return int(float(res[0]["value"][1])) if res else 0
+    # Two replicas write every series; VictoriaMetrics keeps one (no shard/replica label survives).
+    _poll(lambda: count("count(DCGM_FI_DEV_GPU_TEMP)") == NODES * GPUS, 40, "DCGM series in VictoriaMetrics")
+    assert count('count(DCGM_FI_DEV_GPU_TEMP{replica!=""} or DCGM_FI_DEV_GPU_TEMP{shard!=""})') == 0
+    groups = requests.get(f"{stack.members['vmalert']}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    fleet_rules = {r["name"] for g in groups for r in g["rules"]}
+    assert {"GpuDriverSkew", "ServingErrorBudgetBurn", "TrainingStraggler"} <= fleet_rules
+    assert "GpuXidCritical" not in fleet_rules
+    shard_rules = {r["name"] for g in requests.get(f"{stack.members['prometheus-s0-r0']}/api/v1/rules", timeout=5)
+                   .json()["data"]["groups"] for r in g["rules"]}
+    assert "GpuXidCritical" in shard_rules and not shard_rules & fleet_rules
+
+
+def test_xid_pages_once_through_a_killed_alertmanager_and_replica(stack):
+    node = stack.hostnames[0]
+    pager, run = stack.urls.pager, Path(stack.run_dir)
+    shard = _shard_of(stack, node)
+    AdminClient(stack.urls.node_bases[0], stack.token()).inject({"kind": "xid", "gpu": 0, "code": 48})
+    # Mid-incident: the first Alertmanager (the one that would notify first) and the replica that
+    # scrapes the faulty node die before the alert has fired.
+    _kill9(stack, "alertmanager-0")
+    _kill9(stack, ha.prometheus_name(shard, 0))
+    _poll(lambda: _firing_pages(pager)[("GpuXidCritical", node)], 75, "the Xid page through the cluster")
+    for name in ("alertmanager-0", ha.prometheus_name(shard, 0)):
+        supervisor.restart(run, name, out=io.StringIO(), timeout_s=60)
+    am_urls = [stack.members[f"alertmanager-{i}"] for i in range(3)]
+    _poll(lambda: all(ha._cluster_size(u) == 3 for u in am_urls), 40, "the Alertmanager cluster to re-form")
+    # Two group intervals (10 s) and a resend (Prometheus's resend delay) after both are back.
+    time.sleep(25)
+    pages = _firing_pages(pager)
+    assert pages[("GpuXidCritical", node)] == 1, pages
+    assert all(n == 1 for n in pages.values()), f"something paged twice: {pages}"
+    health = requests.get(f"{pager}/health", timeout=5).json()
+    # The cluster's notification log, not the pager's own dedupe, kept the copies out.
+    assert health["duplicates"] == 0, health
