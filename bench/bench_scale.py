@@ -119,12 +119,15 @@ def measure(state, urls: dict[str, str], window_s: float) -> dict:
     return {"window_s": dt, "members": rows, "usage": usage}
 
 
-def canary_looks(url: str, looks: int, serving_hosts: list[str]) -> dict:
-    """Median wall time of ``looks`` full canary looks against ``url`` and the last verdict."""
+def canary_looks(url: str, looks: int, serving_hosts: list[str], end: float | None = None) -> dict:
+    """Median wall time of ``looks`` full canary looks against ``url`` (canary: the first of
+    ``serving_hosts``, baseline: the others; window: the 5 min before ``end``, default now) and the
+    last verdict with its per-metric classification, effect and sample counts."""
     cfg = load_config()
     times, verdict = [], None
+    fixed_end = end
     for _ in range(looks):
-        end = time.time()
+        end = fixed_end or time.time()
         t0 = time.monotonic()
         v = Analyzer(PromClient(url, timeout=60), cfg, f'node="{serving_hosts[0]}"',
                      f'node=~"{"|".join(serving_hosts[1:])}"').analyze(end - 300, end)
@@ -133,6 +136,12 @@ def canary_looks(url: str, looks: int, serving_hosts: list[str]) -> dict:
     return {"median_s": statistics.median(times), "max_s": max(times), "verdict": verdict.verdict,
             "metrics": {m.name: {"class": m.classification, "effect": m.effect, "n_canary": m.n_canary,
                                  "n_baseline": m.n_baseline, "baseline": m.baseline} for m in verdict.metrics}}
+
+
+def shard_nodes(state, member: str) -> set[str]:
+    """The node labels of the targets ``member`` scrapes."""
+    ts = requests.get(f"{state.members[member]}/api/v1/targets", timeout=30).json()["data"]["activeTargets"]
+    return {t["labels"].get("node") for t in ts}
 
 
 def xid_latency(state, nodes: list[int], alertnames: list[str], deadline_s: float = 150) -> dict:
@@ -213,6 +222,15 @@ def phase(kind: str, args) -> dict:
             m = measure(state, urls, args.window)
             print(f"[{kind}] measured; canary looks", file=sys.stderr, flush=True)
             m["canary"] = canary_looks(canary_url, args.looks, state.serving_hosts)
+            if kind == "ha":
+                # Same data, same moment: the look over one shard's serving nodes, through VictoriaMetrics
+                # (MetricsQL) and through that shard's replica (PromQL).
+                shard_hosts = [h for h in state.serving_hosts if h in shard_nodes(state, "prometheus-s0-r0")]
+                at = time.time() - 30  # behind VictoriaMetrics's latency offset
+                m["canary_same_data"] = {
+                    "hosts": len(shard_hosts),
+                    "victoria-metrics": canary_looks(state.urls.prometheus, 1, shard_hosts, at),
+                    "prometheus-s0-r0": canary_looks(state.members["prometheus-s0-r0"], 1, shard_hosts, at)}
             print(f"[{kind}] canary {m['canary']['median_s']:.2f}s; Xid", file=sys.stderr, flush=True)
             m["xid"] = xid_latency(state, list(range(args.xid_nodes)), alertnames)
             m["start_s"] = started_s
@@ -261,8 +279,22 @@ def report(args, res: dict) -> str:
             out.append(f"| {what} | {a:,.2f} | {b:,.2f} | {a / b if b else float('nan'):.2f} |")
         out.append(f"| canary verdict (VM / single) | {h['canary']['verdict']} | {s['canary']['verdict']} | |")
         out += ["", f"Sizing (single Prometheus, this fleet): {sp['head_series'] / gpus:.1f} head series and "
-                f"{sp['samples_per_s'] / gpus:.2f} samples/s per GPU at a {args.interval}s interval "
-                f"(VictoriaMetrics after dedup: {vm.get('stored_per_s', 0) / gpus:.2f} samples/s per GPU stored)."]
+                f"{sp['samples_per_s'] / gpus:.2f} samples/s per GPU at a {args.interval}s interval. VictoriaMetrics "
+                f"received {vm.get('samples_per_s', 0) / gpus:.2f} samples/s per GPU (both replicas) and dropped "
+                f"{vm.get('dedup_per_s', 0) / gpus:.2f}/s per GPU as replica duplicates in background merges "
+                f"(vm_deduplicated_samples_total) during the window."]
+    same = res.get("ha", {}).get("canary_same_data")
+    if same:
+        a_, b_ = same["victoria-metrics"], same["prometheus-s0-r0"]
+        out += ["", f"Canary look on the same data ({same['hosts']} serving nodes of shard 0, same 5 min window): "
+                f"VictoriaMetrics {a_['verdict']} vs shard replica {b_['verdict']}.", "",
+                "| metric | VM class | VM effect | VM n canary | Prometheus class | Prometheus effect | Prometheus n canary |",
+                "|---|---|---:|---:|---|---:|---:|"]
+        for name, ma in a_["metrics"].items():
+            mb = b_["metrics"].get(name, {})
+            fmt = lambda v: "" if v is None else f"{v:.4g}"  # noqa: E731
+            out.append(f"| {name} | {ma['class']} | {fmt(ma['effect'])} | {fmt(ma['n_canary'])} | {mb.get('class')} | "
+                       f"{fmt(mb.get('effect'))} | {fmt(mb.get('n_canary'))} |")
     out += ["", "| Xid 48 fault-to-page, s | path | seconds |", "|---|---|---:|"]
     for kind in ("ha", "single"):
         for key, secs in sorted(res.get(kind, {}).get("xid", {}).items()):
