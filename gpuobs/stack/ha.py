@@ -154,6 +154,8 @@ def render_replica(run: Path, base_cfg: Path, name: str, shard: int, replica: in
             sc["static_configs"] = [{"targets": [f"127.0.0.1:{ports[name]}"]}]
         else:
             sc["relabel_configs"] = shard_relabel(cfg.shards, shard) + list(sc.get("relabel_configs") or [])
+    doc["scrape_configs"].append({"job_name": GLOBAL_JOB, "static_configs": [{"targets": [
+        f"127.0.0.1:{ports['victoria-metrics']}", f"127.0.0.1:{ports['vmalert']}"]}]})
     path = run / name / "prometheus.yml"
     atomic_write(path, yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -172,6 +174,34 @@ def render_rules_placed(run: Path, runbook_base: str, profile: str) -> tuple[Pat
             atomic_write(folder / fname, text)
     atomic_write(run / "placement.json", json.dumps([asdict(r) for r in placed.rules], indent=1))
     return shard_dir, fleet_dir
+
+
+#: Job name under which every replica scrapes VictoriaMetrics and vmalert (no sharding: each shard
+#: must notice for itself that the global view is gone).
+GLOBAL_JOB = "ha-global"
+
+
+def blind_rule(runbook_base: str) -> str:
+    """Rule file (YAML text) of ``FleetRulesBlind``, evaluated on every shard: VictoriaMetrics or
+    vmalert is down (``up == 0``), or a vmalert rule's last evaluation failed (vmalert 1.79's
+    ``vmalert_alerting_rules_error`` / ``vmalert_recording_rules_error`` gauges are 1, e.g. while
+    VictoriaMetrics does not answer), so the fleet-wide rules cannot fire. A ticket (severity warning), not a page: the
+    node-local pages, on the shards, still arrive. Node-local by :mod:`gpuobs.mixin.placement`
+    (every aggregation keeps ``instance``)."""
+    doc = {"groups": [{"name": "ha-topology", "rules": [{
+        "alert": "FleetRulesBlind",
+        "expr": (f'up{{job="{GLOBAL_JOB}"}} == 0 or max by (job, instance) ('
+                 f'vmalert_alerting_rules_error{{job="{GLOBAL_JOB}"}} '
+                 f'or vmalert_recording_rules_error{{job="{GLOBAL_JOB}"}}) > 0'),
+        "for": "20s",
+        "labels": {"severity": "warning", "family": "ha"},
+        "annotations": {
+            "summary": "The fleet-wide rules are blind: VictoriaMetrics or vmalert is down or failing.",
+            "description": "{{ $labels.instance }} ({{ $labels.job }}) is down or vmalert's rules fail: driver skew, "
+                           "SLO burn and training-straggler alerts cannot fire until it is back. Node-local pages "
+                           "(Xid, ECC, exporter down) still come from the Prometheus shards.",
+            "runbook_url": f"{runbook_base.rstrip('/')}/runbooks/ha.md#fleetrulesblind"}}]}]}
+    return "# The HA topology's own alert (gpuobs.stack.ha.blind_rule).\n" + yaml.safe_dump(doc, sort_keys=False)
 
 
 def _cluster_size(url: str) -> int:
@@ -233,6 +263,7 @@ def _up(cfg: HAConfig, out) -> StackState:
     base_cfg = render_prometheus(run, p, fleet.nodes, fleet.engines, fleet.runbook_base, sc.profile,
                                  scrape_mode=sc.scrape_mode, pods=fleet.pods)
     shard_rules, fleet_rules = render_rules_placed(run, fleet.runbook_base, sc.profile)
+    atomic_write(shard_rules / "ha-topology.yml", blind_rule(fleet.runbook_base))
     am_cfg = render_alertmanager(run, p, pager_token_file=fleet.pager_token_file,
                                  resolve_timeout=format_duration(timing.resolve_timeout_s))
     interval = format_duration(cfg.scrape_interval_s)

@@ -1,7 +1,8 @@
 """Live: the HA topology (gpuobs.stack.ha) with a small fleet. An Xid fault pages exactly once through
-2 shards x 2 replicas and a 3-member Alertmanager cluster while one Alertmanager and the Prometheus
-replica scraping the faulty node are killed with SIGKILL right after the fault; both come back and
-nothing pages twice. Also: VictoriaMetrics holds one copy of each series (replica dedup), vmalert
+2 shards x 2 replicas and a 3-member Alertmanager cluster while one Alertmanager, the Prometheus
+replica scraping the faulty node and VictoriaMetrics are killed with SIGKILL right after the fault;
+the shards ticket FleetRulesBlind while VictoriaMetrics is down; all three come back and nothing
+pages (or tickets) twice. Also: VictoriaMetrics holds one copy of each series (replica dedup), vmalert
 loaded the fleet-wide rules and the shards only the node-local ones, and MetricsQL's increase()
 differs from PromQL's as docs/ha.md says. Bounded waits; ~1.5 minutes.
 """
@@ -62,10 +63,11 @@ def _poll(fn, deadline_s: float, what: str):
     pytest.fail(f"timed out after {deadline_s:g}s waiting for {what}")
 
 
-def _firing_pages(pager: str) -> Counter:
+def _firing(pager: str, channel: str = "page") -> Counter:
+    """(alertname, node or instance) -> how many times it was notified firing on ``channel``."""
     pages = requests.get(f"{pager}/api/pages", params={"status": "firing", "limit": 1000}, timeout=5).json()["pages"]
-    return Counter((a["labels"].get("alertname"), a["labels"].get("node"))
-                   for p in pages if p["channel"] == "page" for a in p["alerts"] if a["status"] == "firing")
+    return Counter((a["labels"].get("alertname"), a["labels"].get("node") or a["labels"].get("instance"))
+                   for p in pages if p["channel"] == channel for a in p["alerts"] if a["status"] == "firing")
 
 
 def _shard_of(state, node: str) -> int:
@@ -123,25 +125,30 @@ def test_metricsql_increase_does_not_extrapolate(stack):
     assert abs(vm - pr) <= 0.2 * pr + 5, (vm, pr)
 
 
-def test_xid_pages_once_through_a_killed_alertmanager_and_replica(stack):
+def test_xid_pages_once_with_an_alertmanager_a_replica_and_victoriametrics_killed(stack):
     node = stack.hostnames[0]
     pager, run = stack.urls.pager, Path(stack.run_dir)
     shard = _shard_of(stack, node)
     AdminClient(stack.urls.node_bases[0], stack.token()).inject({"kind": "xid", "gpu": 0, "code": 48})
-    # Mid-incident: the first Alertmanager (the one that would notify first) and the replica that
-    # scrapes the faulty node die before the alert has fired.
-    _kill9(stack, "alertmanager-0")
-    _kill9(stack, ha.prometheus_name(shard, 0))
-    _poll(lambda: _firing_pages(pager)[("GpuXidCritical", node)], 75, "the Xid page through the cluster")
-    for name in ("alertmanager-0", ha.prometheus_name(shard, 0)):
+    # Mid-incident: the first Alertmanager (the one that would notify first), the replica that
+    # scrapes the faulty node and VictoriaMetrics die before the alert has fired.
+    killed = ("alertmanager-0", ha.prometheus_name(shard, 0), "victoria-metrics")
+    for name in killed:
+        _kill9(stack, name)
+    _poll(lambda: _firing(pager)[("GpuXidCritical", node)], 75, "the Xid page through the cluster")
+    # The node-local page came from the surviving replica; the fleet-wide rules say they are blind.
+    vm_instance = stack.members["victoria-metrics"].removeprefix("http://")
+    _poll(lambda: _firing(pager, "ticket")[("FleetRulesBlind", vm_instance)], 60, "FleetRulesBlind for VictoriaMetrics")
+    for name in killed:
         supervisor.restart(run, name, out=io.StringIO(), timeout_s=60)
     am_urls = [stack.members[f"alertmanager-{i}"] for i in range(3)]
     _poll(lambda: all(ha._cluster_size(u) == 3 for u in am_urls), 40, "the Alertmanager cluster to re-form")
     # Two group intervals (10 s) and a resend (Prometheus's resend delay) after both are back.
     time.sleep(25)
-    pages = _firing_pages(pager)
+    pages, tickets = _firing(pager), _firing(pager, "ticket")
     assert pages[("GpuXidCritical", node)] == 1, pages
     assert all(n == 1 for n in pages.values()), f"something paged twice: {pages}"
+    assert all(n == 1 for n in tickets.values()), f"something ticketed twice: {tickets}"
     health = requests.get(f"{pager}/health", timeout=5).json()
     # The cluster's notification log, not the pager's own dedupe, kept the copies out.
     assert health["duplicates"] == 0, health

@@ -109,3 +109,18 @@ def test_bad_shapes_are_refused_naming_the_field(tmp_path, field, value, message
         ha.up(cfg)
     assert str(exc.value) == message and exc.value.exit_code == 2
     assert not (tmp_path / "run").exists()
+
+
+def test_the_blind_alert_runs_on_the_shards_and_its_runbook_exists(tmp_path):
+    from gpuobs.core import assets
+    from gpuobs.mixin.placement import SHARD, place
+
+    text = ha.blind_rule("http://127.0.0.1:9097")
+    assert place({"ha-topology.yml": text}).names(SHARD) == ["FleetRulesBlind"]
+    (tmp_path / "ha.yml").write_text(text)
+    res = subprocess.run(["promtool", "check", "rules", str(tmp_path / "ha.yml")], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rule = yaml.safe_load(text)["groups"][0]["rules"][0]
+    runbook, anchor = rule["annotations"]["runbook_url"].split("/runbooks/", 1)[1].split("#")
+    assert f"## {rule['alert']}" in (assets.path("runbooks") / runbook).read_text() and anchor == "fleetrulesblind"
