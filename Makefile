@@ -13,11 +13,11 @@ EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
 DRILL_RUN_DIR ?= .run-drills
 DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --base-port 19400 --engine-base-port 18000
 
-.PHONY: help venv binaries up up-ha down status images test-compose test test-faults lint rules drills bench bench-canary bench-latency bench-scale clean
+.PHONY: help venv binaries up up-ha down status images test-compose test test-faults lint rules drills drills-ha bench bench-canary bench-latency bench-scale clean
 
 help:
-	@echo "make up | up-ha | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | rollout-good |"
-	@echo "     rollout-bad | rollout-incompatible | bench | bench-canary | bench-latency | bench-scale | rules | clean"
+	@echo "make up | up-ha | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | drills-ha |"
+	@echo "     rollout-good | rollout-bad | rollout-incompatible | bench | bench-canary | bench-latency | bench-scale | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuobs needs Python >= 3.11")'
@@ -87,6 +87,16 @@ drills: venv binaries
 	  --exporter-profile $(EXPORTER_PROFILE)
 	@rc=0; $(GPUOBS) drill all --run-dir $(DRILL_RUN_DIR) || rc=$$?; \
 	  $(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR); exit $$rc
+
+# The same drills on the HA topology (docs/ha.md): alerts are read from every Prometheus replica and
+# vmalert, pages from the pager behind the 3-member Alertmanager cluster.
+drills-ha: venv binaries
+	@$(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR)-ha >/dev/null 2>&1 || true
+	rm -rf $(DRILL_RUN_DIR)-ha
+	$(GPUOBS) stack up --topology ha --run-dir $(DRILL_RUN_DIR)-ha --profile drill --nodes 4 --training-nodes 1 \
+	  $(DRILL_PORTS) --exporter-profile $(EXPORTER_PROFILE)
+	@rc=0; $(GPUOBS) drill all --run-dir $(DRILL_RUN_DIR)-ha || rc=$$?; \
+	  $(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR)-ha; exit $$rc
 
 bench: venv binaries
 	$(PY) bench/bench_exporter.py
