@@ -306,11 +306,10 @@ def _up(cfg: HAConfig, out) -> StackState:
                         f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}",
                         *[f"-notifier.url={u}" for u in am_urls], f"-evaluationInterval={interval}",
                         f"-httpListenAddr=127.0.0.1:{ports['vmalert']}", f"-external.url={vmalert_url}",
-                        # The shards' alert validity for the fleet-wide alerts too: vmalert sets endsAt to
-                        # 4 x max(group interval, resend delay) (vmalert 1.79 getResolveDuration), so with
-                        # Prometheus's resend delay a vmalert outage resolves nothing for as long as a
-                        # Prometheus outage does (gpuobs/stack/alert_timing.py).
-                        f"-rule.resendDelay={format_duration(timing.resend_delay_s)}",
+                        # No -rule.resendDelay: vmalert 1.79 sets an alert's endsAt to 3 x its group's
+                        # interval whatever the resend delay ("-rule.maxResolveDuration ... by default equal
+                        # to 3 evaluation intervals of the parent group", vmalert -help), so it must send at
+                        # every evaluation or Alertmanager resolves its alerts between sends.
                         "-loggerFormat=json"]
     checks["vmalert"] = lambda: _ok(f"{vmalert_url}/health")
     members["vmalert"] = vmalert_url
