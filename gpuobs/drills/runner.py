@@ -296,6 +296,15 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
         return all(o.resolved_s is not None or o.paged_s is None for o in res.alerts)
 
     poll(time.time() + spec.resolve_deadline_s * scale_fire, resolved, t0)
+    if spec.allowed:
+        # Hold the claim on the fault's allowed consequences (a GPU off the bus takes its engine down)
+        # until they have resolved too, so a drill running in another lane does not count them as its
+        # false alerts. Bounded; on the HA topology the last replica to evaluate keeps an alert listed
+        # up to one evaluation interval longer.
+        def consequences_gone(alerts, pages):
+            return not any(a["labels"].get("alertname") in spec.allowed
+                           and (host is None or a["labels"].get(IDENTITY_LABEL) in (host, None)) for a in alerts)
+        poll(time.time() + 60 * scale_fire, consequences_gone, t0)
     claims.remove(name)
     for out in res.alerts:
         if out.fired_s is None:

@@ -89,6 +89,12 @@ class HAConfig:
     alertmanagers: int = 3
     base_port: int = 0
     scrape_interval_s: float = 5.0
+    #: Alertmanager ``--cluster.peer-timeout``: how long the member at position p waits (p x this)
+    #: before it checks the shared notification log and notifies. Upstream's 15 s is sized for a
+    #: network; on loopback gossip lands in milliseconds, and a long wait is what lets a waiting member
+    #: send a notification made from a stale snapshot (an alert that another member already notified
+    #: as resolved), see docs/ha.md.
+    peer_timeout_s: float = 3.0
 
     def port_count(self) -> int:
         """Ports the members take: one per Prometheus, two per Alertmanager (web, gossip), VM, vmalert."""
@@ -286,7 +292,8 @@ def _up(cfg: HAConfig, out) -> StackState:
         specs[name] = [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / name / 'data'}",
                        f"--web.listen-address=127.0.0.1:{ports[name]}", f"--web.external-url={am_urls[i]}",
                        f"--cluster.listen-address=127.0.0.1:{cport}", f"--cluster.advertise-address=127.0.0.1:{cport}",
-                       *peers, "--log.format=json", *timing.alertmanager_flags()]
+                       *peers, f"--cluster.peer-timeout={format_duration(cfg.peer_timeout_s)}",
+                       "--log.format=json", *timing.alertmanager_flags()]
         checks[name] = (lambda u: lambda: _ok(f"{u}/-/ready"))(am_urls[i])
         members[name] = am_urls[i]
     prom_names = []
