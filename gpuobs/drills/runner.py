@@ -37,7 +37,7 @@ from gpuobs.drills.catalogue import (
     kernel_log_variant,
 )
 from gpuobs.mixin.families import IDENTITY_LABEL
-from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient
+from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient, UnionAlertsClient
 from gpuobs.promapi.exporter_admin import AdminClient
 from gpuobs.stack.state import StackState
 
@@ -179,12 +179,20 @@ def _matches(labels: dict, exp: Expect, host: str | None) -> bool:
     return all(labels.get(k) == v for k, v in exp.labels.items())
 
 
+def alerts_client(state: StackState):
+    """Where the stack's alerts are read: its Prometheus, or, on the HA topology (docs/ha.md), every
+    Prometheus replica and vmalert together (VictoriaMetrics, ``urls.prometheus`` there, holds no alerts)."""
+    if getattr(state, "topology", "single") == "ha":
+        return UnionAlertsClient([u for n, u in state.members.items() if n.startswith("prometheus-") or n == "vmalert"])
+    return AlertsClient(state.urls.prometheus)
+
+
 class _Session:
     """HTTP access to the stack for one drill."""
 
     def __init__(self, state: StackState):
         self.urls = state.urls
-        self._alerts, self._pager = AlertsClient(self.urls.prometheus), PagerClient(self.urls.pager)
+        self._alerts, self._pager = alerts_client(state), PagerClient(self.urls.pager)
         if state.mode == "compose":  # node admin APIs are inside the containers
             from gpuobs.stack.compose import ComposeAdmin
 
