@@ -13,11 +13,11 @@ EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
 DRILL_RUN_DIR ?= .run-drills
 DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --base-port 19400 --engine-base-port 18000
 
-.PHONY: help venv binaries up down status images test-compose test test-faults lint rules drills bench bench-canary bench-latency clean
+.PHONY: help venv binaries up up-ha down status images test-compose test test-faults lint rules drills drills-ha bench bench-canary bench-latency bench-scale clean
 
 help:
-	@echo "make up | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | rollout-good | rollout-bad |"
-	@echo "     rollout-incompatible | bench | bench-canary | bench-latency | rules | clean"
+	@echo "make up | up-ha | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | drills-ha |"
+	@echo "     rollout-good | rollout-bad | rollout-incompatible | flag-good | flag-bad | bench | bench-canary | bench-latency | bench-scale | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuobs needs Python >= 3.11")'
@@ -44,6 +44,15 @@ up: venv binaries
 	  echo native > $(RUN_DIR)/mode; $(GPUOBS) stack up --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE); \
 	fi
 
+# The HA topology (docs/ha.md): 2 Prometheus shards x 2 replicas, a 3-member Alertmanager cluster,
+# VictoriaMetrics (global store, replica dedup) and vmalert (fleet-wide rules), natively. `make down`
+# and `make status` act on it like on `make up`'s stack. HA_FLAGS: e.g. --shards 3 --ha-base-port 9100.
+HA_FLAGS ?=
+up-ha: venv binaries
+	@mkdir -p $(RUN_DIR)
+	@echo native > $(RUN_DIR)/mode
+	$(GPUOBS) stack up --topology ha --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE) $(HA_FLAGS)
+
 down: venv
 	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE_PY) down --run-dir $(RUN_DIR); \
 	else $(GPUOBS) stack down --run-dir $(RUN_DIR); fi
@@ -66,7 +75,7 @@ test-compose: venv
 
 # One drill against the stack `make up` started (realistic rule timings: some drills take minutes).
 drill-%: venv
-	@rc=0; $(GPUOBS) drill $* --run-dir $(RUN_DIR) || rc=$$?; \
+	@rc=0; $(GPUOBS) drill $* --run-dir $(RUN_DIR) $(DRILL_FLAGS) || rc=$$?; \
 	  echo "report: $$($(GPUOBS) report drill $* --run-dir $(RUN_DIR) | tail -n 1)"; exit $$rc
 
 # Every drill on a fresh stack of its own with the drill profile (shortened `for:`/windows, 1d SLO
@@ -79,6 +88,20 @@ drills: venv binaries
 	@rc=0; $(GPUOBS) drill all --run-dir $(DRILL_RUN_DIR) || rc=$$?; \
 	  $(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR); exit $$rc
 
+# The same drills on the HA topology (docs/ha.md): alerts are read from every Prometheus replica and
+# vmalert, pages from the pager behind the 3-member Alertmanager cluster.
+drills-ha: venv binaries
+	@$(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR)-ha >/dev/null 2>&1 || true
+	rm -rf $(DRILL_RUN_DIR)-ha
+	$(GPUOBS) stack up --topology ha --run-dir $(DRILL_RUN_DIR)-ha --profile drill --nodes 4 --training-nodes 1 \
+	  $(DRILL_PORTS) --exporter-profile $(EXPORTER_PROFILE)
+	@# vmalert's SLO burn rules run on MetricsQL, which counts a counter from zero when its first sample is in
+	@# the window and small (errors) but not when it is large (requests): until the drill profile's paging
+	@# windows (2m/30s, 12m/1m) hold no first sample the error ratio is inflated (docs/ha.md). Wait them out.
+	@echo "waiting 150 s for the SLO windows to pass the series' first samples (docs/ha.md, MetricsQL)"; sleep 150
+	@rc=0; $(GPUOBS) drill all --run-dir $(DRILL_RUN_DIR)-ha || rc=$$?; \
+	  $(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR)-ha; exit $$rc
+
 bench: venv binaries
 	$(PY) bench/bench_exporter.py
 	$(PY) bench/bench_logwatch.py
@@ -88,6 +111,12 @@ bench-canary: venv
 
 bench-latency: venv binaries
 	$(PY) bench/bench_xid_latency.py
+
+# The HA topology at scale (bench/bench_scale.py; about 10 minutes, not part of `make test`): ingest per
+# replica and VictoriaMetrics, head series per shard, CPU/memory per component, canary look and Xid
+# fault-to-page latency via a shard vs vmalert, against the single stack. Table in bench/README.md.
+bench-scale: venv binaries
+	$(PY) bench/bench_scale.py
 
 lint: venv binaries
 	promtool check config prometheus/prometheus.yml
@@ -139,6 +168,34 @@ rollout-bad: venv
 
 rollout-incompatible: venv
 	$(call rollout_demo,2.0.0,Rejected)
+
+# Feature-flag demos against the stack `make up` started (RUN_DIR), same timing as the rollout demos:
+# flag-good (kv_policy_v2, no visible change -> Succeeded, on for every serving node), flag-bad
+# (spec_decode: TPOT -15% but +2% errors on prompts over 512 tokens -> the canary's error_ratio is
+# harmful -> RolledBack, the kill switch turns it off on every node). Each prints the progress, the
+# report's path, and checks both the end state and where the flag file has the flag on.
+# Run flag-good first (or on a fresh stack): flag-bad's errors spend the availability budget (docs/rollout.md).
+FLAG_DEMO_FLAGS ?= --stages 1,50%,100% --interval 15s --stage-timeout 8m --settle 10s
+define flag_demo
+	@rc=0; $(GPUOBS) --log-level warning flag rollout $(1) --run-dir $(RUN_DIR) $(FLAG_DEMO_FLAGS) || rc=$$?; \
+	$(GPUOBS) flag status --run-dir $(RUN_DIR) --json > $(RUN_DIR)/flag-last.json; \
+	state=$$($(PY) -c 'import json,sys; print(json.load(open(sys.argv[1]))["state"])' $(RUN_DIR)/flag-last.json); \
+	where=$$($(PY) -c 'import sys; from pathlib import Path; from gpuobs.flags.flagd import FlagFile; \
+	  from gpuobs.stack.supervisor import load_state; run = Path(sys.argv[1]); \
+	  hosts = set(load_state(run).serving_hosts); on = set(FlagFile(run / "flags.json").hosts(sys.argv[2])) & hosts; \
+	  print("everywhere" if on == hosts else "nowhere" if not on else "on " + ",".join(sorted(on)))' $(RUN_DIR) $(1)); \
+	echo "report: $$($(GPUOBS) report rollout --file $(RUN_DIR)/flag-last.json --run-dir $(RUN_DIR) | tail -n 1)"; \
+	if [ "$$state" = "$(2)" ] && [ "$$where" = "$(3)" ]; then \
+	  echo "demo OK: flag $(1) ended $$state (exit $$rc), on $$where, as expected"; \
+	else echo "demo FAILED: flag $(1) ended $${state:-nowhere} (exit $$rc), on $$where; expected $(2), on $(3)"; exit 1; fi
+endef
+
+.PHONY: flag-good flag-bad
+flag-good: venv
+	$(call flag_demo,kv_policy_v2,Succeeded,everywhere)
+
+flag-bad: venv
+	$(call flag_demo,spec_decode,RolledBack,nowhere)
 
 # Which alert families work on the running stack's Prometheus (or GPUOBS_PROMETHEUS_URL): docs/doctor.md.
 .PHONY: doctor

@@ -30,12 +30,13 @@ def cmd_drill(args: argparse.Namespace) -> int:
         return 0 if res.ok else 1
     try:
         if args.drill == "all":
-            results = drill.run_all(state, progress)
+            results = drill.run_all(state, progress, wait_resolve=not args.no_wait_resolve)
         else:
             spec = None
             if args.drill == "xid" and args.code != 48:
                 spec = xid_drill(args.code)
-            results = [drill.run_drill(state, args.drill, progress=progress, spec=spec)]
+            results = [drill.run_drill(state, args.drill, progress=progress, spec=spec,
+                                       wait_resolve=not args.no_wait_resolve)]
     except (drill.DrillError, ValueError) as exc:
         return fail(str(exc))
     from gpuobs.core.files import atomic_write
@@ -57,11 +58,18 @@ def cmd_drill(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``drill`` group to ``sub``."""
     from gpuobs.drills.catalogue import DRILLS
-    d = sub.add_parser("drill", help="failure drills on the running stack: inject, page, clear, resolve")
+    d = sub.add_parser("drill", help="failure drills on the running stack: inject, page, clear, resolve",
+                       description="Inject a fault, wait for its alert to fire and reach its receiver, clear it, "
+                                   "wait for the resolution. A progress line every 15 s says what is awaited. "
+                                   "Expected durations per drill and profile: docs/drills.md.")
     d.add_argument("drill", choices=[*DRILLS, "all", "soak"],
                    help="drill name, all (lanes in parallel, then slo-burn), or soak (watch a healthy fleet)")
     d.add_argument("--minutes", type=pos_float, default=30.0, help="soak: minutes to watch (default 30)")
     d.add_argument("--code", type=int_range(1, 65535), default=48, help="xid drill: Xid code (default 48, DBE)")
+    d.add_argument("--no-wait-resolve", action="store_true",
+                   help="return once the fault is cleared: do not wait for (or check) the resolution, which on "
+                        "the default profile can take the rules' full window, e.g. 10 min for ecc-dbe "
+                        "(expected times: docs/drills.md)")
     d.add_argument("--run-dir", default=run_dir_default())
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_drill)

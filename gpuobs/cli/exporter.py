@@ -25,6 +25,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     )
     from gpuobs.exporter.sim import profiles
     from gpuobs.exporter.sim.mig import parse_mig_spec
+    from gpuobs.flags.flagd import FlagFileError
     from gpuobs.reference.releases import CatalogueError
 
     for flag, value, allowed in (("--exporter-profile (GPUOBS_EXPORTER_PROFILE)", args.exporter_profile, profiles.PROFILES),
@@ -70,9 +71,12 @@ def cmd_exporter(args: argparse.Namespace) -> int:
                       targets_file=Path(args.targets_file) if args.targets_file else None,
                       xid_window_ms=args.xid_window_ms, tick_s=args.tick_s, engine_base_port=args.engine_base_port,
                       training_nodes=args.training_nodes, node_offset=args.node_offset, rate_rps=args.rate,
-                      mig=mig, k8s=k8s, releases_file=Path(args.releases) if args.releases else None)
+                      mig=mig, k8s=k8s, releases_file=Path(args.releases) if args.releases else None,
+                      flags_file=Path(args.flags) if args.flags else None)
     try:
         fleet = Fleet(cfg, token)
+    except FlagFileError as exc:
+        return fail(f"--flags: {exc}")
     except (CatalogueError, KeyError) as exc:
         return fail(f"--releases: {exc}")
     except OSError as exc:
@@ -128,4 +132,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="MIG: a profile for every GPU (1g.10gb) or per GPU (0=1g.10gb,3=3g.40gb)")
     e.add_argument("--k8s-map", default=None, help="YAML/JSON file: hostname -> GPU index -> {pod, namespace, container}")
     e.add_argument("--releases", default=env("RELEASES"), help="release catalogue YAML (default: packaged)")
+    e.add_argument("--flags", default=env("FLAGS_FILE"), metavar="FILE",
+                   help="flagd-format feature-flag file the engines evaluate through OpenFeature (env "
+                        "GPUOBS_FLAGS_FILE; default: none, every flag off)")
     e.set_defaults(func=cmd_exporter)

@@ -11,7 +11,7 @@ from gpuobs.cli.common import PORT, duration, fail, run_dir_default
 def cmd_pager(args: argparse.Namespace) -> int:
     import sqlite3
 
-    from gpuobs.core import tokens
+    from gpuobs.core import activity, tokens
     from gpuobs.pager.server import serve
 
     if args.runbooks_dir and not Path(args.runbooks_dir).is_dir():
@@ -37,7 +37,9 @@ def cmd_pager(args: argparse.Namespace) -> int:
     try:
         serve(args.host, args.port, Path(args.db), Path(args.runbooks_dir) if args.runbooks_dir else None,
               token=token, runbook_base=args.runbook_base, dedupe_window_s=args.dedupe_window,
-              alertmanager_url=args.alertmanager_url, escalation=escalation)
+              alertmanager_url=args.alertmanager_url, escalation=escalation,
+              activity_file=Path(args.activity_file) if args.activity_file
+              else Path(args.db).parent / activity.FILE_NAME)
     except sqlite3.Error as exc:
         return fail(f"--db {args.db}: not a usable SQLite database ({exc})")
     except OSError as exc:
@@ -65,4 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--escalation-config", default=None, metavar="FILE",
                    help="YAML escalation policy: an unacknowledged page escalates after N minutes to a secondary "
                         "receiver (docs/incidents.md; default: none)")
+    g.add_argument("--activity-file", default=None, metavar="FILE",
+                   help="drills and rollouts recorded by `gpuobs drill` / `gpuobs rollout` (JSON lines) to link "
+                        "incidents to (default: activity.jsonl beside --db, i.e. in the run directory)")
     g.set_defaults(func=cmd_pager)

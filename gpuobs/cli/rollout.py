@@ -1,4 +1,4 @@
-"""``gpuobs rollout start|status|abort|resume``: the progressive rollout controller's command line.
+"""``gpuobs rollout start|status|abort|resume|pause|promote``: the progressive rollout controller's command line.
 
 Works on the native stack of ``--run-dir`` (``<run>/stack.json``: nodes, admin token, Prometheus URL);
 the rollout database is ``<run>/rollout.sqlite`` and one controller at a time holds
@@ -6,12 +6,18 @@ the rollout database is ``<run>/rollout.sqlite`` and one controller at a time ho
 table and the deciding canary verdict table. Exit codes (design §8; see :mod:`gpuobs.rollout.controller`):
 0 Succeeded, 1 RolledBack / Rejected / rollback incomplete, 3 Aborted (inconclusive, operator abort,
 Prometheus errors, freeze mid-rollout), 2 usage or input error (one ``error:`` line on stderr).
+
+``pause`` / ``promote`` record a human decision (operator name, reason) that the running controller
+acts on at its next wait (:mod:`gpuobs.rollout.decisions`); ``resume`` lifts a pause and, when no
+controller is running, drives the rollout on. Both exit 0 once recorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -20,10 +26,11 @@ from typing import Any
 from gpuobs.canary.config import ConfigError, parse_duration
 from gpuobs.cli.common import env as _env
 from gpuobs.cli.common import fail as _common_fail
+from gpuobs.core import activity
 from gpuobs.core.errors import EXIT_USAGE
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError, load
-from gpuobs.rollout import tracing
+from gpuobs.rollout import decisions, tracing
 from gpuobs.rollout.adapters.native import StackFleet
 from gpuobs.rollout.adapters.prometheus import (
     BASELINE_SELECTOR,
@@ -51,11 +58,13 @@ exit codes: 0 Succeeded, 1 RolledBack or Rejected, 3 Aborted (inconclusive, abor
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``rollout`` (``start``, ``status``, ``abort``, ``resume``); each leaf sets ``func(args) -> int``."""
+    """Add ``rollout`` (``start``, ``status``, ``abort``, ``resume``, ``pause``, ``promote``); each leaf sets
+    ``func(args) -> int``."""
     ro = subparsers.add_parser("rollout", help="progressive rollout with gates, canary analysis and rollback",
                                description="Compatibility gate, error-budget gate, canary stages by node share "
                                            "analysed over Prometheus, automatic rollback (docs/rollout.md).")
-    sub = ro.add_subparsers(dest="rollout_command", metavar="{start,status,abort,resume}", required=True)
+    sub = ro.add_subparsers(dest="rollout_command", metavar="{start,status,abort,resume,pause,promote}",
+                            required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--run-dir", default=_env("RUN_DIR", ".run"), help="stack run directory (env GPUOBS_RUN_DIR)")
     common.add_argument("--prometheus", default=_env("PROMETHEUS_URL"), metavar="URL",
@@ -79,14 +88,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--reason", help="why the freeze is overridden (required with --override-freeze; recorded)")
     s.set_defaults(func=run_start)
     for name, helptext in (("status", "show the latest (or --id) rollout"),
-                           ("resume", "continue an unfinished rollout from its last persisted state"),
-                           ("abort", "abort the active rollout: roll back every touched node")):
+                           ("resume", "lift a pause; continue an unfinished rollout from its last persisted state"),
+                           ("abort", "abort the active rollout: roll back every touched node"),
+                           ("pause", "hold the rollout for a human decision: no look, no verdict acted on, "
+                                     "no stage advance (recorded)"),
+                           ("promote", "pass the current stage now, whatever the analysis says (recorded)")):
         p = sub.add_parser(name, parents=[common], help=helptext)
         p.add_argument("--id", help="rollout id (default: the latest)")
         if name == "abort":
             p.add_argument("--reason", default="aborted from the command line", help="recorded abort reason")
             p.add_argument("--wait", default="120s", help="how long to wait for a running controller to finish")
-        p.set_defaults(func={"status": run_status, "resume": run_resume, "abort": run_abort}[name])
+        if name in ("pause", "promote", "resume"):
+            p.add_argument("--reason", required=name != "resume", default="",
+                           help="why (recorded with the decision" + (", required)" if name != "resume" else ")"))
+            p.add_argument("--operator", default=_operator(),
+                           help="who decides (recorded; default env GPUOBS_OPERATOR or the login name: %(default)s)")
+        p.set_defaults(func={"status": run_status, "resume": run_resume, "abort": run_abort, "pause": run_pause,
+                             "promote": run_promote}[name])
+
+
+def _operator() -> str:
+    """The default operator name: env GPUOBS_OPERATOR, else the login name, else ``unknown``."""
+    try:
+        return os.environ.get("GPUOBS_OPERATOR") or getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
 
 
 def _usage(err: object) -> int:
@@ -120,7 +146,12 @@ def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: Roll
         if not lock.acquire():
             return _usage(f"another rollout controller holds {lock.path}; use `gpuobs rollout status` or `abort`")
         ctl, fleet = _controller(args, stack, store, tr)
-        rec = fn(ctl, rid if spec is None else ctl.create(spec).id)
+        rid = rid if spec is None else ctl.create(spec).id
+        _note(args, store, rid)
+        try:
+            rec = fn(ctl, rid)
+        finally:
+            _note(args, store, rid)
         tr.shutdown()
         from gpuobs.rollout.notices import send as send_notice  # RolledBack/Rejected/Aborted -> Alertmanager
 
@@ -136,6 +167,23 @@ def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: Roll
         store.close()
 
 
+def _note(args: argparse.Namespace, store: RolloutStore, rid: str) -> None:
+    """Record the rollout in the run directory's activity file (:mod:`gpuobs.core.activity`), so the
+    incident console links incidents on its nodes to it: its start, and its end once terminal. A
+    failure to write is a warning line, never fatal."""
+    try:
+        rec = store.get(rid)
+        ended = store.transitions(rid)[-1]["ts"] if rec.state in TERMINAL else None
+        run_dir = str(args.run_dir)
+        activity.record(run_dir, "rollout", rec.id, title=f"rollout {rec.version}",
+                        nodes=rec.spec.get("hosts") or [], started_at=rec.created_at, ended_at=ended,
+                        detail={"version": rec.version, "report": f"gpuobs rollout status --run-dir {run_dir} --id "
+                                                                  f"{rec.id}",
+                                **({"outcome": f"{rec.state}: {rec.reason}"[:300]} if ended else {})})
+    except (OSError, KeyError, ValueError) as err:
+        print(f"warning: could not record rollout {rid} in {activity.path_in(args.run_dir)}: {err}", flush=True)
+
+
 def run_start(args: argparse.Namespace) -> int:
     """Handler of ``rollout start``."""
     try:
@@ -146,6 +194,13 @@ def run_start(args: argparse.Namespace) -> int:
         interval = parse_duration(args.interval, "--interval")
         release = load(Path(args.releases) if args.releases else None).get(args.version)
         stack = _stack(args)
+        if (Path(args.run_dir) / "flag.sqlite").exists():  # a flag rollout owns the canary labels meanwhile
+            flags = RolloutStore(Path(args.run_dir) / "flag.sqlite")
+            busy = flags.latest(active_only=True, terminal=TERMINAL)
+            flags.close()
+            if busy:
+                raise UsageError(f"flag rollout {busy.id} ({busy.state}) is unfinished and owns the canary labels; "
+                                 "finish or abort it first (`gpuobs flag status`)")
         hosts = StackFleet(stack).hosts
         spec = RolloutSpec(release.version, release.engine, release.cuda, tuple(hosts),
                            tuple(parse_stages(args.stages, len(hosts))), interval,
@@ -169,13 +224,49 @@ def _pick(args: argparse.Namespace, store: RolloutStore):
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    """Handler of ``rollout resume``: continue the latest (or --id) rollout from its persisted state."""
+    """Handler of ``rollout resume``: lift a pause (recorded); if no controller is running, continue
+    the latest (or --id) rollout from its persisted state."""
     try:
         with _open_store(args) as store:
             rec = _pick(args, store)
+            if rec.paused:
+                decisions.resume(store, rec.id, args.operator, args.reason)
+                print(f"rollout {rec.id}: resumed by {args.operator} (paused by {rec.paused.get('operator')}: "
+                      f"{rec.paused.get('reason')})", flush=True)
+                lock = RunLock(args.run_dir)
+                if not lock.acquire():
+                    print("the running controller continues", flush=True)
+                    return 0
+                lock.release()
     except (UsageError, KeyError) as err:
         return _usage(err)
     return _drive(args, lambda ctl, rid: ctl.run(rid), rid=rec.id)
+
+
+def _decide(args: argparse.Namespace, fn: Any, verb: str) -> int:
+    try:
+        with _open_store(args) as store:
+            rec = fn(store, _pick(args, store).id, args.operator, args.reason)
+            lock = RunLock(args.run_dir)
+            running = not lock.acquire()
+            if not running:
+                lock.release()
+            print(f"rollout {rec.id}: {verb} by {args.operator}: {args.reason.strip()} (recorded; "
+                  + ("the running controller acts on it at its next wait)" if running else
+                     "no controller is running: `gpuobs rollout resume` acts on it)"), flush=True)
+    except (UsageError, KeyError) as err:
+        return _usage(err.args[0] if isinstance(err, KeyError) else err)
+    return 0
+
+
+def run_pause(args: argparse.Namespace) -> int:
+    """Handler of ``rollout pause``: record the pause; the controller holds at its next wait."""
+    return _decide(args, decisions.pause, "pause requested")
+
+
+def run_promote(args: argparse.Namespace) -> int:
+    """Handler of ``rollout promote``: record the promote; the controller passes the current stage."""
+    return _decide(args, decisions.promote, "promote requested")
 
 
 def run_abort(args: argparse.Namespace) -> int:
@@ -257,11 +348,20 @@ def _json_doc(store: RolloutStore, rid: str, versions: dict[str, str], prometheu
             "stages": [{**asdict(s), "index": s.idx, "share": f"{len(s.hosts) / len(spec.hosts):.0%}",
                         "nodes": s.hosts} for s in stages],
             "transitions": transitions, "deploys": store.deploys(rid), "gates": store.gates(rid),
+            "events": store.events(rid),
             "fleet_versions": versions, "rollout_id": rec.id,
-            "baseline_version": max(set(previous), key=previous.count) if previous else None,
+            "baseline_version": (max(sorted(set(previous)), key=previous.count) if previous
+                                 else _majority(rec.spec.get("versions_before"), rec.version)),
+            "versions_before": rec.spec.get("versions_before") or {}, "stage_count": len(spec.stages),
             "started_at": rec.created_at, "ended_at": transitions[-1]["ts"] if rec.state in TERMINAL else None,
             "final_verdict": judged[-1].verdict_doc if judged else None, "prometheus": prometheus,
             "canary_selector": CANARY_SELECTOR, "baseline_selector": BASELINE_SELECTOR}
+
+
+def _majority(versions: Any, exclude: str) -> str | None:
+    """The most common version in ``{host: version}`` other than ``exclude`` (None if none)."""
+    vals = [str(v) for v in (versions or {}).values() if v and v != exclude] if isinstance(versions, dict) else []
+    return max(sorted(set(vals)), key=vals.count) if vals else None
 
 
 def report(store: RolloutStore, rid: str, fleet: StackFleet | None = None, as_json: bool = False,
@@ -284,6 +384,12 @@ def report(store: RolloutStore, rid: str, fleet: StackFleet | None = None, as_js
     n = len(spec.hosts)
     lines = [f"Rollout {rec.id}: {rec.state}" + (f" (exit {EXIT_CODES[rec.state]})" if rec.state in EXIT_CODES else ""),
              f"reason: {rec.reason or '-'}"]
+    if rec.paused and rec.state not in TERMINAL:
+        lines.append(f"PAUSED by {rec.paused.get('operator')} at {_ts(rec.paused.get('ts'))}: "
+                     f"{rec.paused.get('reason')} (`gpuobs rollout resume` or `promote`)")
+    if rec.promote_request and rec.state not in TERMINAL:
+        lines.append(f"promote pending, by {rec.promote_request.get('operator')} at "
+                     f"{_ts(rec.promote_request.get('ts'))}: {rec.promote_request.get('reason')}")
     rows = [("stage", "kind", "nodes", "hosts", "status", "looks", "verdict", "started", "window", "ended")]
     rows += [(f"{s.idx + 1}/{len(spec.stages)}", s.kind, f"{len(s.hosts)}/{n}", ",".join(s.hosts), s.status,
               str(s.looks), s.verdict or "-", _ts(s.started_at), _ts(s.analysis_start), _ts(s.ended_at))
@@ -294,6 +400,10 @@ def report(store: RolloutStore, rid: str, fleet: StackFleet | None = None, as_js
     lines.append("deploys: " + ("; ".join(calls) if calls else "none"))
     if versions:
         lines.append("fleet now: " + ", ".join(f"{h} {v}" for h, v in versions.items()))
+    for e in store.events(rid):
+        stage = f" (stage {e['stage'] + 1}/{len(spec.stages)})" if e["stage"] >= 0 else ""
+        lines.append(f"decision {_ts(e['ts'])}: {e['kind']} by {e['operator']}{stage}"
+                     + (f": {e['reason']}" if e["reason"] else ""))
     judged = [s for s in stages if s.verdict_table]
     if judged:
         lines += [f"Deciding canary verdict (stage {judged[-1].idx + 1}/{len(spec.stages)}, "

@@ -36,7 +36,8 @@ def _stack(args: argparse.Namespace) -> int:
         sv.check_run_dir(run)
     if args.action == "restart":
         if not args.component:
-            return fail("stack restart needs a COMPONENT: exporter, pager, alertmanager, prometheus or grafana")
+            return fail("stack restart needs a COMPONENT: exporter, pager, alertmanager, prometheus or grafana "
+                        "(HA topology: prometheus-s<i>-r<j>, alertmanager-<i>, victoria-metrics, vmalert)")
         pid = sv.restart(run, args.component, timeout_s=args.timeout)
         print(f"{args.component} restarted (pid {pid})")
         return 0
@@ -52,8 +53,15 @@ def _stack(args: argparse.Namespace) -> int:
         for r in rows:
             state = "healthy" if r["healthy"] else ("running, unhealthy" if r["running"] else "stopped")
             note = "" if r["pid"] == r["recorded_pid"] or not r["running"] else f"  (restarted by hand; recorded pid {r['recorded_pid']})"
-            print(f"{r['component']:<13} pid {r['pid']:<8} {state:<19} {r['url']}{note}")
-        return 0 if all(r["healthy"] for r in rows) else 1
+            print(f"{r['component']:<17} pid {r['pid']:<8} {state:<19} {r['url']}{note}")
+        from gpuobs.stack import ha
+
+        cluster = ha.cluster_status(run)
+        for c in cluster:
+            seen = "unreachable" if c["peers"] is None else f"{c['peers']} of {len(cluster)} peers, cluster {c['cluster']}"
+            print(f"{c['component']:<17} {seen}")
+        whole = all(c["peers"] == len(cluster) for c in cluster)
+        return 0 if all(r["healthy"] for r in rows) and whole else 1
     ports = Ports(prometheus=args.prometheus_port, alertmanager=args.alertmanager_port, pager=args.pager_port,
                   node_base=args.base_port, engine_base=args.engine_base_port, grafana=args.grafana_port)
     if args.training_nodes >= args.nodes:
@@ -64,6 +72,8 @@ def _stack(args: argparse.Namespace) -> int:
                          exporter_profile=args.exporter_profile, host_label_mode=args.host_label_mode,
                          scrape_mode=args.scrape_mode, collect_interval_s=args.collect_interval,
                          clock_events_name=args.clock_events_name)
+    if args.topology == "ha":
+        return _up_ha(args, cfg)
     try:
         state = sv.up(cfg)
     except sv.StackError as exc:
@@ -92,13 +102,39 @@ def _stack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _up_ha(args: argparse.Namespace, cfg) -> int:
+    from gpuobs.stack import ha
+    from gpuobs.stack import supervisor as sv
+
+    hcfg = ha.HAConfig(stack=cfg, shards=args.shards, replicas=args.replicas, alertmanagers=args.alertmanagers,
+                       base_port=args.ha_base_port, scrape_interval_s=args.scrape_interval)
+    try:
+        state = ha.up(hcfg)
+    except sv.StackError as exc:
+        return fail(str(exc), exc.exit_code)
+    u = state.urls
+    print(f"gpuobs stack is up (native mode, HA topology: {args.shards} shards x {args.replicas} replicas, "
+          f"{args.alertmanagers} Alertmanagers):")
+    for name, url in state.members.items():
+        role = ("Prometheus" if name.startswith("prometheus-") else "Alertmanager" if name.startswith("alertmanager-")
+                else "VictoriaMetrics (global Prometheus API)" if name == "victoria-metrics" else "vmalert (fleet-wide rules)")
+        print(f"  {name:<17} {url}  {role}")
+    print(f"  Pager             {u.pager}  (incident console)")
+    print(f"  GPU nodes         {u.nodes[0]} .. {u.nodes[-1]}  ({state.nodes} nodes x {state.gpus} GPUs)")
+    print(f"  run dir           {state.run_dir}  (placement.json: which rule runs where); rule profile {state.profile}")
+    print(f"Global queries: {u.prometheus}/api/v1/query    Status: gpuobs stack status    Stop: make down")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``stack`` group to ``sub``."""
     s = sub.add_parser("stack", help="run the native stack: up | down | status | restart COMPONENT",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("action", choices=["up", "down", "status", "restart"])
-    s.add_argument("component", nargs="?", choices=["exporter", "pager", "alertmanager", "prometheus", "grafana"],
-                   help="the component `restart` stops and starts again with its recorded command line")
+    s.add_argument("component", nargs="?",
+                   help="the component `restart` stops and starts again with its recorded command line: exporter, "
+                        "pager, alertmanager, prometheus, grafana; HA: prometheus-s<i>-r<j>, alertmanager-<i>, "
+                        "victoria-metrics, vmalert")
     s.add_argument("--run-dir", default=run_dir_default(), help="state, configs, logs (env GPUOBS_RUN_DIR)")
     s.add_argument("--nodes", type=int_range(1, 256), default=env("NODES", "4"), help="simulated nodes (GPUOBS_NODES)")
     s.add_argument("--gpus", type=int_range(1, 16), default=env("GPUS", "8"), help="GPUs per node (GPUOBS_GPUS)")
@@ -138,4 +174,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="field 112's name on the pages: DCGM_FI_DEV_CLOCKS_EVENT_REASONS (canonical) or "
                         "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (legacy counters files)")
     s.add_argument("--timeout", type=pos_float, default=90.0, help="start-up (or restart) deadline, seconds")
+    s.add_argument("--topology", choices=["single", "ha"], default=env("TOPOLOGY", "single"),
+                   help="single: one Prometheus and one Alertmanager; ha: Prometheus shards x replicas, an "
+                        "Alertmanager cluster, VictoriaMetrics and vmalert (docs/ha.md); env GPUOBS_TOPOLOGY")
+    s.add_argument("--shards", type=int_range(1, 16), default=2, help="ha: Prometheus shards (hashmod of the node)")
+    s.add_argument("--replicas", type=int_range(1, 4), default=2, help="ha: Prometheus replicas per shard")
+    s.add_argument("--alertmanagers", type=int_range(1, 7), default=3, help="ha: Alertmanager cluster members")
+    s.add_argument("--ha-base-port", type=int_range(0, 65535), default=env("HA_BASE_PORT", "0"),
+                   help="ha: first of the members' ports (Prometheus replicas, Alertmanager web and gossip, "
+                        "VictoriaMetrics, vmalert, in that order); 0 = a free block")
+    s.add_argument("--scrape-interval", type=int_range(1, 300), default=5,
+                   help="ha: scrape and evaluation interval in seconds (also VictoriaMetrics's dedup interval)")
     s.set_defaults(func=cmd_stack)

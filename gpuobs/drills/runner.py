@@ -6,6 +6,15 @@ fault, and waits until each expected alert has resolved in Prometheus and the pa
 notification. Throughout, any alert that *starts* firing during the drill and is neither expected,
 nor an allowed (inhibited) consequence, nor claimed by another drill running at the same time on
 another node, is a false alert. Alerts already firing before the drill are not counted.
+
+While it waits, a drill reports progress every :data:`PROGRESS_EVERY_S` seconds (time since the
+injection, the deadline, and what it is waiting for: :func:`waiting_line`). With
+``wait_resolve=False`` (``gpuobs drill --no-wait-resolve``) it stops after clearing the fault: the
+resolution is not awaited (nor checked), which on the default profile saves up to the rules' windows
+(e.g. ``GpuEccDoubleBitError`` looks back 10 minutes). Expected durations: docs/drills.md.
+
+Each drill is recorded in the run directory's activity file (:mod:`gpuobs.core.activity`) when its
+fault is injected and when it ends, so the incident console links the incidents it causes to it.
 """
 
 from __future__ import annotations
@@ -15,7 +24,9 @@ import datetime as dt
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from gpuobs.core import activity
 from gpuobs.core.errors import Failure
 from gpuobs.drills.catalogue import (
     DRILLS,
@@ -26,9 +37,22 @@ from gpuobs.drills.catalogue import (
     kernel_log_variant,
 )
 from gpuobs.mixin.families import IDENTITY_LABEL
-from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient
+from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient, UnionAlertsClient
 from gpuobs.promapi.exporter_admin import AdminClient
 from gpuobs.stack.state import StackState
+
+
+#: Seconds between two progress lines while a drill waits.
+PROGRESS_EVERY_S = 15.0
+
+
+def waiting_line(name: str, elapsed_s: float, deadline_s: float, pending: list[str], phase: str) -> str:
+    """``xid: 45s since injection, waiting for GpuKernelXidCritical to fire (give up at 60s)``.
+
+    ``phase`` is ``fire`` or ``resolve``; the resolve line says how to skip that wait."""
+    what = ", ".join(pending) or "the last checks"
+    hint = " (gpuobs drill --no-wait-resolve skips this wait)" if phase == "resolve" else ""
+    return f"{name}: {elapsed_s:.0f}s since injection, waiting for {what} (give up at {deadline_s:.0f}s){hint}"
 
 
 class DrillError(Failure):
@@ -36,24 +60,40 @@ class DrillError(Failure):
 
 
 class Claims:
-    """Thread-safe registry of what concurrently running drills expect or allow: (alertname, host|None)."""
+    """Thread-safe registry of what concurrently running drills expect or allow: (alertname, host|None).
+
+    A finished drill's claims linger for the alerts that became active while it ran: an inhibited
+    consequence such as the DCGM path's GpuXidCritical (its Xid count window is 5 minutes) keeps
+    firing after the kernel-log page has resolved and the drill has ended, and it is still that
+    drill's alert, not a false alert of a drill running on another node."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._by_drill: dict[str, set[tuple[str, str | None]]] = {}
+        self._ended: dict[str, tuple[float, set[tuple[str, str | None]]]] = {}
 
     def add(self, drill: str, entries: set[tuple[str, str | None]]) -> None:
         with self._lock:
             self._by_drill[drill] = entries
+            self._ended.pop(drill, None)
 
-    def remove(self, drill: str) -> None:
+    def remove(self, drill: str, at: float | None = None) -> None:
+        """End ``drill``'s claims at ``at`` (epoch s, default now); alerts active before then stay its own."""
         with self._lock:
-            self._by_drill.pop(drill, None)
+            entries = self._by_drill.pop(drill, None)
+            if entries is not None:
+                self._ended[drill] = (time.time() if at is None else at, entries)
 
-    def allows(self, alertname: str, host: str | None, exclude: str) -> bool:
+    def allows(self, alertname: str, host: str | None, exclude: str, active_at: float | None = None) -> bool:
+        """Whether a drill other than ``exclude`` owns ``alertname`` on ``host``: a running drill, or one
+        that ended after the alert became active (``active_at``, epoch s)."""
+        def match(e):
+            return (alertname, None) in e or (alertname, host) in e
         with self._lock:
-            return any((alertname, None) in e or (alertname, host) in e
-                       for d, e in self._by_drill.items() if d != exclude)
+            if any(match(e) for d, e in self._by_drill.items() if d != exclude):
+                return True
+            return active_at is not None and any(
+                match(e) and active_at <= ended for d, (ended, e) in self._ended.items() if d != exclude)
 
 
 @dataclass
@@ -84,6 +124,8 @@ class DrillResult:
     problems: list[str] = field(default_factory=list)
     #: The other detection path's alerts (DrillSpec.observe): first firing time on the node, or None.
     observed: dict[str, float | None] = field(default_factory=dict)
+    #: False when the drill did not wait for the resolution (``--no-wait-resolve``).
+    resolve_waited: bool = True
 
     @property
     def ok(self) -> bool:
@@ -137,12 +179,20 @@ def _matches(labels: dict, exp: Expect, host: str | None) -> bool:
     return all(labels.get(k) == v for k, v in exp.labels.items())
 
 
+def alerts_client(state: StackState):
+    """Where the stack's alerts are read: its Prometheus, or, on the HA topology (docs/ha.md), every
+    Prometheus replica and vmalert together (VictoriaMetrics, ``urls.prometheus`` there, holds no alerts)."""
+    if getattr(state, "topology", "single") == "ha":
+        return UnionAlertsClient([u for n, u in state.members.items() if n.startswith("prometheus-") or n == "vmalert"])
+    return AlertsClient(state.urls.prometheus)
+
+
 class _Session:
     """HTTP access to the stack for one drill."""
 
     def __init__(self, state: StackState):
         self.urls = state.urls
-        self._alerts, self._pager = AlertsClient(self.urls.prometheus), PagerClient(self.urls.pager)
+        self._alerts, self._pager = alerts_client(state), PagerClient(self.urls.pager)
         if state.mode == "compose":  # node admin APIs are inside the containers
             from gpuobs.stack.compose import ComposeAdmin
 
@@ -160,10 +210,13 @@ class _Session:
 
 
 def run_drill(state: StackState, name: str, claims: Claims | None = None, progress=None,
-              spec: DrillSpec | None = None) -> DrillResult:
+              spec: DrillSpec | None = None, wait_resolve: bool = True) -> DrillResult:
     """Run drill ``name`` (or the given ``spec``) on the stack described by ``state`` (stack.json).
     Misses, wrong receivers, false alerts and missing resolutions are reported in the result, never
-    raised. Raises DrillError for an unknown drill or a stack too small for it."""
+    raised. ``progress(line)`` gets the events and, every :data:`PROGRESS_EVERY_S` while waiting, a
+    :func:`waiting_line`. ``wait_resolve=False``: return once the fault is cleared (resolution
+    neither awaited nor checked; ``resolve_waited`` is False). Raises DrillError for an unknown
+    drill or a stack too small for it."""
     if spec is None:
         if name not in DRILLS:
             raise DrillError(f"unknown drill {name!r}; drills: {', '.join(DRILLS)}")
@@ -192,11 +245,12 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             labels = a["labels"]
             an, ah = labels.get("alertname"), labels.get(IDENTITY_LABEL)
             # Meta alerts fire all the time (GpuKernelLogWatching: logwatch reads the node's log).
-            if a["state"] != "firing" or an in ("Watchdog", "GpuKernelLogWatching") or _parse_ts(a["activeAt"]) < t0 - 1:
+            active_at = _parse_ts(a["activeAt"])
+            if a["state"] != "firing" or an in ("Watchdog", "GpuKernelLogWatching") or active_at < t0 - 1:
                 continue
             own = any(e.alertname == an and (not e.scoped or host is None or ah == host) for e in spec.expect)
             allowed = an in spec.allowed and (host is None or ah in (host, None))
-            if own or allowed or claims.allows(an, ah, name):
+            if own or allowed or claims.allows(an, ah, name, active_at):
                 continue
             key = f"{an}{{{IDENTITY_LABEL}={ah}}}" if ah else an
             if key not in seen_unexpected:
@@ -212,7 +266,8 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
                     if msg not in res.problems:
                         res.problems.append(msg)
 
-    def poll(until: float, done, t0: float) -> bool:
+    def poll(until: float, done, t0: float, pending, phase: str) -> bool:
+        said = time.time()
         while time.time() < until:
             try:
                 alerts, pages = s.alerts(), s.pages(t0)
@@ -222,8 +277,20 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             check_false(alerts, pages, t0)
             if done(alerts, pages):
                 return True
+            now = time.time()
+            if now - said >= PROGRESS_EVERY_S:
+                said = now
+                say(waiting_line(name, now - t0, until - t0, pending(), phase))
             time.sleep(1.0)
         return False
+
+    def pending_fire() -> list[str]:
+        out = [f"{o.alertname} to fire" if o.fired_s is None else f"{o.alertname} to reach '{o.expected_receiver}'"
+               for o in res.alerts if o.paged_s is None]
+        return out + [f"{k} to fire (other detection path)" for k, v in res.observed.items() if v is None]
+
+    def pending_resolve() -> list[str]:
+        return [f"{o.alertname} to resolve" for o in res.alerts if o.paged_s is not None and o.resolved_s is None]
 
     t0 = time.time()
     res.injected_at = t0
@@ -240,6 +307,9 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             res.faults.append({**body, "id": f["id"]})
         say(f"{name}: injected " + "; ".join(", ".join(f"{k}={v}" for k, v in f.items()) for f in res.faults)
             + f" on {res.hostname}")
+        # until: the latest the drill can end (both deadlines), in case it dies before recording its end
+        _note(state, res, say, [state.hostnames[i] for i in idx], started_at=t0,
+              until=t0 + (spec.fire_deadline_s + spec.resolve_deadline_s) * scale_fire + 60.0)
 
         def fired_and_paged(alerts, pages):
             now = time.time() - t0
@@ -266,14 +336,18 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             return (all(o.fired_s is not None and o.paged_s is not None for o in res.alerts)
                     and all(v is not None for v in res.observed.values()))
 
-        poll(t0 + spec.fire_deadline_s * scale_fire, fired_and_paged, t0)
+        poll(t0 + spec.fire_deadline_s * scale_fire, fired_and_paged, t0, pending_fire, "fire")
     finally:
         for i, fid in injected:
             s.admin[i].clear(fid)
         for i, version in previous.items():
             s.admin[i].deploy(version)
         res.cleared_s = time.time() - t0
-    say(f"{name}: cleared after {res.cleared_s:.1f}s, waiting for resolution")
+    if not wait_resolve:
+        say(f"{name}: cleared after {res.cleared_s:.1f}s; not waiting for the resolution (--no-wait-resolve)")
+        res.resolve_waited = False
+    else:
+        say(f"{name}: cleared after {res.cleared_s:.1f}s, waiting for resolution")
 
     def resolved(alerts, pages):
         now = time.time() - t0
@@ -287,8 +361,33 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
                 out.resolved_s = now
         return all(o.resolved_s is not None or o.paged_s is None for o in res.alerts)
 
-    poll(time.time() + spec.resolve_deadline_s * scale_fire, resolved, t0)
+    if wait_resolve:
+        poll(time.time() + spec.resolve_deadline_s * scale_fire, resolved, t0, pending_resolve, "resolve")
     claims.remove(name)
+    _finish_problems(res, wait_resolve)
+    _note(state, res, say, [state.hostnames[i] for i in idx], ended_at=time.time(),
+          outcome="PASS" if res.ok else "FAIL: " + "; ".join([*res.problems, *res.unexpected])[:300])
+    return res
+
+
+def _note(state: StackState, res: DrillResult, say, nodes: list[str], **when: Any) -> None:
+    """Record the drill in the run directory's activity file; a failure to write is said, not raised."""
+    run_dir = getattr(state, "run_dir", None)
+    if not run_dir:
+        return
+    outcome = when.pop("outcome", None)
+    detail = {"report": f"gpuobs report drill {res.drill} --run-dir {run_dir}", "faults": res.faults}
+    if outcome:
+        detail["outcome"] = outcome
+    try:
+        activity.record(run_dir, "drill", f"{res.drill}-{int(res.injected_at)}", title=f"drill {res.drill}",
+                        nodes=nodes, detail=detail, **when)
+    except OSError as exc:
+        say(f"{res.drill}: warning: could not record the drill in {activity.path_in(run_dir)}: {exc}")
+
+
+def _finish_problems(res: DrillResult, wait_resolve: bool) -> None:
+    """Turn misses into ``res.problems``."""
     for out in res.alerts:
         if out.fired_s is None:
             res.problems.append(f"{out.alertname} did not fire")
@@ -296,13 +395,15 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
             res.problems.append(f"{out.alertname} did not reach the pager")
         elif out.receiver != out.expected_receiver:
             res.problems.append(f"{out.alertname} reached '{out.receiver}', expected '{out.expected_receiver}'")
-        if out.paged_s is not None and out.resolved_s is None:
+        if wait_resolve and out.paged_s is not None and out.resolved_s is None:
             res.problems.append(f"{out.alertname} did not resolve after the fault was cleared")
-    return res
 
 
-def run_all(state: StackState, progress=None) -> list[DrillResult]:
-    """Every drill: the lanes in parallel (one node each), then the fleet-wide drills alone."""
+def run_all(state: StackState, progress=None, wait_resolve: bool = True) -> list[DrillResult]:
+    """Every drill: the lanes in parallel (one node each), then the fleet-wide drills alone.
+    ``wait_resolve=False``: no drill waits for its resolution (the next one in a lane may then see
+    the previous one's alert still firing on the same node; it is not counted as false, being
+    older than the drill)."""
     claims = Claims()
     for lane in LANES:  # fail fast if the stack is too small
         for name in lane:
@@ -311,13 +412,13 @@ def run_all(state: StackState, progress=None) -> list[DrillResult]:
 
     def lane_runner(lane: tuple[str, ...]) -> None:
         for name in lane:
-            results[name] = run_drill(state, name, claims, progress)
+            results[name] = run_drill(state, name, claims, progress, wait_resolve=wait_resolve)
 
     with concurrent.futures.ThreadPoolExecutor(len(LANES)) as pool:
         for fut in [pool.submit(lane_runner, lane) for lane in LANES]:
             fut.result()
     for name in FINAL:
-        results[name] = run_drill(state, name, claims, progress)
+        results[name] = run_drill(state, name, claims, progress, wait_resolve=wait_resolve)
     return [results[n] for lane in (*LANES, FINAL) for n in lane]
 
 
@@ -338,7 +439,10 @@ def format_timeline(res: DrillResult) -> str:
         lines.append(f"  {_t(t)}s  firing    {name} in Prometheus (other detection path; inhibited)")
     lines.append(f"  {_t(res.cleared_s)}s  cleared")
     for a in res.alerts:
-        lines.append(f"  {_t(a.resolved_s)}s  resolved  {a.alertname}")
+        if res.resolve_waited:
+            lines.append(f"  {_t(a.resolved_s)}s  resolved  {a.alertname}")
+        else:
+            lines.append(f"  {'     -'}s  resolved  {a.alertname}: not awaited (--no-wait-resolve)")
         lines.append(f"  runbook: {a.runbook_url or '-'}")
     lines.append(f"  fault-to-page: {res.paged_s:.1f}s" if res.paged_s is not None else "  fault-to-page: not paged")
     for name, t in res.observed.items():
@@ -357,7 +461,8 @@ def format_table(results: list[DrillResult]) -> str:
         exp = ",".join(f"{a.alertname}->{a.expected_receiver}" for a in r.alerts)
         rows.append(f"{r.drill:<16} {exp[:34]:<34} {'y' if r.firing_s is not None else 'n':<5} "
                     f"{_t(r.firing_s):>11} {_t(r.paged_s):>9}  {(','.join(r.unexpected) or 'none')[:24]:<24} "
-                    f"{'y' if r.resolved else 'n':<8} {'PASS' if r.ok else 'FAIL'}")
+                    f"{('y' if r.resolved else 'n') if r.resolve_waited else 'skipped':<8} "
+                    f"{'PASS' if r.ok else 'FAIL'}")
     other = [f"  {r.drill}: other path {name} firing after {_t(t).strip()}s (inhibited)"
              for r in results for name, t in r.observed.items()]
     return "\n".join(rows + other)

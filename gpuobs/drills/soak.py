@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass, field
 
 from gpuobs.mixin.families import IDENTITY_LABEL
-from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient
+from gpuobs.promapi.alertmanager import AlertApiError, PagerClient
+from gpuobs.drills.runner import alerts_client
 from gpuobs.stack.state import StackState
 
 
@@ -40,7 +41,7 @@ class SoakResult:
 
 def run_soak(state: StackState, minutes: float, poll_s: float = 5.0, progress=None) -> SoakResult:
     """Poll Prometheus alerts and the pager every ``poll_s`` for ``minutes``; never injects anything."""
-    alerts_api, pager_api = AlertsClient(state.urls.prometheus), PagerClient(state.urls.pager)
+    alerts_api, pager_api = alerts_client(state), PagerClient(state.urls.pager)
     res = SoakResult(minutes, time.time())
     end = res.started_at + minutes * 60
     next_report = res.started_at + 60

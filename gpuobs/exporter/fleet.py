@@ -30,6 +30,7 @@ from gpuobs.exporter.sim.behaviour import load as load_releases
 from gpuobs.exporter.sim.engine import EngineConfig
 from gpuobs.exporter.sim.mig import MigProfile
 from gpuobs.exporter.sim.node import Node, NodeConfig
+from gpuobs.flags.evaluate import FlagEvaluator
 
 _log = log.get("exporter")
 
@@ -84,6 +85,8 @@ class FleetConfig:
     mig: dict[int, MigProfile] | None = None
     k8s: K8sMap | None = None
     releases_file: Path | None = None
+    #: flagd-format flag file the engines evaluate (gpuobs.flags); None: every flag off.
+    flags_file: Path | None = None
 
 
 def load_k8s_map(path: Path) -> K8sMap:
@@ -131,6 +134,9 @@ class Fleet:
                                       start_time=now, engine=EngineConfig(rate_rps=cfg.rate_rps)), releases)
                       for i in range(cfg.node_offset, cfg.node_offset + cfg.nodes)]
         self.profile = profiles.load(cfg.exporter_profile, cfg.clock_events_name)
+        self.flag_eval = FlagEvaluator(cfg.flags_file) if cfg.flags_file is not None else None
+        for node in self.nodes:
+            node.flag_source = self.flag_eval.enabled if self.flag_eval else None
         self.servers: list[NodeServer] = []
         try:
             for i, node in enumerate(self.nodes):
@@ -204,6 +210,8 @@ class Fleet:
             t.join()
         for s in self.servers:
             s.server_close()
+        if self.flag_eval is not None:
+            self.flag_eval.close()
 
     def run_forever(self) -> None:
         """Start, then block until SIGTERM/SIGINT, then stop cleanly."""

@@ -8,6 +8,8 @@ Admin API (loopback clients only, ``Authorization: Bearer <token>``):
 * ``DELETE /admin/faults/<id>`` -> 200 with the cleared fault, 404 if unknown
 * ``GET /admin/kernel-log[?from=N]`` -> 200 text, the node's simulated dmesg lines (NVRM Xid lines in
   the driver's formats) from line N on, with ``X-Boot-Id`` and ``X-Kernel-Log-Lines`` headers
+* ``GET /admin/flags`` -> ``{"hostname": ..., "flags": {"spec_decode": false, ...}}``: every catalogue
+  flag as the engine evaluates it now (OpenFeature over the flag file; all false without one)
 * ``GET /admin/deploy`` -> ``{"version": ...}``; ``POST /admin/deploy`` with ``{"version": "1.5.0"}``
   -> 200 ``{"version": ..., "previous": ...}``; unknown version -> 400 naming the known ones
 
@@ -120,6 +122,9 @@ class Handler(httpd.Handler):
         elif path == "/admin/faults":
             if self._authorized():
                 self.send_json(200, {"hostname": node.hostname, "faults": node.list_faults()})
+        elif path == "/admin/flags":
+            if self._authorized():
+                self.send_json(200, {"hostname": node.hostname, "flags": node.refresh_flags()})
         elif path == "/admin/kernel-log":
             if self._authorized():
                 self._kernel_log(node)

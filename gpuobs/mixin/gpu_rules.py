@@ -41,8 +41,6 @@ BUSY_UTIL_PCT = 50
 #: power brake; a GPU at its power cap under dense load keeps its power and runs cooler).
 SLOWDOWN_BAND_C = 3
 POWER_COLLAPSE_RATIO = 0.5
-#: Xids the stock last-Xid gauge cannot report when they happen (DCGM #162: the GPU is gone); GpuMissing.
-STOCK_UNREPORTABLE = frozenset({79})
 #: Fragmentation / FB growth threshold: 16 KiB/s (~1.4 GB/day), the slow leak that OOMs on day 3.
 GROWTH_BYTES_PER_S = 16384
 MIB = 1048576
@@ -94,16 +92,16 @@ class Rules:
     def xid_expr(self, codes: list[int]) -> str:
         I, GPU = self.I, self.GPU
         rx = "|".join(map(str, codes))
-        # Xid 79 (fallen off the bus) never reaches DCGM while it matters (DCGM #162; the GPU vanishes and
-        # GpuMissing pages); a 79 on the last-Xid gauge can only show once the GPU is back, so the stock
-        # path leaves it out rather than page for a recovery.
-        stock_rx = "|".join(str(c) for c in codes if c not in STOCK_UNREPORTABLE)
-        gauge = self.d("DCGM_FI_DEV_XID_ERRORS", f'err_code=~"{stock_rx}"')
+        # Xid 79 (fallen off the bus) never reaches DCGM (DCGM #162; the GPU vanishes and GpuMissing
+        # pages): both DCGM paths leave it out, so a 79 seen on a DCGM series (after a recovery, or a
+        # simulator) cannot page for a GPU that is back; the kernel-log path below does carry it.
+        dcgm_rx = "|".join(str(c) for c in codes if c not in xid.DCGM_UNREPORTABLE_XIDS)
+        gauge = self.d("DCGM_FI_DEV_XID_ERRORS", f'err_code=~"{dcgm_rx}"')
         # stock: a (GPU, err_code) series that was not there in the hour before the last 5 minutes.
         stock = (f'max by ({GPU}, xid) (label_replace({gauge}, "xid", "$1", "err_code", "(.+)"))\n'
                  f"unless on ({I}, gpu, xid)\n"
                  f'max by ({I}, gpu, xid) (label_replace(max_over_time({gauge}[1h] offset 5m), "xid", "$1", "err_code", "(.+)"))')
-        count = self.d("DCGM_EXP_XID_ERRORS_COUNT", f'xid=~"{rx}"')
+        count = self.d("DCGM_EXP_XID_ERRORS_COUNT", f'xid=~"{dcgm_rx}"')
         enhanced = f"max by ({GPU}, xid) (max_over_time({count}[1m])) > 0"
         present = f"group by ({I}, gpu) ({self.d('DCGM_EXP_XID_ERRORS_COUNT')})"
         expr = self.combine("xid", enhanced, stock, present)

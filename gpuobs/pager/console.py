@@ -142,6 +142,14 @@ def incident(inc: dict, safe_url: Callable[[str], str | None], silences_enabled:
             '<button type="submit">Silence</button></form>')
     else:
         body.append("<p>Silences need the pager started with --alertmanager-url.</p>")
+    rel = inc.get("related") or []
+    if rel:  # drills and rollouts overlapping the incident (gpuobs.core.activity)
+        body.append("<h2>Related drills and rollouts</h2><table class=\"related\"><tr><th>what</th><th>on</th>"
+                    "<th>started (UTC)</th><th>ended (UTC)</th><th>matched by</th><th>report</th></tr>" + "".join(
+                        f'<tr class="{_e(r["kind"])}"><td>{_e(r["title"] or r["kind"] + " " + r["id"])}</td>'
+                        f'<td>{_e(", ".join(r["nodes"]) or "the whole fleet")}</td><td>{utc(r["started_at"])}</td>'
+                        f'<td>{utc(r["ended_at"]) if r["ended_at"] else "running"}</td><td>{_e(r["match"])}</td>'
+                        f'<td><code>{_e(r["detail"].get("report", ""))}</code></td></tr>' for r in rel) + "</table>")
     tl = "".join(f'<tr><td>{utc(ev["at"])}</td><td class="kind">{_e(ev["kind"])}</td><td>{_e(_detail(ev))}</td></tr>'
                  for ev in inc["timeline"])
     body.append(f'<h2>Timeline</h2><table class="timeline"><tr><th>at (UTC)</th><th>event</th><th>detail</th></tr>{tl}'

@@ -206,8 +206,12 @@ def markdown_draft(inc: dict, plotted: list[tuple[str, str, Path]], metrics_note
                 "silenced": lambda e: f"silence {e.get('silence')} by {e.get('by')} until {e.get('endsAt')}: "
                                       f"{e.get('comment')}",
                 "silence_expired": lambda e: f"silence {e.get('silence')} expired by {e.get('by')}",
-                "escalated": lambda e: f"escalated to {e.get('receiver')}"}.get(e["kind"], lambda e: e["kind"])(e)
-        md.append(f"| {_utc(e['at'])} | pager | {str(what).replace('|', '/')} |")
+                "escalated": lambda e: f"escalated to {e.get('receiver')}"}.get(
+            e["kind"], lambda e: (f"{e['kind']}: {e.get('title')} on {e.get('on')} (related by {e.get('match')})"
+                                  + (f", {e['outcome']}" if e.get("outcome") else "")) if e.get("title")
+            else e["kind"])(e)
+        source = e["kind"].split()[0] if e.get("title") else "pager"  # drill / rollout rows: gpuobs.core.activity
+        md.append(f"| {_utc(e['at'])} | {source} | {str(what).replace('|', '/')} |")
     md += ["", "## Detection and response", "",
            f"- Alerts: {fired}; severity {inc['severity']} routed to the {inc['channel']} receiver.",
            f"- Time to page {_dur(m['detect'])}, to acknowledge {_dur(m['ack'])}, to resolve {_dur(m['resolve'])}.",

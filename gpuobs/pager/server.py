@@ -17,7 +17,10 @@ Routes:
   buttons. ``GET /incidents/<id>``: one incident (alerts, silences, timeline).
 * ``GET /api/incidents[?state=open|acknowledged|resolved&channel=page|ticket&limit=N]``:
   ``{"incidents": [...], "counts": {channel: {state: n}}, "open": n}``; ``GET /api/incidents/<id>``:
-  one incident with ``timeline`` and ``silences`` (404 when unknown).
+  one incident with ``timeline`` and ``silences`` (404 when unknown), and ``related``: the drills and
+  rollouts recorded in the activity file (``--activity-file``, :mod:`gpuobs.core.activity`) that
+  overlap it by node and time, each also on the timeline (``drill started`` / ``drill ended`` /
+  ``rollout started`` / ``rollout ended``).
 * ``POST /api/incidents/<id>/ack`` (optional JSON ``{"by": name}``) -> ``{"id", "state", "changed"}``;
   ``POST /incidents/<id>/ack`` is the console's form (303 back to the incident).
 * ``POST /api/incidents/<id>/silence`` JSON ``{"duration": "2h", "comment": str, "author": str}`` ->
@@ -44,10 +47,11 @@ import html
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from gpuobs.core import httpd, log, tokens
+from gpuobs.core import activity, httpd, log, tokens
 from gpuobs.core.durations import DurationError, parse_duration
 from gpuobs.pager import console, incidents
 from gpuobs.pager import runbooks as rb_render
@@ -64,9 +68,12 @@ class PagerServer(httpd.Server):
     allow_reuse_address = True
 
     def __init__(self, addr: tuple[str, int], store: PageStore, runbooks_dir: Path | None = None,
-                 token: str | None = None, runbook_base: str | None = None, alertmanager_url: str | None = None):
+                 token: str | None = None, runbook_base: str | None = None, alertmanager_url: str | None = None,
+                 activity_file: Path | None = None):
         super().__init__(addr, PagerHandler)
         self.store = store
+        #: Drills and rollouts recorded by their runners (None: incidents are not linked to them).
+        self.activity_file = activity_file
         #: Alertmanager API v2 for silences (None: silences disabled, 503).
         self.alertmanager = AlertmanagerClient(alertmanager_url, timeout_s=5.0) if alertmanager_url else None
         self.runbooks_dir = runbooks_dir
@@ -75,6 +82,34 @@ class PagerServer(httpd.Server):
         #: Where runbook links may point: ``<runbook base>/runbooks/``, the layout the rules use
         #: (:func:`gpuobs.mixin.runbooks.runbook_url`); the base defaults to this pager.
         self.runbook_prefix = (runbook_base or f"http://{host}:{port}").rstrip("/") + "/runbooks/"
+
+
+def with_related(inc: dict, activity_file: Path | None, now: float | None = None) -> dict:
+    """``inc`` with ``related`` (drills and rollouts overlapping it by node and time, from
+    ``activity_file``; each ``{kind, id, title, nodes, started_at, ended_at, detail, match}``) and
+    their start and end added to its ``timeline`` (kept in time order). An unreadable file links
+    nothing (the incident is still shown)."""
+    try:
+        acts = activity.load(activity_file) if activity_file is not None else []
+    except OSError as exc:
+        _log.warning("activity file unreadable", extra={"fields": {"path": str(activity_file), "error": str(exc)}})
+        acts = []
+    rel = activity.related(acts, inc.get("nodes") or [], inc["opened_at"], inc.get("resolved_at"),
+                           inc.get("commonLabels") or {}, now=time.time() if now is None else now)
+    inc["related"] = [{**a.to_dict(), "match": how} for a, how in rel]
+    rows = []
+    for a, how in rel:
+        where = ", ".join(a.nodes) or "the whole fleet"
+        for verb, at in (("started", a.started_at), ("ended", a.ended_at)):
+            if at is not None:
+                row = {"at": at, "kind": f"{a.kind} {verb}", a.kind: a.id, "title": a.title, "on": where,
+                       "match": how}
+                if verb == "ended" and a.detail.get("outcome"):
+                    row["outcome"] = a.detail["outcome"]
+                rows.append(row)
+    if rows:
+        inc["timeline"] = sorted([*inc["timeline"], *rows], key=lambda e: e["at"])
+    return inc
 
 
 def _safe_url(url: str, base: str) -> str | None:
@@ -188,7 +223,7 @@ class PagerHandler(httpd.Handler):
     def _incident(self, iid: int) -> dict | None:
         """The incident, or None after answering 404."""
         try:
-            return self.server.store.incident(iid)
+            return with_related(self.server.store.incident(iid), self.server.activity_file)
         except incidents.IncidentNotFound:
             self.send_json(404, {"error": f"no incident {iid}", "field": "id"})
             return None
@@ -216,7 +251,7 @@ class PagerHandler(httpd.Handler):
 
     def _incident_page(self, iid: int, message: str = "") -> None:
         try:
-            inc = self.server.store.incident(iid)
+            inc = with_related(self.server.store.incident(iid), self.server.activity_file)
         except incidents.IncidentNotFound:
             self._html(f"<!doctype html><p>No incident {iid}. <a href=\"/\">incidents</a></p>", 404)
             return
@@ -365,12 +400,13 @@ class PagerHandler(httpd.Handler):
 
 def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None, token: str | None = None,
           runbook_base: str | None = None, dedupe_window_s: float | None = None,
-          alertmanager_url: str | None = None, escalation=None) -> None:
+          alertmanager_url: str | None = None, escalation=None, activity_file: Path | None = None) -> None:
     """Run the pager until SIGTERM/SIGINT (``token``: required bearer token of the webhooks;
     ``alertmanager_url``: Alertmanager for silences, None disables them; ``escalation``: a
-    :class:`gpuobs.pager.escalation.Policy` or None)."""
+    :class:`gpuobs.pager.escalation.Policy` or None; ``activity_file``: drills and rollouts to link
+    incidents to, :mod:`gpuobs.core.activity`)."""
     store = PageStore(db_path) if dedupe_window_s is None else PageStore(db_path, dedupe_window_s)
-    srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base, alertmanager_url)
+    srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base, alertmanager_url, activity_file)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -2,6 +2,8 @@
 
 * :class:`AlertsClient`: Prometheus's ``GET /api/v1/alerts`` (the alerts its rules hold, pending or firing;
   prometheus/prometheus ``web/api/v1/api.go``, v2.42).
+* :class:`UnionAlertsClient`: the same over several evaluators (the HA topology's Prometheus replicas
+  and vmalert), one entry per label set.
 * :class:`PagerClient`: the gpuobs pager's ``GET /api/pages`` (notifications Alertmanager delivered).
 
 Both raise :class:`AlertApiError` (a :class:`~gpuobs.core.errors.Failure`) when the service cannot be
@@ -44,6 +46,41 @@ class AlertsClient:
             return list(doc["data"]["alerts"])
         except (KeyError, TypeError) as exc:
             raise AlertApiError(f"{self.base_url}/api/v1/alerts: not a Prometheus alerts answer ({exc})") from None
+
+
+class UnionAlertsClient:
+    """The alerts of several evaluators that share the work (the HA topology's Prometheus replicas and
+    vmalert, whose ``/api/v1/alerts`` answers in Prometheus's shape), as one list.
+
+    An alert held by several evaluators (the replicas of a shard) is listed once, keyed by its label
+    set: ``firing`` wins over ``pending`` and the earliest ``activeAt`` is kept. A member that does not
+    answer is skipped (a killed replica is what the HA topology is for); :class:`AlertApiError` only
+    when none answers."""
+
+    def __init__(self, base_urls: list[str], timeout_s: float = 5.0):
+        if not base_urls:
+            raise ValueError("UnionAlertsClient needs at least one base URL")
+        self.members = [AlertsClient(u, timeout_s) for u in base_urls]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Like :meth:`AlertsClient.alerts`, over every member. Raises AlertApiError if none answers."""
+        merged: dict[tuple, dict[str, Any]] = {}
+        errors = []
+        for member in self.members:
+            try:
+                got = member.alerts()
+            except AlertApiError as exc:
+                errors.append(str(exc))
+                continue
+            for a in got:
+                key = tuple(sorted((a.get("labels") or {}).items()))
+                old = merged.get(key)
+                if old is None or (a.get("state") == "firing" and old.get("state") != "firing") or (
+                        a.get("state") == old.get("state") and str(a.get("activeAt", "")) < str(old.get("activeAt", ""))):
+                    merged[key] = a
+        if len(errors) == len(self.members):
+            raise AlertApiError("no evaluator answered: " + "; ".join(errors))
+        return list(merged.values())
 
 
 class PagerClient:

@@ -54,6 +54,10 @@ class AdminClient:
         """The engine version the node runs."""
         return self._call("GET", "/admin/deploy")["version"]
 
+    def flags(self) -> dict[str, bool]:
+        """GET /admin/flags: every catalogue flag as the node's engine evaluates it now."""
+        return dict(self._call("GET", "/admin/flags")["flags"])
+
     def list(self) -> list[dict]:
         """Active faults of the node."""
         return self._call("GET", "/admin/faults")["faults"]

@@ -20,6 +20,11 @@ from importlib import resources
 #: codes 13, 31, 43, 45, 68 (k8s-device-plugin internal/rm/health.go).
 TICKETED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 63, 68, 92, 94})
 
+#: Xids DCGM's Xid fields (DCGM_FI_DEV_XID_ERRORS, DCGM_EXP_XID_ERRORS_COUNT) never carry: on Xid 79 the
+#: GPU falls off the bus before DCGM can read the event, and recovery (GPU reset or reboot) restarts
+#: the host engine with no Xid state (NVIDIA/DCGM issue #162). Only the kernel log records them.
+DCGM_UNREPORTABLE_XIDS: frozenset[int] = frozenset({79})
+
 
 @dataclass(frozen=True)
 class XidInfo:

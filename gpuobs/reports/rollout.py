@@ -10,6 +10,13 @@ Input contract (a plain dict, e.g. the rollout controller's final document; ever
       "reason": "why it ended (optional)",
       "started_at": 1748779200.0, "ended_at": 1748780100.0,   # epoch s (ISO 8601 strings accepted);
                                                   # default: first stage start / last stage end / now
+      "stage_count": 3,                           # stages planned (default: len(spec.stages), else
+                                                  # the stages that ran): "stage 1/3" as the CLI prints it
+      "versions_before": {"gpu-node-00": "1.6.0"},   # the fleet when the rollout started (fallback for
+                                                  # baseline_version when nothing was deployed)
+      "gates": [{"gate": "compat", "outcome": "rejected", "detail": {<FleetReport.to_dict()>, "table": "..."}}],
+      "events": [{"ts": ..., "kind": "pause" | "resume" | "promote", "operator": "...", "reason": "..."}],
+      "transitions": [{"ts": ..., "from_state": ..., "to_state": ..., "stage": 0, "reason": ...}],
       "stages": [{"index": 0, "share": "5%", "nodes": ["gpu-node-00"],   # "hosts" accepted for "nodes"
                   "started_at": ..., "ended_at": ..., "verdict": "PROMOTE" | "HOLD" | "ROLLBACK" | ...}],
       "final_verdict": {"verdict": "PROMOTE", "reasons": [...], "warnings": [...],
@@ -21,10 +28,19 @@ Input contract (a plain dict, e.g. the rollout controller's final document; ever
       "canary_selector": 'track="canary"', "baseline_selector": 'track="baseline"'
     }
 
-The report has: a header (versions, state, duration, selectors), the stages table, the final verdict
-table, canary-vs-baseline distributions of TTFT, ITL and E2E latency from
-``sum by (le) (increase(<metric>_bucket{<selector>}[<rollout window>]))``, and TTFT p99, ITL p99,
-error ratio and request rate per track over time with the stages as shaded spans and boundaries.
+The report has: a header (versions, state, duration, selectors), the stages table, the compatibility
+gate's table (always when the gate ran; first thing after the summary on a Rejected rollout), the
+timeline (transitions and operator decisions in UTC), the final verdict table, canary-vs-baseline
+distributions of TTFT, ITL and E2E latency from
+``sum by (le) (increase(<metric>_bucket{<selector>}[<rollout duration>]))`` evaluated at its end, and
+TTFT p99, ITL p99, error ratio and request rate per track over time with the stages as shaded spans
+and boundaries, on a UTC time axis.
+
+Every window comes from the rollout's own timeline: the distributions cover exactly [started_at,
+ended_at]; the over-time panels start one rate window (:data:`RATE_WINDOW`) after ``started_at`` so
+that no ``rate()`` reaches back into samples from before the rollout (the previous rollout's canary
+carries the same ``track="canary"`` labels), and end at ``ended_at`` (or now, for a rollout still
+running). Nothing is padded.
 """
 
 from __future__ import annotations
@@ -43,7 +59,7 @@ from gpuobs.reports.plots import Marker, Span, distribution_png, timeseries_png
 from gpuobs.reports.query import client_for, fetch_lines, step_for, tidy
 
 RATE_WINDOW = "1m"
-BEFORE_S = 60.0
+RATE_WINDOW_S = 60.0
 #: Histograms shown as distributions: (metric, title, unit).
 DISTRIBUTIONS = (("vllm:time_to_first_token_seconds", "TTFT", "s"),
                  ("vllm:inter_token_latency_seconds", "Inter-token latency", "s"),
@@ -88,14 +104,48 @@ def _selector(text: Any, default: str) -> str:
 
 
 def rollout_window(doc: dict, now: float | None = None) -> tuple[float, float]:
-    """[start, end] of the rollout: its own times, else the stages', else (end) now."""
+    """[start, end] of the rollout, unpadded: its own times, else the stages', else (end) now.
+
+    A rollout still running (no ``ended_at``, state not terminal) ends now; a terminal one without
+    ``ended_at`` ends at its last stage's end. Never ``end < start``."""
     now = time.time() if now is None else now
     stages = _stages(doc)
     starts = [s for s in (epoch(st.get("started_at")) for st in stages) if s is not None]
     ends = [e for e in (epoch(st.get("ended_at")) for st in stages) if e is not None]
-    end = epoch(doc.get("ended_at")) or (max(ends) if ends else now)
-    start = epoch(doc.get("started_at")) or (min(starts) if starts else end - 600.0)
-    return start, max(end, start + 60.0)
+    end = epoch(doc.get("ended_at"))
+    if end is None:
+        end = max(ends) if ends and doc.get("state") in _STATE_KIND else now
+    start = epoch(doc.get("started_at"))
+    if start is None:
+        start = min(starts) if starts else end
+    return start, max(end, start)
+
+
+def stage_count(doc: dict) -> int:
+    """Stages planned: ``stage_count``, else ``len(spec.stages)``, else the stages that ran."""
+    n = doc.get("stage_count")
+    if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+        return n
+    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    if isinstance(spec.get("stages"), list) and spec["stages"]:
+        return len(spec["stages"])
+    return len(_stages(doc))
+
+
+def baseline_version(doc: dict) -> str | None:
+    """The version the canary was judged against: ``baseline_version``, else the most common version
+    of ``versions_before`` (the fleet when the rollout started; a Rejected rollout deployed nothing,
+    so that is what it was refused against), else None."""
+    v = doc.get("baseline_version")
+    if v:
+        return str(v)
+    before = doc.get("versions_before")
+    if not isinstance(before, dict):
+        spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+        before = spec.get("versions_before")
+    vals = [str(x) for x in (before or {}).values() if x and str(x) != str(doc.get("version"))] \
+        if isinstance(before, dict) else []
+    return max(sorted(set(vals)), key=vals.count) if vals else None
 
 
 def _stages(doc: dict) -> list[dict]:
@@ -177,7 +227,8 @@ def verdict_rows(metrics: Sequence[Any]) -> list[tuple]:
 
 def _distributions(client: PromClient, sels: dict[str, str], versions: dict[str, str], start: float,
                    end: float) -> list[h.Raw]:
-    span = f"{max(60, int(round(end - start)))}s"
+    # whole seconds, rounded down: the window never reaches before the rollout started
+    span = f"{max(1, int(math.floor(end - start)))}s"
     out: list[h.Raw] = []
     for metric, title, unit in DISTRIBUTIONS:
         groups, notes, shared, rows = [], [], None, []
@@ -213,8 +264,15 @@ def _distributions(client: PromClient, sels: dict[str, str], versions: dict[str,
     return out
 
 
+def stage_label(st: dict, i: int, total: int) -> str:
+    """``stage 1/3 5% PROMOTE`` (as the controller prints it; share and verdict when known)."""
+    return " ".join(str(x) for x in (f"stage {_stage_no(st, i)}/{total}", st.get("share") or "",
+                                     st.get("verdict") or "") if x)
+
+
 def _stage_overlays(doc: dict, origin: float, end: float) -> tuple[list[Span], list[Marker]]:
-    stages = _stages(doc)
+    """Shaded stages and their start lines, x in seconds since ``origin``; the rollout's end marked."""
+    stages, total = _stages(doc), stage_count(doc)
     spans, markers = [], []
     for i, st in enumerate(stages):
         s0 = epoch(st.get("started_at"))
@@ -222,62 +280,151 @@ def _stage_overlays(doc: dict, origin: float, end: float) -> tuple[list[Span], l
             continue
         nxt = epoch(stages[i + 1].get("started_at")) if i + 1 < len(stages) else None
         s1 = epoch(st.get("ended_at")) or nxt or end
-        label = f"S{_stage_no(st, i)}/{len(stages)} {st.get('share', '')} {st.get('verdict', '')}".strip()
-        spans.append(Span((s0 - origin) / 60.0, (s1 - origin) / 60.0, label))
-        markers.append(Marker((s0 - origin) / 60.0, "stage boundary", "stage"))
-    markers.append(Marker((end - origin) / 60.0, f"rollout ended ({doc.get('state', '?')})", "cleared"))
+        spans.append(Span(s0 - origin, min(s1, end) - origin, stage_label(st, i, total)))
+        markers.append(Marker(s0 - origin, "stage start", "stage"))
+    for ev in _events(doc):
+        t = epoch(ev.get("ts"))
+        if t is not None and origin <= t <= end:
+            markers.append(Marker(t - origin, f"operator {ev.get('kind', '?')}", "paged"))
+    if doc.get("state") in _STATE_KIND:
+        markers.append(Marker(end - origin, f"rollout ended ({doc.get('state')})", "cleared"))
     return spans, markers
+
+
+def over_time_range(start: float, end: float, now: float) -> tuple[float, float] | None:
+    """``(first, last)`` evaluation instants of the over-time panels: from one rate window after
+    ``start`` (no rate() window reaches before the rollout) to ``end`` capped at ``now``; None when
+    the rollout was shorter than one rate window."""
+    first, last = start + RATE_WINDOW_S, min(end, now)
+    return (first, last) if last >= first else None
 
 
 def _over_time(client: PromClient, doc: dict, sels: dict[str, str], versions: dict[str, str], start: float,
                end: float, now: float) -> list[h.Raw]:
-    q_start, q_end = start - BEFORE_S, min(end + 30.0, now)
-    q_end = max(q_end, q_start + 60.0)
-    step = step_for(q_end - q_start)
+    rng = over_time_range(start, end, now)
     spans, markers = _stage_overlays(doc, start, end)
     out: list[h.Raw] = []
     for title, unit, template in OVER_TIME:
         queries = [(f"{track} {versions.get(track, '')}".strip(), tidy(template.format(sel=sel, w=RATE_WINDOW)))
                    for track, sel in sels.items()]
-        got = fetch_lines(client, queries, q_start, q_end, step, origin=start, x_unit_s=60.0)
-        png = timeseries_png(title, unit, got.lines, markers, spans, xlabel="minutes since the rollout started",
-                             xlim=((q_start - start) / 60.0, (q_end - start) / 60.0))
-        out.append(h.figure(png, "PromQL: " + "  |  ".join(q for _, q in queries), alt=title))
+        if rng is None:
+            png = timeseries_png(title, unit, [], markers, spans, xlim=(0.0, max(end - start, 1.0)),
+                                 utc_origin=start, empty_note=f"the rollout lasted under one {RATE_WINDOW} rate window")
+            out.append(h.figure(png, "PromQL: " + "  |  ".join(q for _, q in queries), alt=title))
+            continue
+        got = fetch_lines(client, queries, rng[0], rng[1], step_for(rng[1] - rng[0]), origin=start)
+        png = timeseries_png(title, unit, got.lines, markers, spans, xlim=(0.0, max(end - start, 1.0)),
+                             utc_origin=start)
+        out.append(h.figure(png, f"PromQL ({RATE_WINDOW} rates, first point {RATE_WINDOW} after the rollout "
+                                 "started): " + "  |  ".join(q for _, q in queries), alt=title))
         if got.notes:
             out.append(h.bullet_list(got.notes))
     return out
+
+
+def _events(doc: dict) -> list[dict]:
+    return [e for e in doc.get("events") or [] if isinstance(e, dict)]
+
+
+def _compat_section(doc: dict) -> list[h.Raw]:
+    """The compatibility gate's per-node table and failing rules (the last compat gate recorded)."""
+    gates = [g for g in doc.get("gates") or [] if isinstance(g, dict) and g.get("gate") == "compat"]
+    if not gates:
+        return []
+    g = gates[-1]
+    detail = g.get("detail") if isinstance(g.get("detail"), dict) else {}
+    verdict = str(detail.get("verdict") or g.get("outcome") or "-")
+    rows, notes = [], []
+    for n in detail.get("nodes") or []:
+        if not isinstance(n, dict):
+            continue
+        nv = str(n.get("verdict") or "-")
+        failed = ", ".join(map(str, n.get("failed") or [])) or "-"
+        rows.append((n.get("hostname", "?"), n.get("gpus", "-"), n.get("gpu") or "-", n.get("driver") or "-",
+                     h.badge(nv, "ok" if nv == "COMPATIBLE" else "bad" if nv in ("INCOMPATIBLE", "UNKNOWN")
+                             else "warn"), failed))
+        for r in n.get("rules") or []:
+            if isinstance(r, dict) and str(r.get("status", "")).upper() == "FAIL":
+                note = f"{n.get('gpu') or '?'} / driver {n.get('driver') or '?'}: {r.get('rule', '?')}: " \
+                       f"{r.get('message', '')}" + (f" [source: {r['source']}]" if r.get("source") else "")
+                if note not in notes:
+                    notes.append(note)
+        if n.get("error") and n["error"] not in notes:
+            notes.append(str(n["error"]))
+    rows += [(m, "0", "-", "-", h.badge("MISSING", "bad"), "no inventory series") for m in detail.get("missing") or []]
+    release = f"{detail.get('release') or doc.get('version') or '?'} ({detail.get('engine') or '?'}, " \
+              f"CUDA {detail.get('cuda') or '?'})"
+    parts: list[h.Raw] = [
+        h.paragraph(f"Release {release} at {h.utc(epoch(g.get('ts')))}: ",
+                    h.badge(verdict, "ok" if verdict == "COMPATIBLE" else "bad" if verdict == "INCOMPATIBLE"
+                            else "warn")),
+        h.table(["node", "GPUs", "GPU", "driver", "verdict", "failed rules"], rows, numeric=(1,)),
+        h.bullet_list([f"fix: {n}" for n in notes], empty="")]
+    return [h.section("Compatibility gate (what blocks the release, per node)", *parts)]
+
+
+def _timeline(doc: dict) -> list[h.Raw]:
+    """Transitions and operator decisions, oldest first, with UTC times."""
+    rows = []
+    for t in doc.get("transitions") or []:
+        if isinstance(t, dict):
+            st = t.get("stage")
+            rows.append((epoch(t.get("ts")), "transition", f"{t.get('from_state') or '-'} -> {t.get('to_state')}",
+                         f"{st + 1}/{stage_count(doc)}" if isinstance(st, int) and st >= 0 else "-",
+                         t.get("reason") or "-"))
+    for e in _events(doc):
+        st = e.get("stage")
+        rows.append((epoch(e.get("ts")), f"operator {e.get('kind', '?')}", e.get("operator") or "-",
+                     f"{st + 1}/{stage_count(doc)}" if isinstance(st, int) and st >= 0 else "-",
+                     e.get("reason") or "-"))
+    if not rows:
+        return []
+    rows.sort(key=lambda r: (r[0] is None, r[0] or 0.0))
+    return [h.section("Timeline (UTC)", h.table(["time (UTC)", "event", "what / who", "stage", "reason"],
+                                                [(h.utc(r[0]), *r[1:]) for r in rows]))]
 
 
 def _header(doc: dict, start: float, end: float, sels: dict[str, str]) -> list[h.Raw]:
     state = str(doc.get("state", "unknown"))
     summary = h.kv_table([
         ("rollout", doc.get("rollout_id", "rollout")),
-        ("canary version", doc.get("version", "?")), ("baseline version", doc.get("baseline_version", "?")),
+        ("canary version", doc.get("version") or "-"),
+        ("baseline version", baseline_version(doc) or "not recorded"),
         ("state", h.badge(state, _STATE_KIND.get(state, "info"))), ("reason", doc.get("reason") or "-"),
-        ("started", h.utc(start)), ("ended", h.utc(end)), ("duration", f"{(end - start) / 60:.1f} min"),
+        ("started", h.utc(start)), ("ended", h.utc(end) if state in _STATE_KIND else "- (not ended)"),
+        ("duration", _duration(end - start)),
         ("canary selector", h.Raw(f"<code>{h.esc(sels['canary'])}</code>")),
         ("baseline selector", h.Raw(f"<code>{h.esc(sels['baseline'])}</code>")),
         ("Prometheus", doc.get("prometheus") or "-"),
     ])
     stage_rows = []
-    all_stages = _stages(doc)
+    all_stages, total = _stages(doc), stage_count(doc)
     for i, st in enumerate(all_stages):
         s0, s1 = epoch(st.get("started_at")), epoch(st.get("ended_at"))
         nodes = st.get("nodes", st.get("hosts")) or []
         verdict = str(st.get("verdict") or "-")
-        stage_rows.append((f"{_stage_no(st, i)}/{len(all_stages)}", st.get("share", "-"),
+        stage_rows.append((f"{_stage_no(st, i)}/{total}", st.get("share", "-"),
                            ", ".join(map(str, nodes)) if isinstance(nodes, list) else str(nodes),
-                           h.utc(s0), f"{(s1 - s0) / 60:.1f} min" if s0 is not None and s1 is not None else "-",
+                           h.utc(s0), h.utc(s1), _duration(s1 - s0) if s0 is not None and s1 is not None else "-",
                            h.badge(verdict, _VERDICT_KIND.get(verdict, "info"))))
     fv = doc.get("final_verdict") if isinstance(doc.get("final_verdict"), dict) else {}
     verdict = str(fv.get("verdict") or "-")
     metrics = h.table(["metric", "class", "baseline", "canary", "effect", "interval", "evidence", "critical"],
                       verdict_rows(fv.get("metrics") or []), numeric=(4,))
-    return [h.section("Summary", summary),
-            h.section("Stages", h.table(["stage", "share", "nodes", "started", "duration", "verdict"], stage_rows)),
+    compat = _compat_section(doc)
+    first = compat if state == "Rejected" else []
+    return [h.section("Summary", summary), *first,
+            h.section("Stages", h.table(["stage", "share", "nodes", "started (UTC)", "ended (UTC)", "duration",
+                                         "verdict"], stage_rows)),
+            *([] if first else compat), *_timeline(doc),
             h.section("Final verdict", h.paragraph("Verdict: ", h.badge(verdict, _VERDICT_KIND.get(verdict, "info"))),
                       metrics, h.bullet_list([f"reason: {r}" for r in fv.get("reasons") or []]
                                              + [f"warning: {w}" for w in fv.get("warnings") or []], empty=""))]
+
+
+def _duration(seconds: float) -> str:
+    """``42 s`` under two minutes, else ``3.5 min``."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def _stage_no(st: dict, i: int) -> int:
@@ -301,7 +448,7 @@ def write_rollout_report(doc: dict, out_dir: Path, *, client: PromClient | None 
     start, end = rollout_window(doc, now)
     sels = {"canary": _selector(doc.get("canary_selector"), 'track="canary"'),
             "baseline": _selector(doc.get("baseline_selector"), 'track="baseline"')}
-    versions = {"canary": str(doc.get("version") or ""), "baseline": str(doc.get("baseline_version") or "")}
+    versions = {"canary": str(doc.get("version") or ""), "baseline": baseline_version(doc) or ""}
     sections = _header(doc, start, end, sels)
     url = doc.get("prometheus")
     if client is None and url:
@@ -325,8 +472,9 @@ def write_rollout_report(doc: dict, out_dir: Path, *, client: PromClient | None 
             sections.append(h.section("Over time (shaded: stages; dashed: stage boundaries)", *timeline))
     rid = str(doc.get("rollout_id") or "rollout")
     state = str(doc.get("state", "unknown"))
-    subtitle = h.join([h.badge(state, _STATE_KIND.get(state, "info")), f" {versions['canary'] or '?'} against "
-                       f"{versions['baseline'] or '?'}, {h.utc(start)} .. {h.utc(end)}"])
+    against = versions["baseline"] or "an unrecorded baseline version"
+    subtitle = h.join([h.badge(state, _STATE_KIND.get(state, "info")), f" {versions['canary'] or '(no version)'} "
+                       f"against {against}, {h.utc(start)} .. {h.utc(end) if state in _STATE_KIND else 'now'}"])
     text = h.page(f"Rollout report: {rid} - {state}", subtitle, sections, time.time() if now is None else now)
     out_dir = Path(out_dir)
     path = out_dir / f"rollout-{re.sub(r'[^A-Za-z0-9_.-]+', '_', rid)[:80] or 'rollout'}.html"

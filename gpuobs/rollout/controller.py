@@ -7,6 +7,11 @@ logged (:mod:`gpuobs.rollout.store`), so a resumed controller never redeploys a 
 Flagger/Argo names), gates, rollback policy and exit codes: :mod:`gpuobs.rollout.model` and docs/rollout.md.
 Sources: Flagger's canary analysis (phases, webhooks), Argo Rollouts' analysis runs (Successful /
 Failed / Inconclusive / Error, consecutiveErrorLimit), the SRE workbook's error-budget policy.
+
+Human decisions (:mod:`gpuobs.rollout.decisions`: pause, resume, promote) are read from the store
+at every wait, like an abort: while paused the controller takes no look, acts on no verdict and
+advances no stage; a promote passes the current stage (or ends the bake) at once, recorded on the
+stage (verdict ``PROMOTE (operator)``), in the transition's reason and in the ``events`` table.
 """
 from __future__ import annotations
 
@@ -48,6 +53,8 @@ from gpuobs.rollout.model import (
 from gpuobs.rollout.store import NodeRecord, RolloutRecord, RolloutStore, StageRecord
 
 LOG = log.get("rollout")
+#: A stage passed by an operator's ``gpuobs rollout promote`` (not by the canary analysis).
+OPERATOR_PROMOTE = "PROMOTE (operator)"
 
 
 class Controller:
@@ -76,15 +83,26 @@ class Controller:
         if active:
             raise UsageError(f"rollout {active.id} ({active.version}) is {active.state}: resume or abort it first")
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
-        rid, n = f"{spec.version}-{stamp}", 1
+        rid, n = f"{self.id_stem(spec)}-{stamp}", 1
         while self._exists(rid):
             n += 1
-            rid = f"{spec.version}-{stamp}-{n}"
-        doc = {**spec.to_dict(), "label_snapshot": self.fleet.label_snapshot()}
+            rid = f"{self.id_stem(spec)}-{stamp}-{n}"
+        # versions_before: what the fleet ran when the rollout started (the report's baseline when
+        # nothing gets deployed, e.g. a release the compatibility gate rejects)
+        doc = {**spec.to_dict(), "label_snapshot": self.fleet.label_snapshot(),
+               "versions_before": {h: self.fleet.version(h) for h in spec.hosts}}
         rec = self.store.create(RolloutRecord(rid, spec.version, PENDING, -1, doc))
-        self._say(rec, f"created: {spec.version} ({spec.engine}, CUDA {spec.cuda}) on {len(spec.hosts)} serving "
+        self._say(rec, f"created: {self.describe(spec)} on {len(spec.hosts)} serving "
                        f"node(s), stages {'/'.join(str(s) for s in spec.stages)} nodes")
         return rec
+
+    def id_stem(self, spec: RolloutSpec) -> str:
+        """Rollout ids are ``<stem>-<UTC stamp>``; the stem is the version (a flag rollout: the flag)."""
+        return spec.version
+
+    def describe(self, spec: RolloutSpec) -> str:
+        """What is rolled out, for the first progress line."""
+        return f"{spec.version} ({spec.engine}, CUDA {spec.cuda})"
 
     def run(self, rollout_id: str) -> RolloutRecord:
         """Drive the rollout from its persisted state to a terminal state (or an incomplete rollback)."""
@@ -227,6 +245,12 @@ class Controller:
                                     {"reasons": v.reasons, "metrics": {m.name: describe(m) for m in v.metrics}})
             self._say(rec, f"{name} look {st.looks} ({v.end - v.start:.0f}s = {v.time_fraction:.0%} of the stage): "
                            f"{v.verdict}  " + "; ".join(describe(m) for m in v.metrics if m.critical))
+            held = self.store.get(rec.id).paused
+            if held:  # paused during the look: the verdict is recorded, not acted on
+                self.store.log_event(rec.id, "not-acted", held.get("operator", "?"),
+                                     f"look {st.looks} verdict {v.verdict} not acted on: paused", st.idx)
+                self._say(rec, f"{name}: verdict {v.verdict} not acted on: paused by {held.get('operator')}")
+                continue
             if v.verdict == "ROLLBACK":
                 self._begin_rollback(rec, ROLLED_BACK, f"canary analysis ROLLBACK in {name}: " + "; ".join(v.reasons),
                                      st, "failed")
@@ -238,15 +262,24 @@ class Controller:
                                      st, "inconclusive")
 
     def _wait_due(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord) -> bool:
-        """Wait until the next look of ``st`` is due; True when an operator aborted (rollback begun)."""
+        """Wait until the next look of ``st`` is due (holding while paused); True when the stage ended:
+        an operator aborted (rollback begun) or promoted (stage passed)."""
         due = (st.last_look or st.analysis_start) + spec.interval_s
         if (st.last_look or 0.0) < st.deadline:
             due = min(due, st.deadline)
-        aborted = self._wait_until(rec.id, due)
-        if aborted:
-            self._begin_rollback(rec, ABORTED, f"aborted by operator: {aborted}", st, "aborted")
+        got = self._wait_until(rec.id, due, st.idx)
+        if got is None:
+            return False
+        kind, what = got
+        if kind == "abort":
+            self._begin_rollback(rec, ABORTED, f"aborted by operator: {what}", st, "aborted")
             return True
-        return False
+        who, why = what.get("operator", "?"), what.get("reason", "")
+        st.verdict = OPERATOR_PROMOTE
+        self.store.log_event(rec.id, "promoted", who, why, st.idx)
+        self._say(rec, f"{self._stage_name(spec, st.idx)}: promoted by {who}: {why}")
+        self._end_stage(rec, st, "passed")
+        return True
 
     def _step(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord,
               look: Callable[[float], Any], wait: bool = True) -> tuple[bool, Any]:
@@ -282,14 +315,27 @@ class Controller:
         return False, result
 
     def _advance(self, rec: RolloutRecord, spec: RolloutSpec) -> None:
+        got = self._wait_until(rec.id, self.clock(), rec.stage)  # hold here while paused
+        if got is not None and got[0] == "abort":
+            self._begin_rollback(rec, ABORTED, f"aborted by operator: {got[1]}")
+            return
+        if got is not None:  # a promote for the stage that has just passed on its own: nothing left to do
+            self.store.log_event(rec.id, "not-acted", got[1].get("operator", "?"),
+                                 f"stage {rec.stage + 1} had already passed", rec.stage)
         nxt = rec.stage + 1
         outcome, why = self._budget_gate(rec, nxt)
         if outcome in ("frozen", "error"):
             self._begin_rollback(rec, ABORTED, f"error-budget {'freeze' if outcome == 'frozen' else 'gate'} "
                                                f"before stage {nxt + 1}: {why}")
         else:
+            st = self.store.stage(rec.id, rec.stage)
+            how = "passed"
+            if st is not None and st.verdict == OPERATOR_PROMOTE:
+                ev = [e for e in self.store.events(rec.id) if e["kind"] == "promoted" and e["stage"] == rec.stage]
+                how = (f"promoted by operator {ev[-1]['operator']}: {ev[-1]['reason']}" if ev
+                       else "promoted by an operator")
             self.store.transition(rec.id, CANARY if spec.stages[nxt] < len(spec.hosts) else PROMOTING, nxt,
-                                  reason=f"stage {rec.stage + 1} passed")
+                                  reason=f"stage {rec.stage + 1} {how}")
 
     def _promote(self, rec: RolloutRecord) -> None:
         spec, k = RolloutSpec.from_dict(rec.spec), rec.stage
@@ -314,8 +360,9 @@ class Controller:
             self.fleet.apply_labels(rec.spec["label_snapshot"], None)
         except FleetError as err:
             self._say(rec, f"warning: could not restore the target labels: {err}")
+        early = " (bake ended early by an operator's promote)" if st.verdict == OPERATOR_PROMOTE else ""
         self.store.transition(rec.id, SUCCEEDED, reason=f"{spec.version} on {len(st.hosts)}/{len(spec.hosts)} "
-                                                        "serving nodes")
+                                                        f"serving nodes{early}")
 
     # ---- deploy and rollback ------------------------------------------------------------------
     def _deploy(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord) -> bool:
@@ -404,13 +451,43 @@ class Controller:
         st.status, st.ended_at = status, self.clock()
         self.store.save_stage(rec.id, st)
 
-    def _wait_until(self, rollout_id: str, t: float) -> str | None:
-        """Sleep until ``t``; returns an operator's abort reason as soon as one is recorded."""
+    def _wait_until(self, rollout_id: str, t: float, stage: int | None = None) -> tuple[str, Any] | None:
+        """Sleep until ``t``, and past it while the rollout is paused.
+
+        Returns ``("abort", reason)`` as soon as an operator's abort is recorded, ``("promote",
+        request)`` for a promote of ``stage`` (consumed; it lifts a pause too), else None once ``t``
+        has passed and the rollout is not paused. A promote meant for another stage (or arriving
+        where nothing can be promoted, ``stage`` None) is consumed and recorded as not acted on."""
+        noticed = False
         while True:
-            reason = self.store.get(rollout_id).abort_reason
+            rec = self.store.get(rollout_id)
             now = self.clock()
-            if reason or now >= t:
-                return reason or None
+            if rec.abort_reason:
+                return "abort", rec.abort_reason
+            req = rec.promote_request
+            if req:
+                self.store.update(rollout_id, promote_request={}, paused={})
+                if stage is not None and req.get("stage") == stage and stage == rec.stage:
+                    return "promote", req
+                self.store.log_event(rollout_id, "not-acted", req.get("operator", "?"),
+                                     f"promote for stage {int(req.get('stage', -1)) + 1} arrived at stage "
+                                     f"{rec.stage + 1} ({rec.state}): nothing to promote", rec.stage)
+                self._say(rec, f"promote by {req.get('operator')} not acted on: the stage it was for has passed")
+                continue
+            if rec.paused:
+                if not noticed:
+                    noticed = True
+                    p = rec.paused
+                    self.store.log_event(rollout_id, "held", p.get("operator", "?"), p.get("reason", ""), rec.stage)
+                    self._say(rec, f"paused by {p.get('operator')}: {p.get('reason')}; holding (no look, no verdict "
+                                   "acted on, no stage advance) until `gpuobs rollout resume` or `promote`")
+                self.sleep(self.poll_s)
+                continue
+            if noticed:
+                noticed = False
+                self._say(rec, "resumed")
+            if now >= t:
+                return None
             self.sleep(min(self.poll_s, t - now))
 
     def _retry(self, rec: RolloutRecord, fn: Callable[[], Any]) -> Any:

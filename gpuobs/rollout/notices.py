@@ -23,17 +23,24 @@ NOTICE_STATES = {ROLLED_BACK: "RolloutRolledBack", REJECTED: "RolloutRejected", 
 NOTICE_TTL_S = 3600.0
 
 
-def notice(rec: Any, run_dir: str, now: float | None = None) -> dict[str, Any] | None:
-    """The Alertmanager alert for a finished rollout record, or None when its state raises none."""
+def notice(rec: Any, run_dir: str, now: float | None = None, flag: str | None = None) -> dict[str, Any] | None:
+    """The Alertmanager alert for a finished rollout record, or None when its state raises none.
+
+    ``flag``: the record is a feature-flag rollout (``gpuobs flag``) of that flag: the alertname is
+    prefixed ``Flag`` (``FlagRolloutRolledBack``...), a ``flag`` label is added and the report
+    command reads ``gpuobs flag status``."""
     name = NOTICE_STATES.get(rec.state)
     if name is None:
         return None
     t = time.time() if now is None else now
     hosts = rec.spec.get("hosts") or []
-    report = (f"gpuobs rollout status --run-dir {run_dir} --id {rec.id} --json > {rec.id}.json && "
+    group = "rollout" if flag is None else "flag"
+    report = (f"gpuobs {group} status --run-dir {run_dir} --id {rec.id} --json > {rec.id}.json && "
               f"gpuobs report rollout --run-dir {run_dir} --file {rec.id}.json")
+    labels = {"alertname": name if flag is None else "Flag" + name, "severity": "warning", "rollout": rec.id,
+              "version": rec.version, **({} if flag is None else {"flag": flag})}
     return {
-        "labels": {"alertname": name, "severity": "warning", "rollout": rec.id, "version": rec.version},
+        "labels": labels,
         "annotations": {
             "summary": f"Rollout of {rec.version} ended {rec.state}",
             "description": f"Rollout {rec.id} of {rec.version} on {len(hosts)} serving node(s) ended {rec.state}: "
@@ -44,10 +51,10 @@ def notice(rec: Any, run_dir: str, now: float | None = None) -> dict[str, Any] |
     }
 
 
-def send(alertmanager_url: str, rec: Any, run_dir: str) -> str | None:
+def send(alertmanager_url: str, rec: Any, run_dir: str, flag: str | None = None) -> str | None:
     """Post the notice of ``rec`` (if its state raises one); returns a line for the operator, or None
     when there is nothing to send. Never raises: a notice that cannot be sent is reported, not fatal."""
-    alert = notice(rec, run_dir)
+    alert = notice(rec, run_dir, flag=flag)
     if alert is None:
         return None
     try:

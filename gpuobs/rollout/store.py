@@ -12,7 +12,9 @@ Tables (times are unix seconds; JSON columns hold the documents named):
 * ``rollouts``: id, version, state, stage (0-based index, -1 before the first), spec (JSON,
   :class:`gpuobs.rollout.controller.RolloutSpec`), reason, target (the terminal state a RollingBack
   rollout ends in), abort_reason (an operator's pending abort), trace (JSON trace/span id of the
-  root span), pages_at_start (JSON list of pages ignored under an override), created_at, updated_at.
+  root span), pages_at_start (JSON list of pages ignored under an override), paused (JSON: ``{}``, or
+  ``{"operator", "reason", "ts"}`` while an operator holds the rollout), promote_request (JSON: ``{}``,
+  or ``{"operator", "reason", "ts"}`` until the controller applies it), created_at, updated_at.
 * ``transitions``: rollout_id, seq, ts, from_state, to_state, stage, reason.
 * ``stages``: one row per stage: kind (canary|promote), hosts (JSON), status
   (deploying|analysing|baking|passed|failed|inconclusive|aborted), started_at, analysis_start,
@@ -23,6 +25,11 @@ Tables (times are unix seconds; JSON columns hold the documents named):
 * ``deploys``: every admin deploy call made: seq, rollout_id, ts, hostname, version, previous, purpose.
 * ``analyses``: every look: stage, look, ts, elapsed_s, verdict, final, summary (JSON).
 * ``gates``: every gate evaluation: ts, gate (compat|error-budget), stage, outcome, detail (JSON).
+* ``events``: every human decision and what the controller did with it: ts, kind (pause | resume |
+  promote: the operator's request; held | promoted | not-acted: the controller), operator, reason,
+  stage (0-based, -1 before the first).
+
+A database written before ``paused``/``promote_request`` existed gets them on open (``ALTER TABLE``).
 """
 
 from __future__ import annotations
@@ -63,13 +70,20 @@ CREATE TABLE IF NOT EXISTS analyses (
 CREATE TABLE IF NOT EXISTS gates (
   rollout_id TEXT NOT NULL, ts REAL NOT NULL, gate TEXT NOT NULL, stage INTEGER NOT NULL, outcome TEXT NOT NULL,
   detail TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+  rollout_id TEXT NOT NULL, ts REAL NOT NULL, kind TEXT NOT NULL, operator TEXT NOT NULL, reason TEXT NOT NULL,
+  stage INTEGER NOT NULL);
 """
-_JSON_COLS = {"spec", "trace", "pages_at_start", "hosts", "verdict_doc", "analysis_state", "summary", "detail"}
+#: Columns added after the first schema: (name, definition), added to an older database on open.
+_ADDED_COLUMNS = (("paused", "TEXT NOT NULL DEFAULT '{}'"), ("promote_request", "TEXT NOT NULL DEFAULT '{}'"))
+_JSON_COLS = {"spec", "trace", "pages_at_start", "hosts", "verdict_doc", "analysis_state", "summary", "detail",
+              "paused", "promote_request"}
 
 
 @dataclass
 class RolloutRecord:
-    """A ``rollouts`` row; ``spec`` and ``trace`` are dicts, ``pages_at_start`` a list of page keys."""
+    """A ``rollouts`` row; ``spec`` and ``trace`` are dicts, ``pages_at_start`` a list of page keys;
+    ``paused`` / ``promote_request``: ``{}`` or ``{"operator", "reason", "ts"}``."""
 
     id: str
     version: str
@@ -81,6 +95,8 @@ class RolloutRecord:
     abort_reason: str = ""
     trace: dict[str, Any] = field(default_factory=dict)
     pages_at_start: list[str] = field(default_factory=list)
+    paused: dict[str, Any] = field(default_factory=dict)
+    promote_request: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
     updated_at: float = 0.0
 
@@ -136,6 +152,11 @@ class RolloutStore:
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
+        have = {r[1] for r in self.db.execute("PRAGMA table_info(rollouts)")}
+        with self.db:
+            for name, definition in _ADDED_COLUMNS:
+                if name not in have:
+                    self.db.execute(f"ALTER TABLE rollouts ADD COLUMN {name} {definition}")
 
     def close(self) -> None:
         """Close the connection."""
@@ -266,6 +287,18 @@ class RolloutStore:
             self.db.execute("INSERT INTO gates VALUES (?,?,?,?,?,?)",
                             (rollout_id, self.clock(), gate, stage, outcome, json.dumps(detail)))
 
+    def log_event(self, rollout_id: str, kind: str, operator: str, reason: str, stage: int) -> None:
+        """Record a human decision (pause, resume, promote) or the controller's handling of one."""
+        with self.db:
+            self.db.execute("INSERT INTO events VALUES (?,?,?,?,?,?)",
+                            (rollout_id, self.clock(), kind, operator, reason, stage))
+
+    def events(self, rollout_id: str) -> list[dict[str, Any]]:
+        """Every recorded decision, oldest first: ts, kind, operator, reason, stage."""
+        rows = self.db.execute("SELECT ts, kind, operator, reason, stage FROM events WHERE rollout_id=? "
+                               "ORDER BY rowid", (rollout_id,))
+        return [dict(r) for r in rows]
+
     def gates(self, rollout_id: str) -> list[dict[str, Any]]:
         """Every gate evaluation, oldest first (``detail`` decoded)."""
         rows = self.db.execute("SELECT * FROM gates WHERE rollout_id=? ORDER BY rowid", (rollout_id,))
@@ -273,14 +306,15 @@ class RolloutStore:
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``<run>/rollout.lock`` held by the process driving a rollout.
+    """An exclusive ``flock`` on ``<run>/rollout.lock`` (flag rollouts: ``flag.lock``) held by the
+    process driving a rollout.
 
     The kernel drops it when the process dies (``kill -9`` included), so ``abort`` can tell a live
     controller (lock busy: ask it through the database) from a dead one (lock free: act itself).
     """
 
-    def __init__(self, run_dir: Path | str):
-        self.path = Path(run_dir) / "rollout.lock"
+    def __init__(self, run_dir: Path | str, name: str = "rollout.lock"):
+        self.path = Path(run_dir) / name
         self._fd: int | None = None
 
     def acquire(self) -> bool:

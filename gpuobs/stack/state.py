@@ -9,7 +9,11 @@ that acts on a running stack (fault, drill, rollout, report). The JSON shape is:
      "hostnames": ["gpu-node-00", ...], "token_file": "/abs/.run/admin-token",
      "urls": {"prometheus": "http://127.0.0.1:9090", "alertmanager": ..., "pager": ..., "grafana": null,
               "nodes": ["http://127.0.0.1:9400/metrics", ...], "engines": [...]},
-     "components": {"exporter": {"pid": 123, "argv": [...], "log": "/abs/.run/logs/exporter.log"}, ...}}
+     "components": {"exporter": {"pid": 123, "argv": [...], "log": "/abs/.run/logs/exporter.log"}, ...},
+     "topology": "single", "members": {}}
+
+The HA topology (gpuobs.stack.ha) records ``"topology": "ha"`` and ``members``, the base URL of each
+Prometheus replica, Alertmanager member, VictoriaMetrics and vmalert by component name.
 """
 
 from __future__ import annotations
@@ -85,6 +89,13 @@ class StackState:
     logwatch: bool = False
     #: compose mode: the node containers, in node order (their admin APIs are reached with docker exec).
     containers: list[str] = field(default_factory=list)
+    #: ``single`` (one Prometheus, one Alertmanager) or ``ha`` (gpuobs.stack.ha: Prometheus shards x
+    #: replicas, an Alertmanager cluster, VictoriaMetrics and vmalert; ``urls.prometheus`` is then
+    #: VictoriaMetrics's Prometheus API, the global view, and ``urls.alertmanager`` the first member).
+    topology: str = "single"
+    #: ha: base URL of every member by component name (``prometheus-s0-r1``, ``alertmanager-2``,
+    #: ``victoria-metrics``, ``vmalert``).
+    members: dict[str, str] = field(default_factory=dict)
 
     @property
     def running(self) -> bool:
@@ -131,7 +142,9 @@ class StackState:
                        scrape_mode=str(doc.get("scrape_mode", "file_sd")), started_at=float(doc.get("started_at", 0.0)),
                        ports={str(k): int(v) for k, v in (doc.get("ports") or {}).items()}, components=components,
                        mode=str(doc.get("mode", "native")), logwatch=bool(doc.get("logwatch", False)),
-                       containers=[str(c) for c in doc.get("containers") or []])
+                       containers=[str(c) for c in doc.get("containers") or []],
+                       topology=str(doc.get("topology", "single")),
+                       members={str(k): str(v) for k, v in (doc.get("members") or {}).items()})
         except KeyError as exc:
             raise StateError(f"missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:

@@ -39,6 +39,9 @@ from gpuobs.core.errors import Failure
 from gpuobs.core.files import atomic_write
 from gpuobs.exporter.sim import k8s, profiles
 from gpuobs.exporter.sim.identity import exporter_pod_name, hostname
+from gpuobs.flags.flagd import FILE_NAME as FLAGS_FILE
+from gpuobs.flags.flagd import FlagFile, FlagFileError
+from gpuobs.reference.releases import load as load_catalogue
 from gpuobs.stack import alert_timing
 from gpuobs.stack import state as state_file
 from gpuobs.stack.grafana import find_grafana
@@ -204,7 +207,28 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
         return _up(cfg, out)
 
 
-def _up(cfg: StackConfig, out) -> StackState:
+@dataclass
+class Fleet:
+    """The simulated fleet and the pager, shared by the single and the HA topologies: argv of the
+    exporter, the logwatch agents and the pager (in start order), their health checks, and the node
+    and engine ``(hostname, port)`` lists the scrape configs are rendered from."""
+
+    specs: dict[str, list[str]]
+    checks: dict
+    nodes: list[tuple[str, int]]
+    engines: list[tuple[str, int]]
+    node_ports: list[int]
+    engine_ports: list[int]
+    pods: dict[str, tuple[str, str]] | None
+    lw_urls: list[str]
+    pager_url: str
+    runbook_base: str
+    pager_token_file: Path
+
+
+def check_config(cfg: StackConfig) -> Path:
+    """Vet ``cfg`` and its run directory; returns the resolved run directory. Raises StackError (exit 2)
+    for a bad value (naming the field and the allowed ones) or a stack already running there."""
     run = check_run_dir(cfg.run_dir)
     for what, value, allowed in (("exporter profile", cfg.exporter_profile, profiles.PROFILES),
                                  ("host label mode", cfg.host_label_mode, profiles.HOST_LABEL_MODES),
@@ -217,25 +241,30 @@ def _up(cfg: StackConfig, out) -> StackState:
     old = load_state(run)
     if old and any(find_processes(old, name) for name in old.components):
         raise StackError(f"a stack is already running from {run}; run `gpuobs stack down --run-dir {cfg.run_dir}` first", 2)
-    bins = find_binaries()
+    return run
+
+
+def check_ports(wanted: list[int], what: str) -> None:
+    """Raise StackError (exit 2) if a port of ``wanted`` is past 65535, assigned twice or busy."""
+    if max(wanted) > 65535:
+        raise StackError(f"ports run past 65535 ({what})", 2)
+    dupes = sorted({x for x in wanted if wanted.count(x) > 1})
+    if dupes:
+        raise StackError(f"the same port is assigned twice: {', '.join(map(str, dupes))}; give every component "
+                         f"its own ({what})", 2)
+    busy = [str(x) for x in wanted if not port_free(x)]
+    if busy:
+        raise StackError(f"ports already in use on 127.0.0.1: {', '.join(busy)}; choose others with the --*-port flags", 2)
+
+
+def fleet_parts(cfg: StackConfig, run: Path, alertmanager_url: str) -> Fleet:
+    """Write the fleet's files (admin/pager tokens, k8s map, logwatch GPU maps and targets) and return
+    its :class:`Fleet`. ``alertmanager_url``: where the pager creates silences. Raises StackError (exit
+    2) for a token that cannot be made or busy logwatch ports."""
     p = cfg.ports
     node_ports = [p.node_base + i for i in range(cfg.nodes)]
     serving = cfg.nodes - cfg.training_nodes
     engine_ports = [p.engine_base + i for i in range(serving)]
-    wanted = [p.prometheus, p.alertmanager, p.pager, *node_ports, *engine_ports]
-    if max(wanted) > 65535:
-        raise StackError(f"node ports run past 65535 (nodes from {p.node_base}, engines from {p.engine_base})", 2)
-    dupes = sorted({x for x in wanted if wanted.count(x) > 1})
-    if dupes:
-        raise StackError(f"the same port is assigned twice: {', '.join(map(str, dupes))}; give every component "
-                         "its own (--prometheus-port, --alertmanager-port, --pager-port, --base-port, --engine-base-port)", 2)
-    busy = [str(x) for x in wanted if not port_free(x)]
-    if busy:
-        raise StackError(f"ports already in use on 127.0.0.1: {', '.join(busy)}; choose others with the --*-port flags", 2)
-    _make_private(run)
-    for sub in ("logs", "prometheus/data", "alertmanager/data"):
-        (run / sub).mkdir(parents=True, exist_ok=True)
-    timing = alert_timing.DEFAULT
     pager_token_file = run / "pager-token"
     try:
         tokens.load_or_create(pager_token_file)
@@ -246,6 +275,14 @@ def _up(cfg: StackConfig, out) -> StackState:
     pager_url = f"http://127.0.0.1:{p.pager}"
     runbook_base = cfg.runbook_base or pager_url
     exporter_extra = ["--exporter-profile", cfg.exporter_profile, "--host-label-mode", cfg.host_label_mode]
+    # The engines' feature flags (flagd format; every catalogue flag off when first written, kept as
+    # it is across restarts): `gpuobs flag rollout|kill` rewrite it, the engines evaluate it.
+    flags_file = run / FLAGS_FILE
+    try:
+        FlagFile(flags_file).ensure(load_catalogue().flags)
+    except (OSError, FlagFileError) as exc:
+        raise StackError(f"flag file {flags_file}: {exc}", 2) from None
+    exporter_extra += ["--flags", str(flags_file)]
     if cfg.collect_interval_s:
         exporter_extra += ["--collect-interval", f"{cfg.collect_interval_s:g}"]
     if cfg.clock_events_name != "canonical":
@@ -260,20 +297,66 @@ def _up(cfg: StackConfig, out) -> StackState:
         atomic_write(k8s_map, yaml.safe_dump(k8s.pod_map(roles, cfg.gpus, cfg.seed), sort_keys=True))
         exporter_extra += ["--k8s-map", str(k8s_map),
                            "--targets-file", str(run / "prometheus" / "targets" / "dcgm-nodes.json")]
-    prom_cfg = render_prometheus(run, p, nodes, engines, runbook_base, cfg.profile, scrape_mode=cfg.scrape_mode,
-                                 pods=pods)
     lw_specs, lw_checks, lw_urls = _logwatch_specs(cfg, run, nodes) if cfg.logwatch else ({}, {}, [])
-    am_cfg = render_alertmanager(run, p, pager_token_file=pager_token_file,
-                                 resolve_timeout=format_duration(timing.resolve_timeout_s))
     py = [sys.executable, "-m", "gpuobs"]
     specs = {
         "exporter": py + ["exporter", "--nodes", str(cfg.nodes), "--gpus", str(cfg.gpus), "--base-port", str(p.node_base),
                           "--seed", str(cfg.seed), "--token-file", str(run / "admin-token"),
                           "--xid-window-ms", str(cfg.xid_window_ms), "--engine-base-port", str(p.engine_base),
                           "--training-nodes", str(cfg.training_nodes), "--rate", str(cfg.rate_rps)] + exporter_extra,
+        **lw_specs,  # the agents follow their nodes
         "pager": py + ["pager", "--port", str(p.pager), "--db", str(run / "pager.sqlite"),
                        "--runbooks-dir", str(assets.path("runbooks")), "--token-file", str(pager_token_file),
-                       "--runbook-base", runbook_base, "--alertmanager-url", f"http://127.0.0.1:{p.alertmanager}"],
+                       "--runbook-base", runbook_base, "--alertmanager-url", alertmanager_url],
+    }
+    checks = {
+        **lw_checks,
+        "exporter": lambda: all(_ok(f"http://127.0.0.1:{port}/health") for port in node_ports + engine_ports),
+        "pager": lambda: _ok(f"{pager_url}/health"),
+    }
+    return Fleet(specs, checks, nodes, engines, node_ports, engine_ports, pods, lw_urls, pager_url, runbook_base,
+                 pager_token_file)
+
+
+def start_components(state: StackState, specs: dict[str, list[str]], checks: dict, deadline: float, out,
+                     envs: dict[str, dict] | None = None, urls: dict[str, str] | None = None) -> None:
+    """Start ``specs`` in order, recording each in ``state`` (saved after each start) and waiting for its
+    check before the next. ``urls``: a component's own URL to record (logwatch agents, HA members).
+    Raises StackError when one exits or is not healthy by ``deadline`` (the caller stops the rest)."""
+    run = Path(state.run_dir)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for name, argv in specs.items():
+        log = run / "logs" / f"{name}.log"
+        proc = _spawn(argv, log, (envs or {}).get(name, env), run)
+        state.components[name] = Component(proc.pid, argv, str(log), (urls or {}).get(name, ""))
+        state_file.save(state)
+        print(f"started {name:<17} pid {proc.pid}", file=out, flush=True)
+        _wait(name, checks[name], deadline, proc, log)
+
+
+def _up(cfg: StackConfig, out) -> StackState:
+    run = check_config(cfg)
+    bins = find_binaries()
+    p = cfg.ports
+    serving = cfg.nodes - cfg.training_nodes
+    node_ports = [p.node_base + i for i in range(cfg.nodes)]
+    engine_ports = [p.engine_base + i for i in range(serving)]
+    if max(node_ports + engine_ports) > 65535:
+        raise StackError(f"node ports run past 65535 (nodes from {p.node_base}, engines from {p.engine_base})", 2)
+    check_ports([p.prometheus, p.alertmanager, p.pager, *node_ports, *engine_ports],
+                "--prometheus-port, --alertmanager-port, --pager-port, --base-port, --engine-base-port")
+    _make_private(run)
+    for sub in ("logs", "prometheus/data", "alertmanager/data"):
+        (run / sub).mkdir(parents=True, exist_ok=True)
+    timing = alert_timing.DEFAULT
+    fleet = fleet_parts(cfg, run, f"http://127.0.0.1:{p.alertmanager}")
+    nodes, engines, lw_urls, pager_url = fleet.nodes, fleet.engines, fleet.lw_urls, fleet.pager_url
+    prom_cfg = render_prometheus(run, p, nodes, engines, fleet.runbook_base, cfg.profile, scrape_mode=cfg.scrape_mode,
+                                 pods=fleet.pods)
+    am_cfg = render_alertmanager(run, p, pager_token_file=fleet.pager_token_file,
+                                 resolve_timeout=format_duration(timing.resolve_timeout_s))
+    specs = {
+        **fleet.specs,
         "alertmanager": [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / 'alertmanager/data'}",
                          f"--web.listen-address=127.0.0.1:{p.alertmanager}", "--cluster.listen-address=",
                          f"--web.external-url=http://127.0.0.1:{p.alertmanager}", "--log.format=json",
@@ -285,11 +368,8 @@ def _up(cfg: StackConfig, out) -> StackState:
                        # up to 5 min never resolves a firing alert (gpuobs/stack/alert_timing.py).
                        *timing.prometheus_flags()],
     }
-    specs = {"exporter": specs.pop("exporter"), **lw_specs, **specs}  # the agents follow their nodes
     checks = {
-        **lw_checks,
-        "exporter": lambda: all(_ok(f"http://127.0.0.1:{port}/health") for port in node_ports + engine_ports),
-        "pager": lambda: _ok(f"{pager_url}/health"),
+        **fleet.checks,
         "alertmanager": lambda: _ok(f"http://127.0.0.1:{p.alertmanager}/-/ready"),
         "prometheus": lambda: _ok(f"http://127.0.0.1:{p.prometheus}/-/ready"),
     }
@@ -313,16 +393,9 @@ def _up(cfg: StackConfig, out) -> StackState:
                        hostnames=[h for h, _ in nodes], token_file=str(run / "admin-token"), urls=urls,
                        logwatch=cfg.logwatch)
     deadline = time.monotonic() + cfg.timeout_s
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    lw_own = {f"logwatch-{i}": u for i, u in enumerate(lw_urls)}
     try:
-        for name, argv in specs.items():
-            log = run / "logs" / f"{name}.log"
-            proc = _spawn(argv, log, envs.get(name, env), run)
-            state.components[name] = Component(proc.pid, argv, str(log),
-                                               lw_urls[int(name.rsplit("-", 1)[1])] if name.startswith("logwatch-") else "")
-            state_file.save(state)
-            print(f"started {name:<12} pid {proc.pid}", file=out, flush=True)
-            _wait(name, checks[name], deadline, proc, log)
+        start_components(state, specs, checks, deadline, out, envs, lw_own)
         _wait("Prometheus to report every node target up",
               lambda: _all_targets_up(state.urls.prometheus, cfg.nodes * (2 if cfg.logwatch else 1) + serving,
                                       scrape_pools(cfg.scrape_mode) + (("logwatch",) if cfg.logwatch else ())),
@@ -515,7 +588,14 @@ def restart(run_dir: Path, name: str, out=sys.stdout, grace_s: float = 10.0, tim
     comp = state.components[name]
     for pid in _stop_pids(find_processes(state, name), grace_s):
         print(f"stopped {name:<12} pid {pid}", file=out)
-    busy = [str(x) for x in component_ports(state, name) if not port_free(x)]
+    # A stopped process's listening socket can outlive it briefly (exit still in progress on a busy
+    # machine); poll for the ports with a deadline rather than judge at once.
+    port_deadline = time.time() + 5.0
+    while True:
+        busy = [str(x) for x in component_ports(state, name) if not port_free(x)]
+        if not busy or time.time() >= port_deadline:
+            break
+        time.sleep(0.1)
     if busy:
         raise StackError(f"{name}: ports still in use after stopping it: {', '.join(busy)}")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -527,11 +607,31 @@ def restart(run_dir: Path, name: str, out=sys.stdout, grace_s: float = 10.0, tim
         comp.pid = proc.pid
         state_file.save(state)
     print(f"started {name:<12} pid {proc.pid}", file=out, flush=True)
-    checks = {"pager": [f"{state.urls.pager}/health"], "alertmanager": [f"{state.urls.alertmanager}/-/ready"],
-              "prometheus": [f"{state.urls.prometheus}/-/ready"], "grafana": [f"{state.urls.grafana}/api/health"],
-              "exporter": [n.replace("/metrics", "/health") for n in state.urls.nodes + state.urls.engines]}
-    _wait(name, lambda: all(_ok(u) for u in checks[name]), time.monotonic() + timeout_s, proc, log)
+    urls = health_urls(state, name, ready=True)
+    _wait(name, lambda: all(_ok(u) for u in urls), time.monotonic() + timeout_s, proc, log)
     return proc.pid
+
+
+#: Health path of each kind of HA member (gpuobs.stack.ha), by component-name prefix.
+MEMBER_HEALTH = {"prometheus-": ("/-/healthy", "/-/ready"), "alertmanager-": ("/-/healthy", "/-/ready"),
+                 "victoria-metrics": ("/health", "/health"), "vmalert": ("/health", "/health")}
+
+
+def health_urls(state: StackState, name: str, ready: bool = False) -> list[str]:
+    """The URLs that answer 200 when component ``name`` is healthy (``ready``: ready to serve, for
+    Prometheus and Alertmanager ``/-/ready``). Raises KeyError for a name the stack does not know."""
+    u = state.urls
+    comp = state.components.get(name)
+    if name.startswith("logwatch-") and comp is not None:
+        return [comp.url.replace("/metrics", "/health")]
+    if name in state.members:
+        path = next(paths for prefix, paths in MEMBER_HEALTH.items() if name.startswith(prefix))
+        return [state.members[name] + path[1 if ready else 0]]
+    return {"exporter": [n.replace("/metrics", "/health") for n in (u.nodes + u.engines if ready else u.nodes)],
+            "pager": [f"{u.pager}/health"],
+            "alertmanager": [f"{u.alertmanager}/-/{'ready' if ready else 'healthy'}"],
+            "prometheus": [f"{u.prometheus}/-/{'ready' if ready else 'healthy'}"],
+            "grafana": [f"{u.grafana}/api/health"]}[name]
 
 
 def _reap(pid: int) -> None:
@@ -548,11 +648,8 @@ def status(run_dir: Path) -> list[dict]:
     if not state:
         return []
     u = state.urls
-    probes = {"exporter": [n.replace("/metrics", "/health") for n in u.nodes], "pager": [f"{u.pager}/health"],
-              "alertmanager": [f"{u.alertmanager}/-/healthy"], "prometheus": [f"{u.prometheus}/-/healthy"],
-              "grafana": [f"{u.grafana}/api/health"]}
     shown = {"exporter": u.node_bases[0] if u.node_bases else "", "pager": u.pager,
-             "alertmanager": u.alertmanager, "prometheus": u.prometheus, "grafana": u.grafana}
+             "alertmanager": u.alertmanager, "prometheus": u.prometheus, "grafana": u.grafana, **state.members}
     rows = []
     for name, comp in state.components.items():
         pids = find_processes(state, name)
@@ -560,11 +657,10 @@ def status(run_dir: Path) -> list[dict]:
         pid = comp.pid if comp.pid in pids or not pids else pids[0]
         healthy = False
         if name.startswith("logwatch-"):
-            probes[name] = [comp.url.replace("/metrics", "/health")]
             shown[name] = comp.url.removesuffix("/metrics")
         if running:
             try:
-                healthy = all(_ok(url) for url in probes[name])
+                healthy = all(_ok(url) for url in health_urls(state, name))
             except requests.RequestException:
                 healthy = False
         rows.append({"component": name, "pid": pid, "running": running, "healthy": healthy,

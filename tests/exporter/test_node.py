@@ -33,8 +33,10 @@ def test_xid79_removes_gpu_until_cleared_and_logs_kernel_line():
         f"NVRM: GPU at PCI:0000:3a:00: {node.gpus[2].ident.uuid}",
         "NVRM: Xid (PCI:0000:3a:00): 79, GPU has fallen off the bus.",
         "NVRM: GPU 0000:3a:00.0: GPU has fallen off the bus."]
+    # DCGM never sees a 79 (DCGM #162): neither while the GPU is gone nor once it is back.
     node.clear(f.id)
     assert all(g.present for g in node.gpus)
+    assert node.gpus[2].last_xid is None and node.gpus[2].xid_counts() == {}
 
 
 def test_repeating_xid_refires_while_active_and_stops_after_clear():

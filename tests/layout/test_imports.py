@@ -12,7 +12,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "gpuobs"
 
 #: Lowest first. A module in layer i may import gpuobs.<layer j> only for j <= i.
-LAYERS = ["core", "reference", "promapi", "exporter", "logwatch", "mixin", "compat", "canary", "rollout", "stack", "pager",
+LAYERS = ["core", "reference", "flags", "promapi", "exporter", "logwatch", "mixin", "compat", "canary", "rollout", "stack", "pager",
           "drills", "doctor", "reports", "cli"]
 #: Where a concept must not reach, whatever the layer order says (the adapters wire the rollout to a stack).
 FORBIDDEN = {
@@ -22,6 +22,7 @@ FORBIDDEN = {
     "reports": ("gpuobs.stack", "gpuobs.exporter"),
     "mixin": ("gpuobs.exporter",),
     "reference": ("gpuobs.exporter",),
+    "flags": ("gpuobs.exporter", "gpuobs.stack"),
     "doctor": ("gpuobs.stack", "gpuobs.exporter"),
 }
 EXEMPT = {"rollout/adapters"}  # adapters may import the dev stack and the exporter admin client

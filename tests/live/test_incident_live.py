@@ -114,13 +114,14 @@ def test_rollout_notice_lands_in_the_console_as_a_ticket(stack):
 
 
 def _chromium(args: list[str], profile) -> str:
-    """Run headless Chromium (Debian's ``chromium``) once; returns stdout. Skips when it is absent."""
+    """Run headless Chromium (Debian's ``chromium``) once; returns stdout. Fails when it is absent:
+    `make binaries` (run by `make test`) installs it, and a browser test that skips checks nothing."""
     import shutil
     import subprocess
 
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+        pytest.fail("Debian's chromium is not installed: run `make binaries` as root (apt-get install chromium)")
     r = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                         "--no-first-run", "--disable-extensions", "--disable-background-networking",
                         f"--user-data-dir={profile}", "--window-size=1400,1000", *args],

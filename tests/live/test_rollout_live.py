@@ -6,6 +6,11 @@ on the same fleet: an incompatible release is rejected before any deploy, a bad 
 (1.5.0) is promoted to every node. Stages 50%,100%: two canary nodes against two baseline nodes, so
 each side gets ~10 requests/s (the stack's engines serve 4-6 req/s each) and the analysis decides in
 about a minute (bad) or two (good); 15 s looks, 3 min stage deadline. About 3-4 minutes in all.
+
+Each rollout's HTML report is written from ``rollout status --json`` against the real Prometheus: it
+shows only its own rollout's data (no query window reaches before it started, though the previous
+rollout's canary ran on the same nodes with the same labels just before), its stages numbered as the
+CLI prints them, and on the Rejected one the compatibility table and the fleet's version.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import pytest
 import requests
 
 from gpuobs.promapi.exporter_admin import AdminClient
+from gpuobs.promapi.prometheus import PromClient
+from gpuobs.reports.rollout import RATE_WINDOW_S, write_rollout_report
 from gpuobs.stack.state import StackState
 from tests.conftest import live_stack
 
@@ -66,6 +73,39 @@ def prometheus_versions(stack: StackState, want: str, timeout_s: float = 30) -> 
     return got
 
 
+class RecordingClient(PromClient):
+    """The real client, remembering every query's window: ("range", start, end) or ("instant", span, at)."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.windows: list[tuple[str, float, float]] = []
+
+    def query(self, expr, at=None):
+        span = re.search(r"\[(\d+)s\]", expr)
+        self.windows.append(("instant", float(span.group(1)) if span else 0.0, at))
+        return super().query(expr, at)
+
+    def query_range(self, expr, start, end, step):
+        self.windows.append(("range", start, end))
+        return super().query_range(expr, start, end, step)
+
+
+def report(stack: StackState, out: Path) -> tuple[dict, str, RecordingClient]:
+    """The latest rollout's document, its HTML report (real Prometheus), and the queries it made."""
+    r = subprocess.run([sys.executable, "-m", "gpuobs", "rollout", "status", "--run-dir", stack.run_dir, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    doc = json.loads(r.stdout)
+    client = RecordingClient(stack.urls.prometheus)
+    path = write_rollout_report({**doc, "prometheus": stack.urls.prometheus}, out, client=client, strict=True)
+    text = path.read_text()
+    for kind, a, b in client.windows:  # nothing from before this rollout started
+        if kind == "range":
+            assert a - RATE_WINDOW_S >= doc["started_at"] and b <= doc["ended_at"], (a, b, doc["started_at"])
+        else:
+            assert b == doc["ended_at"] and b - a >= doc["started_at"], (a, b, doc["started_at"])
+    return doc, text, client
+
+
 def test_incompatible_release_is_rejected_and_nothing_deployed(stack):
     code, out = rollout(stack, "2.0.0")
     assert code == 1, out
@@ -73,6 +113,9 @@ def test_incompatible_release_is_rejected_and_nothing_deployed(stack):
     assert "compatibility gate: gpu-node-00: INCOMPATIBLE (toolkit-min-driver, minor-version-compat" in out
     assert "deploys: none" in out
     assert set(versions(stack).values()) == {"1.4.0"}
+    doc, html, _ = report(stack, Path(stack.run_dir) / "reports")
+    assert doc["state"] == "Rejected" and doc["baseline_version"] == "1.4.0"
+    assert "2.0.0 against 1.4.0" in html and "Compatibility gate" in html and "toolkit-min-driver" in html
 
 
 def test_bad_release_is_rolled_back(stack):
@@ -85,6 +128,19 @@ def test_bad_release_is_rolled_back(stack):
     assert versions(stack) == dict.fromkeys(stack.hostnames, "1.4.0")
     assert all("track" not in labels for labels in vllm_labels(stack))
     assert prometheus_versions(stack, "1.4.0") == ["1.4.0"] * 4
+    doc, html, _ = report(stack, Path(stack.run_dir) / "reports")
+    assert "1.6.0 against 1.4.0" in html and "<tr><td>1/2</td>" in html
+    # its RolledBack notice reaches the console as a ticket, linked to this rollout on its timeline
+    # (the rollout command recorded it in <run>/activity.jsonl; the pager reads that file)
+    deadline, inc = time.monotonic() + 60, None
+    while inc is None and time.monotonic() < deadline:
+        incs = requests.get(f"{stack.urls.pager}/api/incidents", params={"channel": "ticket"}, timeout=5).json()
+        inc = next((i for i in incs["incidents"] if i["commonLabels"].get("rollout") == doc["id"]), None)
+        time.sleep(0.5)
+    assert inc is not None, "the RolledBack notice did not reach the console"
+    one = requests.get(f"{stack.urls.pager}/api/incidents/{inc['id']}", timeout=5).json()
+    assert [(r["kind"], r["id"], r["match"]) for r in one["related"]] == [("rollout", doc["id"], "rollout label")]
+    assert "rollout ended" in [e["kind"] for e in one["timeline"]]
 
 
 def test_good_release_is_promoted_to_every_node(stack):
@@ -96,3 +152,9 @@ def test_good_release_is_promoted_to_every_node(stack):
     assert versions(stack) == dict.fromkeys(stack.hostnames, "1.5.0")
     assert all("track" not in labels for labels in vllm_labels(stack))
     assert prometheus_versions(stack, "1.5.0") == ["1.5.0"] * 4
+    # the rollout right before (1.6.0) had its canary on the same nodes with the same labels: the
+    # report of this one must not reach back into it
+    doc, html, client = report(stack, Path(stack.run_dir) / "reports")
+    assert doc["state"] == "Succeeded" and "1.5.0 against 1.4.0" in html and "1.6.0" not in html
+    assert "<tr><td>1/2</td>" in html and "<tr><td>2/2</td>" in html
+    assert sum(k == "range" for k, _, _ in client.windows) == 8  # 4 panels x 2 tracks, all inside the rollout

@@ -186,3 +186,26 @@ def test_constructor_validation_and_parse_value():
     assert parse_value("-Inf") == -math.inf and parse_value("1e3") == 1000.0
     with pytest.raises(PrometheusResponseError):
         parse_value(None)
+
+
+def test_union_alerts_client_lists_each_alert_once_and_survives_a_dead_member():
+    from gpuobs.promapi.alertmanager import AlertApiError, UnionAlertsClient
+    from gpuobs.stack.ports import free_port_range
+    from tests.fakes.prometheus import FakePrometheus, ok
+
+    xid = {"alertname": "GpuXidCritical", "node": "gpu-node-00", "gpu": "0"}
+    skew = {"alertname": "GpuDriverSkew", "modelName": "H100"}
+
+    def replica(state, active):
+        return lambda endpoint, params: ok({"alerts": [{"labels": xid, "state": state, "activeAt": active}]})
+    vmalert = lambda endpoint, params: ok({"alerts": [{"labels": skew, "state": "pending",  # noqa: E731
+                                                       "activeAt": "2026-01-01T00:00:09Z"}]})
+    dead = f"http://127.0.0.1:{free_port_range(1)}"
+    with FakePrometheus(replica("pending", "2026-01-01T00:00:05Z")) as r0, \
+            FakePrometheus(replica("firing", "2026-01-01T00:00:07Z")) as r1, FakePrometheus(vmalert) as va:
+        got = UnionAlertsClient([r0.url, r1.url, dead, va.url], timeout_s=2).alerts()
+        assert sorted((a["labels"]["alertname"], a["state"]) for a in got) == [
+            ("GpuDriverSkew", "pending"), ("GpuXidCritical", "firing")]
+        assert r0.requests[0]["endpoint"] == "alerts"
+    with pytest.raises(AlertApiError, match="no evaluator answered"):
+        UnionAlertsClient([dead], timeout_s=2).alerts()

@@ -12,10 +12,17 @@ from gpuobs.exporter.sim.engine import Engine
 from gpuobs.exporter.sim.node import Node
 
 
-def engine_families(engine: Engine, version: str, extra_labels: list[tuple[str, str]] | None = None) -> list[Family]:
-    """vLLM V1 metric families of ``engine`` (labels ``model_name``, ``engine``) plus gpuobs_engine_build_info.
+def engine_families(engine: Engine, version: str, extra_labels: list[tuple[str, str]] | None = None,
+                    flags: dict[str, bool] | None = None) -> list[Family]:
+    """vLLM V1 metric families of ``engine`` (labels ``model_name``, ``engine``) plus gpuobs_engine_build_info
+    and, when ``flags`` is given, ``gpuobs_feature_flag_enabled{flag}`` (1 on, 0 off).
 
-    Names, types and HELP as vLLM V1 writes them (vllm/v1/metrics/loggers.py)."""
+    Names, types and HELP as vLLM V1 writes them (vllm/v1/metrics/loggers.py). The flag gauge has one
+    series per catalogue flag whatever its state (bounded by the catalogue; no series appears or
+    vanishes on a flip, so ``sum by (flag)`` counts the nodes a flag is on for and ``changes()`` sees
+    flips); a 0/1 gauge rather than an ``_info`` metric because the value, not a label, is the state
+    (Prometheus naming: https://prometheus.io/docs/practices/naming/; the OpenFeature semantic
+    conventions name the flag ``feature_flag.key``, here the label ``flag``)."""
     base = [("model_name", engine.cfg.model_name), ("engine", "0")] + (extra_labels or [])
     ls = label_string(base)
     fams = [
@@ -47,6 +54,11 @@ def engine_families(engine: Engine, version: str, extra_labels: list[tuple[str, 
         Family("gpuobs_engine_build_info", "gauge", "Serving engine release deployed on this node (value 1).",
                None, [(label_string(base + [("version", version)]), 1)]),
     ]
+    if flags is not None:
+        fams.append(Family("gpuobs_feature_flag_enabled", "gauge",
+                           "Whether the feature flag is on for this engine (1) or off (0), as evaluated "
+                           "through OpenFeature against the fleet's flagd flag file.", None,
+                           [(label_string(base + [("flag", f)]), int(on)) for f, on in sorted(flags.items())]))
     return fams
 
 
@@ -61,4 +73,4 @@ class EngineCollector:
     def collect(self) -> list[Family]:
         """vLLM families for the node's engine. Thread-safe."""
         with self.node.lock:
-            return engine_families(self.node.engine, self.node.version)
+            return engine_families(self.node.engine, self.node.version, flags=self.node.flags)

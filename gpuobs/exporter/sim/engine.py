@@ -7,7 +7,8 @@ generation length (lognormal), a queue time, a TTFT and per-token inter-token la
 * SM clock: the slowest GPU of the tensor-parallel group gates prefill and decode (``clock_ratio``);
 * KV-cache demand: concurrency (Little's law: rate x mean E2E) x tokens per sequence x the
   ``kv-pressure`` factor, over the cache capacity. Above 95 % the scheduler preempts and queues;
-* the deployed release's hidden profile (TTFT/ITL multipliers, added error ratio).
+* the deployed release's hidden profile combined with those of the feature flags that are on
+  (TTFT/ITL multipliers, added error ratio, added error ratio on long prompts).
 
 Metric names, types and bucket boundaries follow vllm/v1/metrics/loggers.py (design §4.3).
 """
@@ -123,6 +124,9 @@ class Engine:
         self.e2e.observe_many(e2e)
         self.queue.observe_many(queue)
         err_p = min(1.0, cfg.base_error_ratio + profile.error_rate_delta)
+        if profile.long_prompt_error_delta and profile.long_prompt_tokens > 0:  # e.g. a flag failing on long prompts
+            err_p = np.minimum(1.0, err_p + np.where(prompt > profile.long_prompt_tokens,
+                                                     profile.long_prompt_error_delta, 0.0))
         u = rng.random(n)
         errors = u < err_p
         aborts = (~errors) & (u < err_p + cfg.abort_ratio)

@@ -16,6 +16,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
+from gpuobs.exporter.sim.behaviour import Profile, combine
 from gpuobs.exporter.sim.behaviour import SimCatalogue as Catalogue
 from gpuobs.exporter.sim.behaviour import load as load_releases
 from gpuobs.exporter.sim.engine import Engine, EngineConfig
@@ -72,6 +73,10 @@ class Node:
         self.driver_version = cfg.driver_version
         self.releases = releases or load_releases()
         self.version = self.releases.default
+        #: ``(flag, hostname) -> bool``, e.g. :meth:`gpuobs.flags.evaluate.FlagEvaluator.enabled`; None:
+        #: every flag off. Evaluated each tick; :attr:`flags` holds the last answers (catalogue flags only).
+        self.flag_source = None
+        self.flags: dict[str, bool] = dict.fromkeys(self.releases.flags, False)
         self.now = cfg.start_time
         self.lock = threading.RLock()
         self._rng = random.Random(f"{cfg.seed}:{cfg.index}")
@@ -136,7 +141,8 @@ class Node:
             clock = min((g.effective_clock_factor for g in present), default=1.0)
             if self.engine is not None and not self.engine_down:
                 rate_scale = sum(self.load(i) for i in range(len(self.gpus))) / len(self.gpus) / self._base
-                self.engine.advance(dt, rate_scale, clock, self.kv_factor, self.releases.profile(self.version))
+                self.refresh_flags()
+                self.engine.advance(dt, rate_scale, clock, self.kv_factor, self.profile)
             if self.training is not None:
                 self.training.advance(dt, [g.effective_clock_factor for g in self.gpus], self.slowdowns,
                                       self.hung or len(present) < len(self.gpus))
@@ -156,6 +162,19 @@ class Node:
     def exporter_pod(self) -> str:
         """Name of the node's dcgm-exporter pod, ``nvidia-dcgm-exporter-<5 chars>`` (new after each replacement)."""
         return exporter_pod_name(self.cfg.seed, self.cfg.index, self.exporter_generation)
+
+    @property
+    def profile(self) -> Profile:
+        """The engine's hidden behaviour now: the release's profile combined with each flag's that is on."""
+        return combine(self.releases.profile(self.version),
+                       *(self.releases.flag_profile(f) for f, on in self.flags.items() if on))
+
+    def refresh_flags(self) -> dict[str, bool]:
+        """Evaluate every catalogue flag for this node through :attr:`flag_source`; returns a copy."""
+        with self.lock:
+            if self.flag_source is not None:
+                self.flags = {f: bool(self.flag_source(f, self.hostname)) for f in self.flags}
+            return dict(self.flags)
 
     @property
     def release(self):
@@ -196,9 +215,17 @@ class Node:
             return [f.to_json() for f in self.faults.values()]
 
     def _xid(self, gpu: int, code: int) -> None:
+        """Record one Xid: the kernel log always gets it; DCGM's Xid fields only when DCGM can see it.
+
+        Xid 79 (fallen off the bus) never reaches DCGM: the GPU is gone before DCGM's event watch can
+        read it (NVIDIA/DCGM issue #162), and after recovery (GPU reset / reboot, which restarts the
+        host engine) DCGM's Xid state starts empty. So 79 is in the kernel log only, never on
+        DCGM_FI_DEV_XID_ERRORS or DCGM_EXP_XID_ERRORS_COUNT, as on a real node.
+        """
         g = self.gpus[gpu]
         msg = xidcat.message(code)
-        g.record_xid(self.now, code, msg, self.cfg.xid_window_ms / 1000.0)
+        if code not in xidcat.DCGM_UNREPORTABLE_XIDS:
+            g.record_xid(self.now, code, msg, self.cfg.xid_window_ms / 1000.0)
         self._kernel_xid_lines(gpu, code, msg)
 
     def _kernel_xid_lines(self, gpu: int, code: int, msg: str) -> None:

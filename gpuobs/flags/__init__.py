@@ -1,0 +1,1 @@
+"""Feature flags: the flagd-format flag file (:mod:`.flagd`) and OpenFeature evaluation (:mod:`.evaluate`)."""

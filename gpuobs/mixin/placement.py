@@ -1,0 +1,208 @@
+"""Rule placement for the HA topology: which rules a Prometheus shard can evaluate and which need the
+global view (vmalert over VictoriaMetrics), decided from the rules' PromQL syntax trees.
+
+A shard scrapes whole nodes (every target of a node lands on the same shard: the hashmod key is the
+``node`` target label, see :mod:`gpuobs.stack.ha`), so an expression is **node-local** when every
+aggregation and every vector match in it keeps an identity label (``node``, or ``instance`` for the
+series of one target that has no ``node``): its result for one node needs only that node's series.
+It is **fleet-wide** when some aggregation or vector match drops all identity labels (``sum by
+(model_name)``, ``count by (modelName)``, ``sum without (node)``, ``sum(x)``, ``on (training_job)``,
+``ignoring (node)``), because then one output series mixes nodes that live on different shards, and a
+shard would see only its part of the fleet (a driver-skew count of 1 per shard while the fleet runs 2).
+A rule that reads a series recorded by a fleet-wide rule is fleet-wide too (its input exists only in
+the global store), computed to a fixed point.
+
+Shapes: :func:`classify` takes one PromQL string and returns a :class:`Verdict`; :func:`place` takes
+``{file name: rule file text}`` (Prometheus rule-file YAML) and returns a :class:`Placement` with the
+per-rule verdicts and two rule-file sets of the same shape, ``shard`` and ``fleet``, each keeping the
+groups' names, ``interval`` and rule order (a group split in two keeps its name in both halves). A
+group with no rules left is dropped. Raises :class:`PlacementError` for YAML or PromQL that does not
+parse, naming the file, group and rule.
+
+The parser is promql-parser (GreptimeTeam's Rust PromQL parser, the Python binding), not a
+hand-written one. Functions without a grouping (``absent``, ``scalar``, ``vector``) are left
+node-local: the rules use none of them across nodes (checked by the tests on the shipped files).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import promql_parser as pp
+import yaml
+
+#: Labels that identify where a series comes from: the node (file_sd and ServiceMonitor targets both
+#: carry it, design §4.1) and, for a target without one, the scrape target itself.
+IDENTITY_LABELS = frozenset({"node", "instance"})
+
+SHARD = "shard"
+FLEET = "fleet"
+
+
+class PlacementError(ValueError):
+    """A rule file or expression could not be read; the message names the file, group and rule."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Where one expression must run: ``placement`` is ``shard`` or ``fleet``; ``reason`` names the
+    aggregation or vector match that drops the identity labels (empty for ``shard``); ``reads`` are the
+    metric names its selectors read (``__name__`` equality only)."""
+
+    placement: str
+    reason: str
+    reads: frozenset[str]
+
+
+@dataclass
+class RuleVerdict:
+    """One rule's placement: file, group, ``record`` or ``alert`` name, and the Verdict's fields."""
+
+    file: str
+    group: str
+    name: str
+    kind: str
+    placement: str
+    reason: str
+
+
+@dataclass
+class Placement:
+    """Rule files split by placement: ``shard`` and ``fleet`` map file name -> YAML text."""
+
+    rules: list[RuleVerdict] = field(default_factory=list)
+    shard: dict[str, str] = field(default_factory=dict)
+    fleet: dict[str, str] = field(default_factory=dict)
+
+    def names(self, placement: str) -> list[str]:
+        """The rule names (record or alert) placed in ``placement``, in file order, duplicates kept."""
+        return [r.name for r in self.rules if r.placement == placement]
+
+
+def _keeps_identity(kind: str, labels: list[str]) -> bool:
+    """Whether a ``by``/``on`` (``kind`` include) or ``without``/``ignoring`` (exclude) list keeps an
+    identity label in the result."""
+    ids = IDENTITY_LABELS
+    if kind == "include":
+        return bool(ids & set(labels))
+    return not ids <= set(labels)  # without/ignoring keeps every label it does not name
+
+
+def _walk(node, found: list[str], reads: set[str]) -> None:
+    """Collect into ``found`` a description of each construct that drops the identity labels, and into
+    ``reads`` the metric names selected."""
+    if isinstance(node, pp.VectorSelector):
+        if node.name:
+            reads.add(node.name)
+        for m in node.matchers.matchers:
+            if m.name == "__name__" and m.op == pp.MatchOp.Equal:
+                reads.add(m.value)
+        return
+    if isinstance(node, pp.MatrixSelector):
+        _walk(node.vector_selector, found, reads)
+        return
+    if isinstance(node, pp.AggregateExpr):
+        mod = node.modifier
+        op = str(node.op)
+        if mod is None:
+            found.append(f"{op}(...) without by/without aggregates every series")
+        else:
+            kind = "include" if mod.type == pp.AggModifierType.By else "exclude"
+            if not _keeps_identity(kind, list(mod.labels)):
+                word = "by" if kind == "include" else "without"
+                found.append(f"{op} {word} ({', '.join(mod.labels)}) drops {'/'.join(sorted(IDENTITY_LABELS))}")
+        _walk(node.expr, found, reads)
+        if node.param is not None:
+            _walk(node.param, found, reads)
+        return
+    if isinstance(node, pp.BinaryExpr):
+        mod = node.modifier
+        matching = getattr(mod, "matching", None) if mod is not None else None
+        scalar_side = isinstance(node.lhs, pp.NumberLiteral) or isinstance(node.rhs, pp.NumberLiteral)
+        if matching is not None and not scalar_side:
+            kind = "include" if matching.type == pp.LabelModifierType.Include else "exclude"
+            if not _keeps_identity(kind, list(matching.labels)):
+                word = "on" if kind == "include" else "ignoring"
+                found.append(f"vector match {word} ({', '.join(matching.labels)}) joins series of different nodes")
+        _walk(node.lhs, found, reads)
+        _walk(node.rhs, found, reads)
+        return
+    if isinstance(node, pp.Call):
+        for arg in node.args:
+            _walk(arg, found, reads)
+        return
+    if isinstance(node, (pp.ParenExpr, pp.UnaryExpr, pp.SubqueryExpr)):
+        _walk(node.expr, found, reads)
+        return
+    # NumberLiteral, StringLiteral: nothing to look at.
+
+
+def classify(expr: str) -> Verdict:
+    """Placement of one PromQL expression (see the module docstring). Raises PlacementError if it
+    does not parse."""
+    try:
+        tree = pp.parse(expr)
+    except Exception as exc:  # the binding raises ValueError/RuntimeError variants
+        raise PlacementError(f"PromQL does not parse: {exc}") from None
+    found: list[str] = []
+    reads: set[str] = set()
+    _walk(tree, found, reads)
+    return Verdict(FLEET if found else SHARD, "; ".join(found), frozenset(reads))
+
+
+def place(files: dict[str, str]) -> Placement:
+    """Split rule files into shard and fleet rule files (see the module docstring)."""
+    docs: dict[str, dict] = {}
+    verdicts: dict[tuple[str, int, int], Verdict] = {}
+    out = Placement()
+    for fname, text in files.items():
+        try:
+            doc = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise PlacementError(f"{fname}: not YAML: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("groups", []), list):
+            raise PlacementError(f"{fname}: groups: must be a list of rule groups")
+        docs[fname] = doc
+        for gi, group in enumerate(doc.get("groups", [])):
+            for ri, rule in enumerate(group.get("rules", [])):
+                name = rule.get("record") or rule.get("alert") or f"rule {ri}"
+                try:
+                    verdicts[(fname, gi, ri)] = classify(str(rule.get("expr", "")))
+                except PlacementError as exc:
+                    raise PlacementError(f"{fname}: group {group.get('name')!r}: {name}: {exc}") from None
+    # Fixed point: a rule reading a series that only a fleet-wide rule records is fleet-wide.
+    changed = True
+    while changed:
+        changed = False
+        fleet_records = {docs[f]["groups"][g]["rules"][r].get("record") for (f, g, r), v in verdicts.items()
+                         if v.placement == FLEET} - {None}
+        for key, v in verdicts.items():
+            if v.placement == SHARD and v.reads & fleet_records:
+                dep = ", ".join(sorted(v.reads & fleet_records))
+                verdicts[key] = Verdict(FLEET, f"reads {dep}, recorded by a fleet-wide rule", v.reads)
+                changed = True
+    # A rule that reads no series at all (a constant such as the SLO objective) joins the fleet half of
+    # its group when the group has one, so all of a group's outputs come from one evaluator; alone
+    # (the Watchdog), it stays on the shards: every shard then proves its own evaluation loop.
+    for (f, g, r), v in list(verdicts.items()):
+        if v.placement == SHARD and not v.reads and any(
+                verdicts[(f2, g2, r2)].placement == FLEET for (f2, g2, r2) in verdicts if (f2, g2) == (f, g)):
+            verdicts[(f, g, r)] = Verdict(FLEET, "reads no series; its group is fleet-wide", v.reads)
+    for fname, doc in docs.items():
+        halves: dict[str, list] = {SHARD: [], FLEET: []}
+        for gi, group in enumerate(doc.get("groups", [])):
+            parts: dict[str, list] = {SHARD: [], FLEET: []}
+            for ri, rule in enumerate(group.get("rules", [])):
+                v = verdicts[(fname, gi, ri)]
+                parts[v.placement].append(rule)
+                out.rules.append(RuleVerdict(fname, str(group.get("name")), rule.get("record") or rule.get("alert"),
+                                             "record" if "record" in rule else "alert", v.placement, v.reason))
+            for where, rules in parts.items():
+                if rules:
+                    halves[where].append({**{k: val for k, val in group.items() if k != "rules"}, "rules": rules})
+        for where, groups in halves.items():
+            if groups:
+                text = f"# Placed on the {'Prometheus shards' if where == SHARD else 'fleet evaluator (vmalert)'} by gpuobs.mixin.placement.\n"
+                (out.shard if where == SHARD else out.fleet)[fname] = text + yaml.safe_dump(
+                    {"groups": groups}, sort_keys=False, width=120)
+    return out

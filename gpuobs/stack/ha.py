@@ -1,0 +1,370 @@
+"""The HA topology: ``gpuobs stack up --topology ha`` (docs/ha.md).
+
+On 127.0.0.1, next to the same simulated fleet and pager as the single stack
+(:func:`gpuobs.stack.supervisor.fleet_parts`):
+
+* ``S`` Prometheus shards x ``R`` replicas (``prometheus-s<i>-r<j>``). Every replica of a shard has the
+  same config but its ``external_labels`` (``shard``, ``replica``). A shard keeps the targets whose
+  ``hashmod`` of the shard key is its index; the key is the target's ``node`` label (so the DCGM,
+  vLLM and logwatch targets of one node land on one shard, and the node-local rules that join them
+  see all of a node's series), or ``__address__`` for a target without one.
+* An Alertmanager cluster of ``M`` members (``alertmanager-<i>``, gossip on loopback ports; every
+  member lists the others as ``--cluster.peer``). Every Prometheus and vmalert sends to every member;
+  the cluster's notification log dedupes the replicas' copies (Alertmanager docs, "High
+  Availability": "It's important not to load balance traffic between Prometheus and its Alertmanagers,
+  but instead, point Prometheus to a list of all Alertmanagers").
+* VictoriaMetrics single-node (``victoria-metrics``) as the global store: every replica
+  ``remote_write``\\ s to it with the ``replica`` and ``shard`` external labels dropped
+  (``write_relabel_configs``), so the two replicas of a shard write identical series, which
+  VictoriaMetrics deduplicates with ``-dedup.minScrapeInterval`` equal to the scrape interval
+  (VictoriaMetrics 1.79 docs, "Deduplication": "If duplicate data is pushed to VictoriaMetrics from
+  identically configured vmagent instances or Prometheus instances, then the
+  -dedup.minScrapeInterval must be set to scrape_interval from scrape configs"; "identically
+  configured" means without a label that differs between replicas). The same two labels are dropped
+  from the alerts a replica sends (``alert_relabel_configs``), so both replicas' copies of an alert
+  have one fingerprint in Alertmanager.
+* ``vmalert`` evaluating the fleet-wide rules (:mod:`gpuobs.mixin.placement`) against
+  VictoriaMetrics, notifying every Alertmanager member, writing its recording results and ``ALERTS``
+  back to VictoriaMetrics (``-remoteWrite.url``) and restoring alert state from it after a restart
+  (``-remoteRead.url``). The shards evaluate the node-local rules.
+
+``urls.prometheus`` of the recorded state is VictoriaMetrics's Prometheus API (the global view: the
+canary, doctor and reports take any Prometheus-API URL); ``urls.alertmanager`` is the first member.
+``down`` and ``status`` are the supervisor's (every member is a recorded component with its own port).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import requests
+import yaml
+
+from gpuobs.core.durations import format_duration
+from gpuobs.core.files import atomic_write
+from gpuobs.mixin.placement import place
+from gpuobs.mixin.profile import profile_rules
+from gpuobs.stack import alert_timing
+from gpuobs.stack.ports import free_port_range
+from gpuobs.stack.render import render_alertmanager, render_prometheus, scrape_pools
+from gpuobs.stack.state import StackState, StackUrls
+from gpuobs.stack.supervisor import (
+    StackConfig,
+    StackError,
+    _make_private,
+    _ok,
+    _wait,
+    check_config,
+    check_ports,
+    down,
+    find_binaries,
+    fleet_parts,
+    load_state,
+    private_files,
+    start_components,
+)
+
+VM_HINT = ("install it with: apt-get install -y --no-install-recommends victoria-metrics (Debian/Ubuntu, as root; "
+           "`make binaries` does it), or put the upstream victoria-metrics and vmalert binaries on PATH")
+#: The labels naming a replica's place in the topology; dropped before VictoriaMetrics and Alertmanager.
+TOPOLOGY_LABELS = ("shard", "replica")
+
+
+@dataclass
+class HAConfig:
+    """The HA topology's shape on top of a :class:`~gpuobs.stack.supervisor.StackConfig` (fleet, pager
+    port, profile, run directory): ``shards`` x ``replicas`` Prometheus servers, ``alertmanagers``
+    cluster members, and ``base_port``, the first of the block of loopback ports its members take
+    (0: a free block is chosen). ``scrape_interval_s``: every replica's scrape and evaluation
+    interval, vmalert's evaluation interval and VictoriaMetrics's dedup interval."""
+
+    stack: StackConfig = field(default_factory=StackConfig)
+    shards: int = 2
+    replicas: int = 2
+    alertmanagers: int = 3
+    base_port: int = 0
+    scrape_interval_s: float = 5.0
+    #: Alertmanager ``--cluster.peer-timeout``: how long the member at position p waits (p x this)
+    #: before it checks the shared notification log and notifies. Upstream's 15 s is sized for a
+    #: network; on loopback gossip lands in milliseconds, and a long wait is what lets a waiting member
+    #: send a notification made from a stale snapshot (an alert that another member already notified
+    #: as resolved), see docs/ha.md.
+    peer_timeout_s: float = 3.0
+
+    def port_count(self) -> int:
+        """Ports the members take: one per Prometheus, two per Alertmanager (web, gossip), VM, vmalert."""
+        return self.shards * self.replicas + 2 * self.alertmanagers + 2
+
+
+def prometheus_name(shard: int, replica: int) -> str:
+    """Component name of a Prometheus replica, ``prometheus-s<shard>-r<replica>``."""
+    return f"prometheus-s{shard}-r{replica}"
+
+
+def find_ha_binaries() -> dict[str, str]:
+    """prometheus, Alertmanager, victoria-metrics and vmalert paths; StackError (exit 2) naming what is missing."""
+    found = find_binaries()
+    extra = {"victoria-metrics": shutil.which("victoria-metrics") or shutil.which("victoria-metrics-prod"),
+             "vmalert": shutil.which("vmalert") or shutil.which("vmalert-prod")}
+    missing = [k for k, v in extra.items() if not v]
+    if missing:
+        raise StackError(f"missing binaries: {', '.join(missing)}; {VM_HINT}", 2)
+    return {**found, **extra}  # type: ignore[dict-item]
+
+
+def assign_ports(cfg: HAConfig) -> dict[str, int]:
+    """Component name -> port for every member (Alertmanager gossip as ``alertmanager-<i>-cluster``)."""
+    base = cfg.base_port or free_port_range(cfg.port_count(), start=21000)
+    names = [prometheus_name(s, r) for s in range(cfg.shards) for r in range(cfg.replicas)]
+    names += [f"alertmanager-{i}" for i in range(cfg.alertmanagers)]
+    names += [f"alertmanager-{i}-cluster" for i in range(cfg.alertmanagers)]
+    names += ["victoria-metrics", "vmalert"]
+    return {n: base + i for i, n in enumerate(names)}
+
+
+def shard_relabel(shards: int, shard: int) -> list[dict]:
+    """relabel_configs that keep the targets of ``shard`` of ``shards``: shard key = ``node`` or, when a
+    target has none, ``__address__``; ``hashmod`` of it, keep the matching index (Prometheus docs,
+    relabel_config ``hashmod``/``keep``)."""
+    return [
+        {"source_labels": ["node"], "target_label": "__tmp_shard_key"},
+        # "<empty node>;<address>" -> the address; a target with a node keeps its node as the key.
+        {"source_labels": ["__tmp_shard_key", "__address__"], "separator": ";", "regex": ";(.+)",
+         "target_label": "__tmp_shard_key", "replacement": "$1"},
+        {"source_labels": ["__tmp_shard_key"], "modulus": shards, "target_label": "__tmp_shard", "action": "hashmod"},
+        {"source_labels": ["__tmp_shard"], "regex": str(shard), "action": "keep"},
+    ]
+
+
+def render_replica(run: Path, base_cfg: Path, name: str, shard: int, replica: int, cfg: HAConfig,
+                   ports: dict[str, int], rules_dir: Path) -> Path:
+    """Write ``run/<name>/prometheus.yml`` from the rendered single-stack config; returns its path."""
+    doc = yaml.safe_load(base_cfg.read_text())
+    interval = format_duration(cfg.scrape_interval_s)
+    doc["global"].update({"scrape_interval": interval, "evaluation_interval": interval,
+                          "scrape_timeout": format_duration(max(1.0, cfg.scrape_interval_s * 0.8)),
+                          "external_labels": {"shard": str(shard), "replica": str(replica)}})
+    drop = {"regex": "|".join(TOPOLOGY_LABELS), "action": "labeldrop"}
+    doc["alerting"] = {"alert_relabel_configs": [drop], "alertmanagers": [{"static_configs": [{"targets": [
+        f"127.0.0.1:{ports[f'alertmanager-{i}']}" for i in range(cfg.alertmanagers)]}]}]}
+    doc["rule_files"] = [str(rules_dir / "*.yml")]
+    doc["remote_write"] = [{"url": f"http://127.0.0.1:{ports['victoria-metrics']}/api/v1/write",
+                            "write_relabel_configs": [drop]}]
+    for sc in doc["scrape_configs"]:
+        if sc["job_name"] == "prometheus":
+            sc["static_configs"] = [{"targets": [f"127.0.0.1:{ports[name]}"]}]
+        else:
+            sc["relabel_configs"] = shard_relabel(cfg.shards, shard) + list(sc.get("relabel_configs") or [])
+    doc["scrape_configs"].append({"job_name": GLOBAL_JOB, "static_configs": [{"targets": [
+        f"127.0.0.1:{ports['victoria-metrics']}", f"127.0.0.1:{ports['vmalert']}"]}]})
+    path = run / name / "prometheus.yml"
+    atomic_write(path, yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def render_rules_placed(run: Path, runbook_base: str, profile: str) -> tuple[Path, Path]:
+    """Write the profile's rules split by :func:`gpuobs.mixin.placement.place`: node-local ones under
+    ``run/prometheus/rules-shard``, fleet-wide ones under ``run/vmalert/rules``; returns both folders."""
+    placed = place(profile_rules(runbook_base, profile))
+    shard_dir, fleet_dir = run / "prometheus" / "rules-shard", run / "vmalert" / "rules"
+    for folder, files in ((shard_dir, placed.shard), (fleet_dir, placed.fleet)):
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("*.yml"):
+            old.unlink()
+        for fname, text in files.items():
+            atomic_write(folder / fname, text)
+    atomic_write(run / "placement.json", json.dumps([asdict(r) for r in placed.rules], indent=1))
+    return shard_dir, fleet_dir
+
+
+#: Job name under which every replica scrapes VictoriaMetrics and vmalert (no sharding: each shard
+#: must notice for itself that the global view is gone).
+GLOBAL_JOB = "ha-global"
+
+
+def blind_rule(runbook_base: str) -> str:
+    """Rule file (YAML text) of ``FleetRulesBlind``, evaluated on every shard: VictoriaMetrics or
+    vmalert is down (``up == 0``), or a vmalert rule's last evaluation failed (vmalert 1.79's
+    ``vmalert_alerting_rules_error`` / ``vmalert_recording_rules_error`` gauges are 1, e.g. while
+    VictoriaMetrics does not answer), so the fleet-wide rules cannot fire. A ticket (severity warning), not a page: the
+    node-local pages, on the shards, still arrive. Node-local by :mod:`gpuobs.mixin.placement`
+    (every aggregation keeps ``instance``)."""
+    doc = {"groups": [{"name": "ha-topology", "rules": [{
+        "alert": "FleetRulesBlind",
+        "expr": (f'up{{job="{GLOBAL_JOB}"}} == 0 or max by (job, instance) ('
+                 f'vmalert_alerting_rules_error{{job="{GLOBAL_JOB}"}} '
+                 f'or vmalert_recording_rules_error{{job="{GLOBAL_JOB}"}}) > 0'),
+        "for": "20s",
+        "labels": {"severity": "warning", "family": "ha"},
+        "annotations": {
+            "summary": "The fleet-wide rules are blind: VictoriaMetrics or vmalert is down or failing.",
+            "description": "{{ $labels.instance }} ({{ $labels.job }}) is down or vmalert's rules fail: driver skew, "
+                           "SLO burn and training-straggler alerts cannot fire until it is back. Node-local pages "
+                           "(Xid, ECC, exporter down) still come from the Prometheus shards.",
+            "runbook_url": f"{runbook_base.rstrip('/')}/runbooks/ha.md#fleetrulesblind"}}]}]}
+    return "# The HA topology's own alert (gpuobs.stack.ha.blind_rule).\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def _cluster_size(url: str) -> int:
+    """Peers an Alertmanager sees in its cluster (``/api/v2/status`` ``cluster.peers``), itself included."""
+    doc = requests.get(f"{url}/api/v2/status", timeout=2).json()
+    return len(doc.get("cluster", {}).get("peers") or [])
+
+
+def _targets_up(urls: list[str], expected: int, pools: tuple[str, ...]) -> bool:
+    """Whether the shards (one replica each, ``urls``) together scrape ``expected`` node targets, all up."""
+    seen = 0
+    for url in urls:
+        resp = requests.get(f"{url}/api/v1/targets", params={"state": "active"}, timeout=2).json()
+        ts = [t for t in resp["data"]["activeTargets"] if t.get("scrapePool") in pools]
+        if not all(t["health"] == "up" for t in ts):
+            return False
+        seen += len(ts)
+    return seen == expected
+
+
+def up(cfg: HAConfig, out=sys.stdout) -> StackState:
+    """Start the HA topology and wait until every member is ready, every node target is up on its
+    shard and every Alertmanager sees the whole cluster; returns the recorded StackState.
+
+    Raises StackError: exit 2 for a bad shape, missing binaries, busy ports or a stack already running
+    in the run directory; exit 1 when a member fails to start (everything started is stopped).
+    """
+    if not 1 <= cfg.shards <= 16:
+        raise StackError(f"--shards must be 1..16; got {cfg.shards}", 2)
+    if not 1 <= cfg.replicas <= 4:
+        raise StackError(f"--replicas must be 1..4; got {cfg.replicas}", 2)
+    if not 1 <= cfg.alertmanagers <= 7:
+        raise StackError(f"--alertmanagers must be 1..7; got {cfg.alertmanagers}", 2)
+    if not 1 <= cfg.scrape_interval_s <= 300:
+        raise StackError(f"scrape interval must be 1..300 s; got {cfg.scrape_interval_s:g}", 2)
+    with private_files():
+        return _up(cfg, out)
+
+
+def _up(cfg: HAConfig, out) -> StackState:
+    sc = cfg.stack
+    run = check_config(sc)
+    bins = find_ha_binaries()
+    ports = assign_ports(cfg)
+    p = sc.ports
+    serving = sc.nodes - sc.training_nodes
+    node_ports = [p.node_base + i for i in range(sc.nodes)]
+    engine_ports = [p.engine_base + i for i in range(serving)]
+    check_ports([p.pager, *node_ports, *engine_ports, *ports.values()],
+                "--pager-port, --base-port, --engine-base-port, --ha-base-port")
+    _make_private(run)
+    (run / "logs").mkdir(parents=True, exist_ok=True)
+    am_urls = [f"http://127.0.0.1:{ports[f'alertmanager-{i}']}" for i in range(cfg.alertmanagers)]
+    vm_url = f"http://127.0.0.1:{ports['victoria-metrics']}"
+    vmalert_url = f"http://127.0.0.1:{ports['vmalert']}"
+    fleet = fleet_parts(sc, run, am_urls[0])
+    timing = alert_timing.DEFAULT
+    # The single stack's config (targets, scrape jobs) is the template every replica starts from.
+    base_cfg = render_prometheus(run, p, fleet.nodes, fleet.engines, fleet.runbook_base, sc.profile,
+                                 scrape_mode=sc.scrape_mode, pods=fleet.pods)
+    shard_rules, fleet_rules = render_rules_placed(run, fleet.runbook_base, sc.profile)
+    atomic_write(shard_rules / "ha-topology.yml", blind_rule(fleet.runbook_base))
+    am_cfg = render_alertmanager(run, p, pager_token_file=fleet.pager_token_file,
+                                 resolve_timeout=format_duration(timing.resolve_timeout_s))
+    interval = format_duration(cfg.scrape_interval_s)
+    specs: dict[str, list[str]] = {"victoria-metrics": [
+        bins["victoria-metrics"], f"-storageDataPath={run / 'victoria-metrics' / 'data'}",
+        f"-httpListenAddr=127.0.0.1:{ports['victoria-metrics']}", "-retentionPeriod=7d",
+        # One sample per series per scrape interval: the replica pairs' copies collapse into one.
+        f"-dedup.minScrapeInterval={interval}",
+        # Remote write arrives in batches (Prometheus's batch_send_deadline, 5 s): hide only the last
+        # interval + 5 s from instant queries instead of the default 30 s, so vmalert sees fresh data.
+        f"-search.latencyOffset={format_duration(cfg.scrape_interval_s + 5)}",
+        "-loggerFormat=json"]}
+    checks: dict = {"victoria-metrics": lambda: _ok(f"{vm_url}/health")}
+    members: dict[str, str] = {"victoria-metrics": vm_url}
+    for i in range(cfg.alertmanagers):
+        name, cport = f"alertmanager-{i}", ports[f"alertmanager-{i}-cluster"]
+        peers = [f"--cluster.peer=127.0.0.1:{ports[f'alertmanager-{j}-cluster']}"
+                 for j in range(cfg.alertmanagers) if j != i]
+        (run / name / "data").mkdir(parents=True, exist_ok=True)
+        specs[name] = [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / name / 'data'}",
+                       f"--web.listen-address=127.0.0.1:{ports[name]}", f"--web.external-url={am_urls[i]}",
+                       f"--cluster.listen-address=127.0.0.1:{cport}", f"--cluster.advertise-address=127.0.0.1:{cport}",
+                       *peers, f"--cluster.peer-timeout={format_duration(cfg.peer_timeout_s)}",
+                       "--log.format=json", *timing.alertmanager_flags()]
+        checks[name] = (lambda u: lambda: _ok(f"{u}/-/ready"))(am_urls[i])
+        members[name] = am_urls[i]
+    prom_names = []
+    for s in range(cfg.shards):
+        for r in range(cfg.replicas):
+            name = prometheus_name(s, r)
+            url = f"http://127.0.0.1:{ports[name]}"
+            conf = render_replica(run, base_cfg, name, s, r, cfg, ports, shard_rules)
+            (run / name / "data").mkdir(parents=True, exist_ok=True)
+            specs[name] = [bins["prometheus"], f"--config.file={conf}", f"--storage.tsdb.path={run / name / 'data'}",
+                           f"--web.listen-address=127.0.0.1:{ports[name]}", "--storage.tsdb.retention.time=7d",
+                           f"--web.external-url={url}", "--log.format=json", *timing.prometheus_flags()]
+            checks[name] = (lambda u: lambda: _ok(f"{u}/-/ready"))(url)
+            members[name] = url
+            prom_names.append(name)
+    specs["vmalert"] = [bins["vmalert"], f"-rule={fleet_rules}/*.yml", f"-datasource.url={vm_url}",
+                        f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}",
+                        *[f"-notifier.url={u}" for u in am_urls], f"-evaluationInterval={interval}",
+                        f"-httpListenAddr=127.0.0.1:{ports['vmalert']}", f"-external.url={vmalert_url}",
+                        # No -rule.resendDelay: vmalert 1.79 sets an alert's endsAt to 3 x its group's
+                        # interval whatever the resend delay ("-rule.maxResolveDuration ... by default equal
+                        # to 3 evaluation intervals of the parent group", vmalert -help), so it must send at
+                        # every evaluation or Alertmanager resolves its alerts between sends.
+                        "-loggerFormat=json"]
+    checks["vmalert"] = lambda: _ok(f"{vmalert_url}/health")
+    members["vmalert"] = vmalert_url
+    urls = StackUrls(prometheus=vm_url, alertmanager=am_urls[0], pager=fleet.pager_url, grafana=None,
+                     nodes=[f"http://127.0.0.1:{port}/metrics" for port in node_ports],
+                     engines=[f"http://127.0.0.1:{port}/metrics" for port in engine_ports], logwatch=fleet.lw_urls)
+    state = StackState(run_dir=str(run), started_at=time.time(), ports={**asdict(p), **ports}, nodes=sc.nodes,
+                       gpus=sc.gpus, seed=sc.seed, training_nodes=sc.training_nodes, profile=sc.profile,
+                       exporter_profile=sc.exporter_profile, host_label_mode=sc.host_label_mode,
+                       scrape_mode=sc.scrape_mode, hostnames=[h for h, _ in fleet.nodes],
+                       token_file=str(run / "admin-token"), urls=urls, logwatch=sc.logwatch, topology="ha",
+                       members=members)
+    # Grafana is not started here: point it at urls.prometheus (VictoriaMetrics) if wanted.
+    state.ports.pop("grafana", None)
+    deadline = time.monotonic() + sc.timeout_s
+    own = {**{f"logwatch-{i}": u for i, u in enumerate(fleet.lw_urls)}, **members}
+    try:
+        start_components(state, {**fleet.specs, **specs}, {**fleet.checks, **checks}, deadline, out, urls=own)
+        pools = scrape_pools(sc.scrape_mode) + (("logwatch",) if sc.logwatch else ())
+        expected = sc.nodes * (2 if sc.logwatch else 1) + serving
+        for r in range(cfg.replicas):
+            _wait(f"replica {r} of every shard to report its node targets up",
+                  lambda r=r: _targets_up([members[prometheus_name(s, r)] for s in range(cfg.shards)], expected, pools),
+                  deadline)
+        _wait("every Alertmanager to see the whole cluster",
+              lambda: all(_cluster_size(u) == cfg.alertmanagers for u in am_urls), deadline)
+    except BaseException:
+        down(sc.run_dir, out=out)
+        raise
+    return state
+
+
+def cluster_status(run_dir: Path) -> list[dict]:
+    """For each Alertmanager member of the HA stack in ``run_dir``: ``{"component", "url", "peers",
+    "cluster"}`` (peers it sees, itself included, and its cluster status: ready, settling, disabled;
+    ``peers`` None when it does not answer). Empty for a single stack or none."""
+    state = load_state(run_dir.resolve())
+    if not state or state.topology != "ha":
+        return []
+    rows = []
+    for name, url in state.members.items():
+        if not name.startswith("alertmanager-"):
+            continue
+        try:
+            doc = requests.get(f"{url}/api/v2/status", timeout=2).json()
+            cl = doc.get("cluster", {})
+            rows.append({"component": name, "url": url, "peers": len(cl.get("peers") or []),
+                         "cluster": cl.get("status", "")})
+        except (requests.RequestException, ValueError):
+            rows.append({"component": name, "url": url, "peers": None, "cluster": "unreachable"})
+    return rows

@@ -1,0 +1,143 @@
+"""The drill runner over a fake stack and a fake clock: progress lines while it waits, and
+``--no-wait-resolve`` returning once the fault is cleared. (The real stack: tests/live/test_stack_drill.py.)"""
+
+from __future__ import annotations
+
+import datetime as dt
+from types import SimpleNamespace
+
+import pytest
+
+from gpuobs.drills import runner
+
+HOSTS = ["gpu-node-00", "gpu-node-01", "gpu-node-02", "gpu-node-03"]
+HOST = HOSTS[1]  # ecc-dbe runs on serving slot 1
+T0 = 1_800_000_000.0
+
+
+class World:
+    """Fake clock plus what Prometheus and the pager show: GpuEccDoubleBitError fires ``fire_after``
+    seconds after the injection, pages 5 s later, and resolves ``resolve_after`` seconds after the clear."""
+
+    def __init__(self, fire_after=40.0, resolve_after=50.0):
+        self.t, self.fire_after, self.resolve_after = T0, fire_after, resolve_after
+        self.injected = self.cleared = None
+        self.polls = 0
+
+    # time module stand-in
+    def time(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+    def _labels(self):
+        return {"alertname": "GpuEccDoubleBitError", "node": HOST, "gpu": "3", "severity": "critical"}
+
+    def firing(self):
+        if self.injected is None or self.t - self.injected < self.fire_after:
+            return False
+        return self.cleared is None or self.t - self.cleared < self.resolve_after
+
+    def alerts(self):
+        self.polls += 1
+        if not self.firing():
+            return []
+        at = dt.datetime.fromtimestamp(self.injected + self.fire_after, dt.timezone.utc).isoformat()
+        return [{"labels": self._labels(), "annotations": {}, "state": "firing", "activeAt": at.replace("+00:00", "Z")}]
+
+    def pages(self, since):
+        out = []
+        if self.injected is not None and self.t - self.injected >= self.fire_after + 5:
+            out.append({"received_at": self.injected + self.fire_after + 5, "channel": "page", "status": "firing",
+                        "alerts": [{"status": "firing", "labels": self._labels(),
+                                    "annotations": {"runbook_url": "http://127.0.0.1:9097/runbooks/ecc.md#x"}}]})
+        if self.cleared is not None and self.t - self.cleared >= self.resolve_after:
+            out.append({"received_at": self.cleared + self.resolve_after, "channel": "page", "status": "resolved",
+                        "alerts": [{"status": "resolved", "labels": self._labels(), "annotations": {}}]})
+        return [p for p in reversed(out) if p["received_at"] >= since]
+
+
+class Admin:
+    def __init__(self, world):
+        self.world = world
+
+    def inject(self, body):
+        self.world.injected = self.world.t
+        return {"id": "n1-f1"}
+
+    def clear(self, fid):
+        self.world.cleared = self.world.t
+
+
+@pytest.fixture
+def world(monkeypatch):
+    w = World()
+    monkeypatch.setattr(runner, "time", w)
+
+    class Session:
+        def __init__(self, state):
+            self.admin = [Admin(w) for _ in HOSTS]
+            self.alerts, self.pages = w.alerts, w.pages
+
+    monkeypatch.setattr(runner, "_Session", Session)
+    return w
+
+
+STATE = SimpleNamespace(nodes=4, training_nodes=1, hostnames=HOSTS, logwatch=False, profile="drill")
+
+
+def test_progress_lines_say_how_long_and_what_is_awaited(world):
+    lines = []
+    res = runner.run_drill(STATE, "ecc-dbe", progress=lines.append)
+    assert res.ok and res.paged_s == 45.0 and res.resolved and res.resolve_waited
+    waiting = [line for line in lines if "since injection, waiting for" in line]
+    # fires at 40 s: lines at ~15 s and ~30 s (every PROGRESS_EVERY_S) while nothing had fired yet
+    assert waiting[0].startswith("ecc-dbe: 15s since injection, waiting for GpuEccDoubleBitError to fire "
+                                 "(give up at 150s)")
+    assert any(line.startswith("ecc-dbe: 30s since") for line in waiting)
+    resolve = [line for line in waiting if "to resolve" in line]
+    assert resolve and all("--no-wait-resolve skips this wait" in line for line in resolve)
+    assert res.alerts[0].resolved_s == pytest.approx(res.cleared_s + 50.0, abs=1.5)
+
+
+def test_no_wait_resolve_returns_once_cleared(world):
+    lines = []
+    res = runner.run_drill(STATE, "ecc-dbe", progress=lines.append, wait_resolve=False)
+    assert res.ok and not res.resolve_waited and res.alerts[0].resolved_s is None
+    assert world.t - T0 == pytest.approx(res.cleared_s)  # nothing awaited after the clear
+    assert "not waiting for the resolution (--no-wait-resolve)" in lines[-1]
+    assert not [line for line in lines if "to resolve" in line]
+    text = runner.format_timeline(res)
+    assert "not awaited (--no-wait-resolve)" in text and "result: PASS" in text
+    assert "skipped" in runner.format_table([res])
+    assert res.to_json()["resolve_waited"] is False
+
+
+def test_waiting_line():
+    assert runner.waiting_line("xid", 44.6, 60.0, ["GpuKernelXidCritical to reach 'page'"], "fire") == \
+        "xid: 45s since injection, waiting for GpuKernelXidCritical to reach 'page' (give up at 60s)"
+
+
+def test_docs_give_times_for_every_drill():
+    from pathlib import Path
+
+    from gpuobs.drills.catalogue import DRILLS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "drills.md").read_text()
+    measured, expected = text.split("## Fault to page, measured")[1].split("## Expected times")
+    for name in DRILLS:
+        for table in (measured, expected):
+            assert any(line.startswith(f"| {name} ") for line in table.splitlines()), (name, table[:80])
+
+
+def test_the_drill_is_recorded_for_the_incident_console(world, tmp_path):
+    from gpuobs.core import activity
+
+    state = SimpleNamespace(**vars(STATE), run_dir=str(tmp_path))
+    res = runner.run_drill(state, "ecc-dbe", wait_resolve=False)
+    (act,) = activity.load(activity.path_in(tmp_path))
+    assert (act.kind, act.id, act.title, act.nodes) == ("drill", f"ecc-dbe-{int(T0)}", "drill ecc-dbe", [HOST])
+    assert act.started_at == res.injected_at and act.ended_at == pytest.approx(res.injected_at + res.cleared_s)
+    assert act.until > act.ended_at and act.detail["outcome"] == "PASS"
+    assert act.detail["report"] == f"gpuobs report drill ecc-dbe --run-dir {tmp_path}"

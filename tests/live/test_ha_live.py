@@ -1,0 +1,178 @@
+"""Live: the HA topology (gpuobs.stack.ha) with a small fleet. An Xid fault pages exactly once through
+2 shards x 2 replicas and a 3-member Alertmanager cluster while one Alertmanager, the Prometheus
+replica scraping the faulty node and VictoriaMetrics are killed with SIGKILL right after the fault;
+the shards ticket FleetRulesBlind while VictoriaMetrics is down; all three come back and nothing
+pages (or tickets) twice. Also: VictoriaMetrics holds one copy of each series (replica dedup), vmalert
+loaded the fleet-wide rules and the shards only the node-local ones, and MetricsQL's increase()
+differs from PromQL's as docs/ha.md says. Bounded waits; ~1.5 minutes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import requests
+
+from gpuobs.promapi.exporter_admin import AdminClient
+from gpuobs.stack import ha, supervisor
+from gpuobs.stack.ports import free_port_range
+from gpuobs.stack.render import Ports
+
+pytestmark = pytest.mark.live
+
+NODES, GPUS = 2, 2
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    base = free_port_range(32)
+    ports = Ports(pager=base, node_base=base + 1, engine_base=base + 4)
+    run = tmp_path_factory.mktemp("ha")
+    out = io.StringIO()
+    cfg = ha.HAConfig(stack=supervisor.StackConfig(run_dir=run, ports=ports, nodes=NODES, gpus=GPUS, training_nodes=0,
+                                                   logwatch=False, profile="drill", timeout_s=120),
+                      base_port=base + 8)
+    state = ha.up(cfg, out=out)
+    try:
+        yield state
+    finally:
+        supervisor.down(run, out=out)
+        for comp in supervisor.load_state(run).components.values():  # down clears them: check the pids
+            assert not supervisor.alive(comp.pid, comp.argv)
+        for name, comp in state.components.items():
+            assert not supervisor.alive(comp.pid, comp.argv), f"{name} still running after down"
+
+
+def _poll(fn, deadline_s: float, what: str):
+    end = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < end:
+        try:
+            last = fn()
+        except requests.RequestException:
+            last = None
+        if last:
+            return last
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {deadline_s:g}s waiting for {what}")
+
+
+def _firing(pager: str, channel: str = "page") -> Counter:
+    """(alertname, node or instance) -> in how many firing episodes (distinct ``startsAt``) the pager was
+    notified of it on ``channel``. A later notification of the same group that lists an alert still
+    firing (because another alert joined or resolved) is the same episode, not a second page; the same
+    alert notified with two starts, or from two replicas with their own labels, counts twice."""
+    pages = requests.get(f"{pager}/api/pages", params={"status": "firing", "limit": 1000}, timeout=5).json()["pages"]
+    episodes = {(a["labels"].get("alertname"), a["labels"].get("node") or a["labels"].get("instance"), a["startsAt"])
+                for p in pages if p["channel"] == channel for a in p["alerts"] if a["status"] == "firing"}
+    return Counter(key[:2] for key in episodes)
+
+
+def _shard_of(state, node: str) -> int:
+    for name, url in state.members.items():
+        if name.startswith("prometheus-") and name.endswith("-r0"):
+            ts = requests.get(f"{url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            if any(t["labels"].get("node") == node for t in ts):
+                return int(name.split("-")[1][1:])
+    raise AssertionError(f"no shard scrapes {node}")
+
+
+def _kill9(state, name: str) -> None:
+    pids = supervisor.find_processes(state, name)
+    assert pids, f"{name} is not running"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    _poll(lambda: not supervisor.find_processes(state, name), 10, f"{name} to die")
+
+
+def test_topology_stores_one_copy_and_places_rules(stack):
+    vm = stack.urls.prometheus
+
+    def count(q):
+        res = requests.get(f"{vm}/api/v1/query", params={"query": q}, timeout=5).json()["data"]["result"]
+        return int(float(res[0]["value"][1])) if res else 0
+    # Two replicas write every series; VictoriaMetrics keeps one (no shard/replica label survives).
+    _poll(lambda: count("count(DCGM_FI_DEV_GPU_TEMP)") == NODES * GPUS, 40, "DCGM series in VictoriaMetrics")
+    assert count('count(DCGM_FI_DEV_GPU_TEMP{replica!=""} or DCGM_FI_DEV_GPU_TEMP{shard!=""})') == 0
+    groups = requests.get(f"{stack.members['vmalert']}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    fleet_rules = {r["name"] for g in groups for r in g["rules"]}
+    assert {"GpuDriverSkew", "ServingErrorBudgetBurn", "TrainingStraggler"} <= fleet_rules
+    assert "GpuXidCritical" not in fleet_rules
+    shard_rules = {r["name"] for g in requests.get(f"{stack.members['prometheus-s0-r0']}/api/v1/rules", timeout=5)
+                   .json()["data"]["groups"] for r in g["rules"]}
+    assert "GpuXidCritical" in shard_rules and not shard_rules & fleet_rules
+
+
+def _value(url: str, query: str, at: float) -> float:
+    res = requests.get(f"{url}/api/v1/query", params={"query": query, "time": at}, timeout=5).json()["data"]["result"]
+    return float(res[0]["value"][1]) if res else float("nan")
+
+
+def _raw(url: str, sel: str, at: float) -> list[float]:
+    res = requests.get(f"{url}/api/v1/query", params={"query": f"{sel}[10m]", "time": at}, timeout=5).json()
+    return [float(v) for _t, v in res["data"]["result"][0]["values"]] if res["data"]["result"] else []
+
+
+def test_metricsql_increase_differs_from_promql_as_documented(stack):
+    """docs/ha.md, MetricsQL differences, on one counter through VictoriaMetrics and the shard replica
+    that scraped it. (1) A window holding the series' first sample: MetricsQL assumes the counter was
+    0 before it when the first value is below 10 x (the next step + 1), and otherwise starts at the
+    first sample (VictoriaMetrics app/vmselect/promql/rollup.go, rollupDelta); no extrapolation
+    either way. (2) A window after the first sample: the plain difference of two integer samples,
+    close to PromQL's extrapolated value."""
+    node = stack.hostnames[0]
+    prom = stack.members[ha.prometheus_name(_shard_of(stack, node), 0)]
+    sel = f'vllm:time_to_first_token_seconds_count{{node="{node}"}}'
+
+    def enough():
+        at = time.time() - 20  # older than VictoriaMetrics's latency offset (interval + 5 s)
+        vals = _raw(stack.urls.prometheus, sel, at)
+        return (at, vals) if len(vals) >= 6 else None
+    at, vals = _poll(enough, 60, "30 s of serving traffic in VictoriaMetrics")
+    d = vals[1] - vals[0] or 10
+    from_zero = abs(vals[0]) < 10 * (abs(d) + 1)
+    vm_birth = _value(stack.urls.prometheus, f"increase({sel}[10m])", at)
+    assert vm_birth == vals[-1] - (0 if from_zero else vals[0]), (vm_birth, vals[:3], vals[-1], from_zero)
+    first_t = time.time() - 20 - 5 * len(vals)  # about when the first sample was taken
+    win = max(10, int((at - first_t) / 2))  # a window that starts after the first sample
+    vm_inc, pr_inc = (_value(u, f"increase({sel}[{win}s])", at) for u in (stack.urls.prometheus, prom))
+    assert vm_inc.is_integer(), vm_inc
+    assert abs(vm_inc - pr_inc) <= 0.3 * pr_inc + 5, (vm_inc, pr_inc, win)
+
+
+def test_xid_pages_once_with_an_alertmanager_a_replica_and_victoriametrics_killed(stack, record_property):
+    node = stack.hostnames[0]
+    pager, run = stack.urls.pager, Path(stack.run_dir)
+    shard = _shard_of(stack, node)
+    AdminClient(stack.urls.node_bases[0], stack.token()).inject({"kind": "xid", "gpu": 0, "code": 48})
+    # Mid-incident: the first Alertmanager (the one that would notify first), the replica that
+    # scrapes the faulty node and VictoriaMetrics die before the alert has fired.
+    killed = ("alertmanager-0", ha.prometheus_name(shard, 0), "victoria-metrics")
+    for name in killed:
+        _kill9(stack, name)
+    _poll(lambda: _firing(pager)[("GpuXidCritical", node)], 75, "the Xid page through the cluster")
+    # The node-local page came from the surviving replica; the fleet-wide rules say they are blind.
+    vm_instance = stack.members["victoria-metrics"].removeprefix("http://")
+    _poll(lambda: _firing(pager, "ticket")[("FleetRulesBlind", vm_instance)], 60, "FleetRulesBlind for VictoriaMetrics")
+    for name in killed:
+        supervisor.restart(run, name, out=io.StringIO(), timeout_s=60)
+    am_urls = [stack.members[f"alertmanager-{i}"] for i in range(3)]
+    _poll(lambda: all(ha._cluster_size(u) == 3 for u in am_urls), 40, "the Alertmanager cluster to re-form")
+    # Two group intervals (10 s) and a resend (Prometheus's resend delay) after both are back.
+    time.sleep(25)
+    pages, tickets = _firing(pager), _firing(pager, "ticket")
+    assert pages[("GpuXidCritical", node)] == 1, pages
+    assert all(n == 1 for n in pages.values()), f"something paged twice: {pages}"
+    assert all(n == 1 for n in tickets.values()), f"something ticketed twice: {tickets}"
+    # Re-deliveries of a stored notification (same delivery key) are absorbed by the pager and not
+    # stored, so they are not pages; the restarted member can re-send one before its notification log
+    # has synced from its peers (measured in docs/ha.md). Recorded, not asserted.
+    health = requests.get(f"{pager}/health", timeout=5).json()
+    record_property("pager_duplicates_absorbed", health["duplicates"])
+    print(f"pager: {health}")
