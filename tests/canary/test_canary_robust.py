@@ -16,7 +16,8 @@ from gpuobs.canary.analyzer import Analyzer
 from gpuobs.canary.config import ConfigError, load_config, parse_config
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.canary.sequential import Spending, group_sequential_boundaries
-from gpuobs.canary.stats import (HIGH, NODATA, PASS, clustered, common_bounds, dl_tau2, dl_tau2_groups, exceedance_z,
+from gpuobs.canary.stats import (HIGH, NODATA, PASS, clustered, common_bounds, dl_tau2, dl_tau2_groups, effective_df,
+                                 exceedance_z,
                                  fold_nonpositive, moderated_tau2, parse_buckets, rebin)
 from gpuobs.canary.verdict import HOLD, PROMOTE, ROLLBACK, decide, rollout_false_rollback_bound
 from gpuobs.exporter.sim.latency import sample_ttft
@@ -286,3 +287,32 @@ def test_cli_warmup_flag_and_outlook_in_json(capsys):
     with FakePrometheus(fleet()) as fp:
         assert cli(analyze_args(fp.url, "--warmup", "soon")) == 2
     assert "--warmup" in capsys.readouterr().err
+
+
+def test_noisy_nodes_count_their_effective_degrees_of_freedom():
+    """19 baseline nodes whose own request noise equals their spread (3%: a few hundred requests per
+    node, early in a stage) tell tau^2 with ~5 effective degrees of freedom, not 18 (Biggerstaff &
+    Tweedie 1997). A one-sided 1% test on one canary node then keeps its level (+ margin); counting
+    all 18 as if the nodes' means were exact rejects clearly more often on the same draws."""
+    rng = np.random.default_rng(23)
+    runs, k, sd_req, tau = 6000, 19, 0.03, 0.03
+    assert effective_df(tau ** 2, k - 1, sd_req ** 2, 0.015 ** 2) == pytest.approx((k - 1) / 4)
+    assert effective_df(0.0, k - 1, sd_req ** 2, 0.015 ** 2) == pytest.approx((k - 1) * (0.015 ** 2 / (
+        0.015 ** 2 + sd_req ** 2)) ** 2)
+    assert effective_df(math.nan, 0, 1.0, 0.0) == 0.0
+    hits = naive = 0
+    for _ in range(runs):
+        nodes = rng.normal(0, tau, k + 1) + rng.normal(0, sd_req, k + 1)
+        v = np.full(k, sd_req ** 2)
+        cl = clustered(nodes[0] - nodes[1:].mean(), sd_req ** 2 * (1 + 1 / k), np.ones(1), np.full(k, 1 / k),
+                       [(nodes[1:], v)], 0.015 ** 2, 4.0)
+        c = 2.3263 if math.isinf(cl.df) else float(student_t.isf(0.01, cl.df))
+        hits += cl.z >= c
+        # the same comparison with the nodes' k - 1 degrees of freedom counted in full
+        tau2_full, _ = moderated_tau2(dl_tau2(nodes[1:], v), k - 1, 0.015 ** 2, 4.0)
+        tau2_full = max(tau2_full, dl_tau2(nodes[1:], v))
+        var = sd_req ** 2 * (1 + 1 / k) + tau2_full * (1 + 1 / k)
+        df_full = var * var / ((tau2_full * (1 + 1 / k)) ** 2 / (k - 1 + 4.0))
+        naive += (nodes[0] - nodes[1:].mean()) / math.sqrt(var) >= float(student_t.isf(0.01, df_full))
+    assert hits / runs <= 0.01 + margin(0.01, runs)
+    assert naive > hits
