@@ -8,7 +8,7 @@ Prometheus 2.42 PromQL engine), so the fake's answers are the engine's answers.
 :class:`Fleet` holds, per run, scrapes of one canary pod and ``pods - 1`` baseline pods: every pod is
 scraped every ``scrape_s`` seconds at its own phase; each scrape records the cumulative
 ``_bucket``/``_count`` counters of the TTFT histogram and ``request_success_total`` per
-``finished_reason`` (stop, error), with labels ``job="vllm"``, ``track``, ``instance``.
+``finished_reason`` (stop, error) (and, optionally, further histograms such as ITL), with labels ``job="vllm"``, ``track``, ``instance``.
 :class:`FakeSession` stands in for ``requests.Session`` inside :class:`gpuobs.promapi.prometheus.PromClient`,
 so the client's request building, response decoding and the analyzer's parsing all run.
 
@@ -65,13 +65,20 @@ def increase(t: np.ndarray, v: np.ndarray, start: float, end: float) -> np.ndarr
 @dataclass
 class Pod:
     """One pod's scrapes in one run: ``t`` (S,), ``buckets`` (S, B+1) cumulative per ``le`` (last =
-    +Inf = _count), ``reasons`` (S, 2) cumulative stop/error; ``labels``; ``bounds`` its layout."""
+    +Inf = _count) of the session's main histogram, ``reasons`` (S, 2) cumulative stop/error;
+    ``labels``; ``bounds`` its layout; ``hists``: further histograms by metric name, ``name ->
+    (bounds, cumulative buckets (S, B+1))`` (e.g. ITL, and e2e for its ``_count``)."""
 
     labels: dict[str, str]
     t: np.ndarray
     buckets: np.ndarray
     reasons: np.ndarray
     bounds: tuple[float, ...]
+    hists: dict[str, tuple[tuple[float, ...], np.ndarray]] = field(default_factory=dict)
+
+    def histogram(self, name: str, main: str) -> tuple[tuple[float, ...], np.ndarray] | None:
+        """(bounds, cumulative buckets) of histogram ``name``; None when the pod does not export it."""
+        return (self.bounds, self.buckets) if name == main else self.hists.get(name)
 
 
 @dataclass
@@ -138,16 +145,20 @@ class FakeSession:
             pods, _ = self._select(matchers, at)
             acc: dict[tuple, float] = {}
             for p in pods:
-                if name == self.metric + "_bucket":
-                    inc = increase(p.t, p.buckets, at - w, at)
+                h = p.histogram(name.removesuffix("_bucket").removesuffix("_count"), self.metric)
+                if h is None:
+                    continue
+                bounds, buckets = h
+                if name.endswith("_bucket"):
+                    inc = increase(p.t, buckets, at - w, at)
                     if inc is None:
                         continue
-                    les = [repr(float(b)) for b in p.bounds] + ["+Inf"]
+                    les = [repr(float(b)) for b in bounds] + ["+Inf"]
                     for le, val in zip(les, inc):
                         key = tuple((k, le if k == "le" else p.labels.get(k, "")) for k in by)
                         acc[key] = acc.get(key, 0.0) + float(val)
-                elif name == self.metric + "_count":
-                    inc = increase(p.t, p.buckets[:, -1], at - w, at)
+                elif name.endswith("_count"):
+                    inc = increase(p.t, buckets[:, -1], at - w, at)
                     if inc is not None:
                         key = tuple((k, p.labels.get(k, "")) for k in by)
                         acc[key] = acc.get(key, 0.0) + float(inc)
