@@ -66,9 +66,12 @@ MIN_INFO_GROWTH = 1.02
 # more is refused (ValueError) rather than planned: each look costs one propagation on the grid.
 MAX_PLANNED_LOOKS = 2000
 # Boundary schedules longer than this are computed but not cached, so the cache stays small
-# (at most _CACHE_SIZE entries of at most _MAX_CACHED_LOOKS floats each).
+# (at most _CACHE_SIZE entries of at most _MAX_CACHED_LOOKS floats each: ~16 MiB at worst). A stateless
+# stage of K looks needs one entry per look and per (test, side) spending: the packaged config has
+# ~18 of them (ttft 5 tests and itl 4, harm and pass side), so a 40-look stage needs ~720 entries; at
+# 256 the cache thrashed and every look recomputed every schedule (35x slower looks at 40 looks).
 _MAX_CACHED_LOOKS = 512
-_CACHE_SIZE = 256
+_CACHE_SIZE = 4096
 # Alternatives of the error-count mixtures: rate ratios canary/baseline (uniform weights).
 RATE_RATIOS = (1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
 
