@@ -148,8 +148,11 @@ clean:
 # rollout-bad (1.6.0, +20% TTFT -> RolledBack, fleet back on 1.4.0), rollout-incompatible (2.0.0, CUDA 13
 # on driver 550 -> Rejected by the compatibility gate, nothing deployed). Each prints a progress line per
 # stage and look, then the stage table and the deciding verdict table, and checks the end state.
-# Looks every 15 s; a canary stage of 1 node of 3 needs ~3 min of traffic to PROMOTE (docs/rollout.md).
-ROLLOUT_FLAGS ?= --stages 1,50%,100% --interval 15s --stage-timeout 6m --settle 10s
+# Looks every 15 s; a healthy stage of 1 node of 3 (and of 2 against 1) PROMOTEs after a median ~4 min
+# of traffic, but its spread is wide: a 6 min deadline promoted 88% of stage-1s, 10 min 98% (stage 2:
+# 96%); 15 min = the analysis horizon keeps the demo reliable (bench/README.md, "dev 1+2 / 2+1 nodes").
+# A longer deadline does not slow a healthy stage: the controller promotes at the first PROMOTE.
+ROLLOUT_FLAGS ?= --stages 1,50%,100% --interval 15s --stage-timeout 15m --settle 10s
 define rollout_demo
 	@rc=0; $(GPUOBS) --log-level warning rollout start --run-dir $(RUN_DIR) --version $(1) $(ROLLOUT_FLAGS) || rc=$$?; \
 	$(GPUOBS) rollout status --run-dir $(RUN_DIR) --json > $(RUN_DIR)/rollout-last.json; \

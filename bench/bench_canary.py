@@ -76,7 +76,7 @@ Q90 = TTFT_MEDIAN_S * math.exp(TTFT_SIGMA * Z90)
 TAIL_K = 1 + math.log(1.3) / (TTFT_SIGMA * (Z99 - Z90))  # p99 +30% with p90 and the median unchanged
 CANARY, BASELINE = 'track="canary"', 'track="baseline"'
 # rollout stage lengths in 15 s looks: Makefile ROLLOUT_FLAGS (--stage-timeout) and the live test's FLAGS
-DEV_LOOKS, LIVE_LOOKS = 40, 32
+DEV_LOOKS, LIVE_LOOKS = 60, 32
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Shape:
 _SIM = {"interval": 15.0, "base_err": 0.0002, "err": 0.0002, "itl": True}
 DEV = {"fleet_rps": 12.0, "baseline_pods": 2, "share": 1 / 3, "looks": DEV_LOOKS, **_SIM}
 DEV2 = {"fleet_rps": 12.0, "canary_pods": 2, "baseline_pods": 1, "share": 2 / 3, "looks": DEV_LOOKS, **_SIM}
-LIVE = {"fleet_rps": 16.0, "canary_pods": 2, "baseline_pods": 2, "share": 0.5, "looks": LIVE_LOOKS, **_SIM}
+LIVE = {"fleet_rps": 24.0, "canary_pods": 2, "baseline_pods": 2, "share": 0.5, "looks": LIVE_LOOKS, **_SIM}
 
 SHAPES = (
     Shape("A/A", aa=True, goal="fr"), Shape("A/A, node spread 3%", aa=True, het=0.03, goal="fr"),
@@ -148,13 +148,15 @@ SHAPES = (
     Shape("dev 1+2 nodes, +20% (rollout-bad)", mult=1.20, itl_mult=1.05, goal="devrollback", **DEV),
     Shape("dev 2+1 nodes (stage 50%), A/A", aa=True, goal="dev", **DEV2),
     Shape("dev 2+1 nodes (stage 50%), good release x0.98", mult=0.98, goal="devpromote", **DEV2),
-    # the live rollout test (tests/live/test_rollout_live.py): 4 nodes, stage 50% = 2 canary nodes
-    # against 2 baseline nodes, 15 s looks, LIVE_LOOKS x 15 s stage; and its former 3 min stage
+    # the live rollout test (tests/live/test_rollout_live.py): 4 nodes at 6 req/s (its stack's rate),
+    # stage 50% = 2 canary nodes against 2 baseline nodes, 15 s looks, LIVE_LOOKS x 15 s stage; and
+    # its former conditions (4 req/s, 3 min stage)
     Shape("live 2+2 nodes, A/A", aa=True, goal="dev", **LIVE),
     Shape("live 2+2 nodes, A/A, node spread 1.5%", aa=True, het=0.015, goal="dev", **LIVE),
     Shape("live 2+2 nodes, good release x0.98", mult=0.98, goal="livepromote", **LIVE),
     Shape("live 2+2 nodes, +20% (1.6.0)", mult=1.20, itl_mult=1.05, goal="devrollback", **LIVE),
-    Shape("live 2+2 nodes, good release x0.98, former 3 min stage", mult=0.98, **{**LIVE, "looks": 12}),
+    Shape("live 2+2 nodes, good release x0.98, former 4 req/s and 3 min stage", mult=0.98,
+          **{**LIVE, "looks": 12, "fleet_rps": 16.0}),
 )
 
 
