@@ -152,11 +152,18 @@ class RolloutStore:
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
-        have = {r[1] for r in self.db.execute("PRAGMA table_info(rollouts)")}
-        with self.db:
+        # Another process (a controller starting, `rollout status`) may open the same file at once:
+        # read and extend the columns under SQLite's write lock, so only one of them adds each.
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(rollouts)")}
             for name, definition in _ADDED_COLUMNS:
                 if name not in have:
                     self.db.execute(f"ALTER TABLE rollouts ADD COLUMN {name} {definition}")
+        except BaseException:
+            self.db.rollback()
+            raise
+        self.db.commit()
 
     def close(self) -> None:
         """Close the connection."""
