@@ -66,6 +66,7 @@ class Live:
     prom: str
     hosts: list[str]
     deadline: float
+    relabelled_at: float
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +80,22 @@ def live(tmp_path_factory):
     state = supervisor.up(cfg, out=out)
     try:
         hosts = state.hostnames
-        track = {hosts[0]: {"track": "canary"}, hosts[1]: {"track": "baseline"}}
-        write_targets(run, "dcgm", [(h, ports.node_base + i, track.get(h, {})) for i, h in enumerate(hosts)])
-        write_targets(run, "vllm", [(h, ports.engine_base + i, track.get(h, {})) for i, h in enumerate(hosts[:2])])
         admin = AdminClient(f"http://127.0.0.1:{ports.node_base}", state.token())
         admin.inject({"kind": "xid", "gpu": 0, "code": 13, "repeat_s": 5})
         admin.inject({"kind": "fragmentation", "gpu": 0})
-        yield Live(state.urls.prometheus, hosts, time.monotonic() + DATA_DEADLINE_S)
+        # Relabel only once the fragmenting GPU's reserved memory has grown under its old labels, so
+        # the range queries hold old and new growing series side by side (as after a real rollout's
+        # relabel mid-incident); a one-to-one match on them then fails as many-to-many.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not query(
+                state.urls.prometheus,
+                f'deriv(pytorch_cuda_memory_reserved_bytes{{node="{hosts[0]}",gpu="0"}}[5m]) > 0')["result"]:
+            time.sleep(1)
+        track = {hosts[0]: {"track": "canary"}, hosts[1]: {"track": "baseline"}}
+        write_targets(run, "dcgm", [(h, ports.node_base + i, track.get(h, {})) for i, h in enumerate(hosts)])
+        write_targets(run, "vllm", [(h, ports.engine_base + i, track.get(h, {})) for i, h in enumerate(hosts[:2])])
+        relabelled_at = time.time()
+        yield Live(state.urls.prometheus, hosts, time.monotonic() + DATA_DEADLINE_S, relabelled_at)
     finally:
         supervisor.down(run, out=out)
 
@@ -179,6 +189,39 @@ def test_template_variables_list_the_simulated_fleet(live):
     assert got[("gpuobs-training", "node")] == training
     assert got[("gpuobs-training", "gpu")] == ["0", "1"]
     assert got[("gpuobs-release", "model_name")] == got[("gpuobs-serving", "model_name")]
+
+
+def test_every_rule_still_evaluates_after_targets_are_relabelled(live):
+    """The fixture relabelled targets (track=canary/baseline) once their series had samples, as a
+    rollout does: range vectors now hold old and new series of the same GPU side by side. Every rule
+    must keep evaluating (a one-to-one match on them fails as many-to-many, silently: the rule's last
+    output stays visible for 5 minutes, then nothing)."""
+    since = live.relabelled_at + 10  # file_sd refresh (5s) and a scrape under the new labels
+    deadline = time.monotonic() + 90
+    while True:
+        groups = requests.get(f"{live.prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        rules = [(g["name"], r) for g in groups for r in g["rules"]]
+        # Groups evaluated every 5 s must have run since; the 1-minute SLO group (aggregates only) is
+        # checked for health as it stands, not waited for.
+        stale = [r["name"] for g in groups if g["interval"] <= 15 for r in g["rules"]
+                 if not r.get("lastEvaluation") or _rfc3339(r["lastEvaluation"]) < since]
+        if not stale or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert stale == [], "rules not evaluated since the relabel"
+    assert [(g, r["name"], r.get("lastError")) for g, r in rules if r.get("health") != "ok"] == []
+
+
+def _rfc3339(text: str) -> float:
+    """Prometheus's rule API timestamp (RFC 3339 with nanoseconds, e.g. 2026-12-01T21:40:01.123456789Z) as epoch s."""
+    from datetime import datetime
+
+    head, _, frac = text.rstrip("Z").partition(".")
+    zone = "+00:00"
+    if "+" in frac or "-" in frac:
+        cut = max(frac.find("+"), frac.find("-"))
+        frac, zone = frac[:cut], frac[cut:]
+    return datetime.fromisoformat(f"{head}{zone}").timestamp() + float(f"0.{frac or 0}")
 
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
