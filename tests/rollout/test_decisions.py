@@ -265,7 +265,8 @@ def test_rollout_is_recorded_for_the_incident_console(tmp_path):
 
 def test_stores_opened_at_once_on_a_new_file_all_open(tmp_path):
     """A controller starting while `rollout status` (or a test) opens the same new database: each
-    open adds the columns under SQLite's write lock, so none fails with "duplicate column name"."""
+    open sets up under SQLite's write lock and retries a busy set-up, so none fails with "duplicate
+    column name" or "database is locked"."""
     import threading
 
     for attempt in range(15):
