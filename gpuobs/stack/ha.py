@@ -247,6 +247,22 @@ def up(cfg: HAConfig, out=sys.stdout) -> StackState:
         return _up(cfg, out)
 
 
+def vmalert_argv(binary: str, fleet_rules: Path, vm_url: str, am_urls: list[str], interval_s: float, port: int,
+                 timing: alert_timing.AlertTiming = alert_timing.DEFAULT) -> list[str]:
+    """vmalert's command line: the fleet-wide rules against VictoriaMetrics (query, recording results and
+    ``ALERTS`` written back, ``for`` state restored from it), every Alertmanager as a notifier, and
+    :meth:`~gpuobs.stack.alert_timing.AlertTiming.vmalert_flags`: ``-rule.resendDelay`` equal to
+    Prometheus's resend delay, so a firing fleet-wide alert carries ``endsAt = now + 4 x resend delay``
+    (vmalert v1.79.5 ``app/vmalert/group.go`` ``getResolveDuration``) and survives a vmalert outage as
+    long as a shard's alert survives a Prometheus outage (docs/alert-delivery.md, docs/ha.md)."""
+    url = f"http://127.0.0.1:{port}"
+    return [binary, f"-rule={fleet_rules}/*.yml", f"-datasource.url={vm_url}",
+            f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}",
+            *[f"-notifier.url={u}" for u in am_urls], f"-evaluationInterval={format_duration(interval_s)}",
+            f"-httpListenAddr=127.0.0.1:{port}", f"-external.url={url}", *timing.vmalert_flags(),
+            "-loggerFormat=json"]
+
+
 def _up(cfg: HAConfig, out) -> StackState:
     sc = cfg.stack
     run = check_config(sc)
@@ -309,15 +325,8 @@ def _up(cfg: HAConfig, out) -> StackState:
             checks[name] = (lambda u: lambda: _ok(f"{u}/-/ready"))(url)
             members[name] = url
             prom_names.append(name)
-    specs["vmalert"] = [bins["vmalert"], f"-rule={fleet_rules}/*.yml", f"-datasource.url={vm_url}",
-                        f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}",
-                        *[f"-notifier.url={u}" for u in am_urls], f"-evaluationInterval={interval}",
-                        f"-httpListenAddr=127.0.0.1:{ports['vmalert']}", f"-external.url={vmalert_url}",
-                        # No -rule.resendDelay: vmalert 1.79 sets an alert's endsAt to 3 x its group's
-                        # interval whatever the resend delay ("-rule.maxResolveDuration ... by default equal
-                        # to 3 evaluation intervals of the parent group", vmalert -help), so it must send at
-                        # every evaluation or Alertmanager resolves its alerts between sends.
-                        "-loggerFormat=json"]
+    specs["vmalert"] = vmalert_argv(bins["vmalert"], fleet_rules, vm_url, am_urls, cfg.scrape_interval_s,
+                                    ports["vmalert"], timing)
     checks["vmalert"] = lambda: _ok(f"{vmalert_url}/health")
     members["vmalert"] = vmalert_url
     urls = StackUrls(prometheus=vm_url, alertmanager=am_urls[0], pager=fleet.pager_url, grafana=None,
