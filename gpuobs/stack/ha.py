@@ -36,6 +36,7 @@ canary, doctor and reports take any Prometheus-API URL); ``urls.alertmanager`` i
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import time
@@ -216,6 +217,16 @@ def _cluster_size(url: str) -> int:
     return len(doc.get("cluster", {}).get("peers") or [])
 
 
+def _vm_targets_up(vm_url: str, expected: int, pools: tuple[str, ...]) -> bool:
+    """Whether an instant query on VictoriaMetrics finds ``expected`` ``up == 1`` series of the node
+    scrape pools (one per target: the replicas' copies carry no shard/replica label)."""
+    jobs = "|".join(re.escape(p) for p in pools)
+    q = f'count(up{{job=~"{jobs}"}} == 1)'
+    doc = requests.get(f"{vm_url}/api/v1/query", params={"query": q}, timeout=2).json()
+    res = (doc.get("data") or {}).get("result") or []
+    return bool(res) and int(float(res[0]["value"][1])) >= expected
+
+
 def _targets_up(urls: list[str], expected: int, pools: tuple[str, ...]) -> bool:
     """Whether the shards (one replica each, ``urls``) together scrape ``expected`` node targets, all up."""
     seen = 0
@@ -352,6 +363,11 @@ def _up(cfg: HAConfig, out) -> StackState:
                   deadline)
         _wait("every Alertmanager to see the whole cluster",
               lambda: all(_cluster_size(u) == cfg.alertmanagers for u in am_urls), deadline)
+        # urls.prometheus is VictoriaMetrics: whoever reads it next (the rollout's compatibility gate,
+        # the canary, doctor) must find the fleet there, not only on the shards. It sees a sample after
+        # remote write (up to 5 s) and its -search.latencyOffset (interval + 5 s).
+        _wait("VictoriaMetrics to hold every node target's samples",
+              lambda: _vm_targets_up(vm_url, expected, pools), deadline)
     except BaseException:
         down(sc.run_dir, out=out)
         raise

@@ -108,6 +108,9 @@ def test_topology_stores_one_copy_and_places_rules(stack):
     def count(q):
         res = requests.get(f"{vm}/api/v1/query", params={"query": q}, timeout=5).json()["data"]["result"]
         return int(float(res[0]["value"][1])) if res else 0
+    # `stack up` returns only once VictoriaMetrics holds every node target (the rollout's compatibility
+    # gate reads it right after `make up-ha`), so no wait here.
+    assert count('count(up{job=~"dcgm|vllm"} == 1)') == NODES + (NODES - TRAINING)
     # Two replicas write every series; VictoriaMetrics keeps one (no shard/replica label survives).
     _poll(lambda: count("count(DCGM_FI_DEV_GPU_TEMP)") == NODES * GPUS, 40, "DCGM series in VictoriaMetrics")
     assert count('count(DCGM_FI_DEV_GPU_TEMP{replica!=""} or DCGM_FI_DEV_GPU_TEMP{shard!=""})') == 0
