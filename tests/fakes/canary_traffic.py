@@ -5,7 +5,10 @@ model :mod:`gpuobs.exporter.sim.latency`) for the ``track="canary"`` and ``track
 and answers the analyzer's instant queries (``sum by (le) (increase(<h>_bucket{...}[Ws]))``,
 ``sum(increase(<h>_count{...}[Ws]))``, ``sum(increase(vllm:request_success_total{...}[Ws]))`` with an
 optional ``finished_reason`` matcher) at the query's ``time`` over exactly the requests of the
-window, as Prometheus would (without extrapolation). ``query_range`` answers an empty matrix (the
+window, as Prometheus would (without extrapolation); the analyzer's first-sample query
+(``min(min_over_time(timestamp(...)[r:s]))``) with ``first_sample``: by default an hour before ``t0``
+(the series exist, without traffic, before the simulated clock starts); ``first_sample=t0`` models
+series born at ``t0`` (a fresh canary and baseline). ``query_range`` answers an empty matrix (the
 time-series metrics are advisory in the default config and show NoData).
 
 The canary's share of traffic is ``share(t)`` (a controller's traffic weight; Flagger tests change it
@@ -46,8 +49,9 @@ class Traffic:
     def __init__(self, t0: float, seed: int = 7, rate: float = 40.0, share: Callable[[float], float] = lambda t: 0.1,
                  ttft_mult: float = 1.0, err: float = 0.001, err_canary: float | None = None,
                  canary_from: float | None = None, fault: Callable[[float], str | None] = lambda t: None,
-                 slow_s: float = 2.0, tracks: dict[str, str] | None = None):
+                 slow_s: float = 2.0, tracks: dict[str, str] | None = None, first_sample: float | None = None):
         self.t0, self.rate, self.share, self.ttft_mult = float(t0), rate, share, ttft_mult
+        self.first_sample = self.t0 - 3600.0 if first_sample is None else float(first_sample)
         self.err, self.err_canary = err, err if err_canary is None else err_canary
         self.canary_from = t0 if canary_from is None else canary_from
         self.fault, self.slow_s = fault, slow_s
@@ -117,6 +121,8 @@ class Traffic:
             return ok(matrix([]))
         q = params["query"][0]
         track = next((t for matcher, t in self.tracks.items() if matcher in q), None)
+        if q.startswith("min(min_over_time(timestamp(") and track is not None:
+            return ok(vector([({}, self.first_sample)], at))
         window_m = _WINDOW.search(q)
         if track is None or not window_m:
             return ok(vector([]))
