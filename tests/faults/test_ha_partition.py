@@ -36,6 +36,7 @@ from gpuobs.stack import ha, supervisor
 from gpuobs.stack.ports import free_port_range
 from gpuobs.stack.render import Ports
 from tests.faults.conftest import record
+from tests.polling import poll
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(os.environ.get("GPUOBS_FAULT_SUITE") != "1",
                                                    reason="live incidents run in `make test-faults`")]
@@ -43,20 +44,6 @@ pytestmark = [pytest.mark.live, pytest.mark.skipif(os.environ.get("GPUOBS_FAULT_
 ALERT = "GpuExporterDown"
 STOP_S = 30.0
 MEMBERS = [f"alertmanager-{i}" for i in range(3)]
-
-
-def _poll(what: str, check, timeout_s: float, every_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = check()
-        except (requests.RequestException, OSError, KeyError, ValueError):
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
-        time.sleep(every_s)
 
 
 def _pages(state) -> tuple[list[dict], list[dict]]:
@@ -86,14 +73,14 @@ def _partition(state, name: str, out: list[str]) -> None:
     try:
         others = [state.members[m] for m in MEMBERS if m != name]
         # Failure detection: the stopped member leaves its peers' view while it is stopped.
-        _poll(f"{name} to drop out of its peers' cluster view", lambda: all(ha._cluster_size(u) == 2 for u in others),
+        poll(f"{name} to drop out of its peers' cluster view", lambda: all(ha._cluster_size(u) == 2 for u in others),
               STOP_S - 5)
         out.append(f"{name} left the peers' view {time.monotonic() - t:.0f} s after SIGSTOP")
         time.sleep(max(0.0, t + STOP_S - time.monotonic()))
     finally:
         os.kill(pid, signal.SIGCONT)
     back = time.monotonic()
-    _poll("the cluster to re-form", lambda: all(ha._cluster_size(state.members[m]) == 3 for m in MEMBERS), 60,
+    poll("the cluster to re-form", lambda: all(ha._cluster_size(state.members[m]) == 3 for m in MEMBERS), 60,
           every_s=0.1)
     out.append(f"cluster re-formed {time.monotonic() - back:.1f} s after SIGCONT")
 
@@ -120,12 +107,12 @@ def test_a_partitioned_alertmanager_pages_once(tmp_path):
         injected = time.time()
         fault = admin.inject({"kind": "down"})
         am0 = state.members["alertmanager-0"]
-        _poll("alertmanager-0 to hold the alert", lambda: _holds_alert(am0), 120, every_s=0.2)
+        poll("alertmanager-0 to hold the alert", lambda: _holds_alert(am0), 120, every_s=0.2)
         early = _pages(state)[0]  # empty unless a member already notified (then phase 1 is after the page)
         notes.append(f"phase 1 started {'after' if early else 'before'} the page")
         notes.append(f"before phase 1: {_tally(state)}")
         _partition(state, "alertmanager-0", notes)
-        firing = _poll("the page", lambda: [p for p in _pages(state)[0] if p["status"] == "firing"], 60)
+        firing = poll("the page", lambda: [p for p in _pages(state)[0] if p["status"] == "firing"], 60)
         notes.append(f"page at +{firing[0]['received_at'] - injected:.0f} s")
         time.sleep(15)  # group_interval (10 s) + slack: a resumed member's stale flush is out by now
         notes.append(f"after phase 1: {_tally(state)}")
@@ -135,7 +122,7 @@ def test_a_partitioned_alertmanager_pages_once(tmp_path):
         premature = [p for p in _pages(state)[0] if p["status"] == "resolved"]
         cleared = time.time()
         admin.clear(fault["id"])
-        _poll("the resolution", lambda: [p for p in _pages(state)[0] if p["status"] == "resolved"], 150)
+        poll("the resolution", lambda: [p for p in _pages(state)[0] if p["status"] == "resolved"], 150)
         time.sleep(20)  # late duplicates of the resolution
         mine, others = _pages(state)
         notes.append(f"at the end: {_tally(state)}")

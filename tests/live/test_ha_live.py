@@ -31,6 +31,7 @@ from gpuobs.stack.render import Ports
 from tests.fakes.dashboards import panel_targets
 from tests.live.test_dashboards_live import DASHBOARDS, dashboard_vars, interpolate, resolve
 from tests.live.test_dashboards_live import query as dash_query
+from tests.polling import poll
 
 pytestmark = pytest.mark.live
 
@@ -61,17 +62,7 @@ def stack(tmp_path_factory):
 
 
 def _poll(fn, deadline_s: float, what: str):
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        try:
-            last = fn()
-        except requests.RequestException:
-            last = None
-        if last:
-            return last
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {deadline_s:g}s waiting for {what}")
+    return poll(what, fn, deadline_s, transient=(requests.RequestException,))
 
 
 def _firing(pager: str, channel: str = "page") -> Counter:
