@@ -215,9 +215,12 @@ def test_a_canary_look_gives_the_same_verdict_through_victoriametrics_and_a_shar
         # copies in VictoriaMetrics may come from either replica, a scrape apart.
         assert end - 300 < pr_m["data_start"] < end - 15 and abs(vm_m["data_start"] - pr_m["data_start"]) <= 30, what
         # Same requests counted: VictoriaMetrics takes the difference to the sample before the window,
-        # Prometheus extrapolates inside it; a new series counted from zero would add its first value.
+        # Prometheus extrapolates inside it, by up to 1.1 scrape intervals (15 s) at each edge
+        # (promql/functions.go extrapolatedRate), which on a short window is a large share of it; a
+        # new series counted from zero would add its whole first value on top.
+        tol = 0.05 + 2.2 * 15 / max(15.0, end - pr_m["data_start"])
         for n in ("n_canary", "n_baseline"):
-            assert abs(vm_m[n] - pr_m[n]) <= 0.15 * pr_m[n] + 10, what
+            assert abs(vm_m[n] - pr_m[n]) <= tol * pr_m[n] + 10, (tol, what)
         if vm_m["kind"] == "histogram" and vm_m["effect"] is not None and pr_m["effect"] is not None:
             assert abs(vm_m["effect"] - pr_m["effect"]) <= 0.1, what
 
