@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuobs.cli.common import fail
+from gpuobs.rollout import decisions
 from gpuobs.rollout.model import EXIT_CODES, TERMINAL, UsageError
 from gpuobs.rollout.store import RolloutStore, RunLock
 
@@ -87,6 +89,29 @@ def decide(args: argparse.Namespace, kind: Kind, fn: Callable[..., Any], verb: s
     print(f"{kind.noun} {rec.id}: {verb} by {args.operator}: {args.reason.strip()} (recorded; "
           + (f"the running {kind.controller} acts on it at its next wait)" if running else
              f"no {kind.controller} is running: `gpuobs {kind.group} resume` acts on it)"), flush=True)
+
+
+def recorder(kind: Kind, fn: Callable[..., Any], verb: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of ``<group> pause`` or ``promote``: :func:`decide`, 0 once recorded, 2 (one error
+    line) when there is no such rollout or ``--id``."""
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            decide(args, kind, fn, verb)
+        except (UsageError, KeyError) as err:
+            return fail(err.args[0] if isinstance(err, KeyError) else err)
+        return 0
+    handler.__doc__ = f"Handler of ``{kind.group} {verb.split()[0]}``: record it; the running controller acts on it."
+    return handler
+
+
+def pause_handler(kind: Kind) -> Callable[[argparse.Namespace], int]:
+    """``<group> pause``: the controller holds at its next wait."""
+    return recorder(kind, decisions.pause, "pause requested")
+
+
+def promote_handler(kind: Kind) -> Callable[[argparse.Namespace], int]:
+    """``<group> promote``: the controller passes the current stage."""
+    return recorder(kind, decisions.promote, "promote requested")
 
 
 def lift_pause(args: argparse.Namespace, kind: Kind, lift: Callable[..., Any]) -> tuple[Any, bool]:

@@ -212,23 +212,8 @@ def run_resume(args: argparse.Namespace) -> int:
     return _drive(args, None, lambda ctl, rid: ctl.run(rid), rid=rec.id)
 
 
-def _decide(args: argparse.Namespace, fn: Any, verb: str) -> int:
-    """Record a pause or promote of the latest (or --id) flag rollout."""
-    try:
-        decide.decide(args, decide.FLAG, fn, verb)
-    except (UsageError, KeyError) as err:
-        return _usage(err.args[0] if isinstance(err, KeyError) else err)
-    return 0
-
-
-def run_pause(args: argparse.Namespace) -> int:
-    """Handler of ``flag pause``."""
-    return _decide(args, decisions.pause, "pause requested")
-
-
-def run_promote(args: argparse.Namespace) -> int:
-    """Handler of ``flag promote``."""
-    return _decide(args, decisions.promote, "promote requested")
+run_pause = decide.pause_handler(decide.FLAG)
+run_promote = decide.promote_handler(decide.FLAG)
 
 
 def _ask_controller(args: argparse.Namespace, store: RolloutStore, rid: str, reason: str, wait_s: float) -> int | None:

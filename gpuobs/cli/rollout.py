@@ -229,22 +229,8 @@ def run_resume(args: argparse.Namespace) -> int:
     return _drive(args, lambda ctl, rid: ctl.run(rid), rid=rec.id)
 
 
-def _decide(args: argparse.Namespace, fn: Any, verb: str) -> int:
-    try:
-        decide.decide(args, decide.RELEASE, fn, verb)
-    except (UsageError, KeyError) as err:
-        return _usage(err.args[0] if isinstance(err, KeyError) else err)
-    return 0
-
-
-def run_pause(args: argparse.Namespace) -> int:
-    """Handler of ``rollout pause``: record the pause; the controller holds at its next wait."""
-    return _decide(args, decisions.pause, "pause requested")
-
-
-def run_promote(args: argparse.Namespace) -> int:
-    """Handler of ``rollout promote``: record the promote; the controller passes the current stage."""
-    return _decide(args, decisions.promote, "promote requested")
+run_pause = decide.pause_handler(decide.RELEASE)
+run_promote = decide.promote_handler(decide.RELEASE)
 
 
 def run_abort(args: argparse.Namespace) -> int:
