@@ -37,6 +37,7 @@ from tests.fakes.dashboards import (
     variable_query,
     variables,
 )
+from tests.polling import poll
 
 pytestmark = pytest.mark.live
 
@@ -86,11 +87,10 @@ def live(tmp_path_factory):
         # Relabel only once the fragmenting GPU's reserved memory has grown under its old labels, so
         # the range queries hold old and new growing series side by side (as after a real rollout's
         # relabel mid-incident); a one-to-one match on them then fails as many-to-many.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not query(
-                state.urls.prometheus,
-                f'deriv(pytorch_cuda_memory_reserved_bytes{{node="{hosts[0]}",gpu="0"}}[5m]) > 0')["result"]:
-            time.sleep(1)
+        poll("the fragmenting GPU's reserved memory growing under its old labels",
+             lambda: query(state.urls.prometheus,
+                           f'deriv(pytorch_cuda_memory_reserved_bytes{{node="{hosts[0]}",gpu="0"}}[5m]) > 0')["result"],
+             60, every_s=1.0)
         track = {hosts[0]: {"track": "canary"}, hosts[1]: {"track": "baseline"}}
         write_targets(run, "dcgm", [(h, ports.node_base + i, track.get(h, {})) for i, h in enumerate(hosts)])
         write_targets(run, "vllm", [(h, ports.engine_base + i, track.get(h, {})) for i, h in enumerate(hosts[:2])])
@@ -197,18 +197,16 @@ def test_every_rule_still_evaluates_after_targets_are_relabelled(live):
     must keep evaluating (a one-to-one match on them fails as many-to-many, silently: the rule's last
     output stays visible for 5 minutes, then nothing)."""
     since = live.relabelled_at + 10  # file_sd refresh (5s) and a scrape under the new labels
-    deadline = time.monotonic() + 90
-    while True:
+
+    def evaluated_since():
+        """The rule groups once every 5 s group has run since the relabel; the 1-minute SLO group
+        (aggregates only) is checked for health as it stands, not waited for."""
         groups = requests.get(f"{live.prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
-        rules = [(g["name"], r) for g in groups for r in g["rules"]]
-        # Groups evaluated every 5 s must have run since; the 1-minute SLO group (aggregates only) is
-        # checked for health as it stands, not waited for.
         stale = [r["name"] for g in groups if g["interval"] <= 15 for r in g["rules"]
                  if not r.get("lastEvaluation") or _rfc3339(r["lastEvaluation"]) < since]
-        if not stale or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    assert stale == [], "rules not evaluated since the relabel"
+        return None if stale else groups
+    groups = poll("every 5 s rule group evaluated since the relabel", evaluated_since, 90, every_s=2.0)
+    rules = [(g["name"], r) for g in groups for r in g["rules"]]
     fast = {g["name"] for g in groups if g["interval"] <= 15}
     assert [(g, r["name"], r.get("health"), r.get("lastError")) for g, r in rules
             if r.get("health") == "err" or (g in fast and r.get("health") != "ok")] == []
