@@ -22,6 +22,27 @@ spread test, each at its share of the metric's alpha with its own group-sequenti
 (DerSimonian-Laird). ``config.warmup_s`` of data after ``start`` is excluded, and every look says
 whether a PROMOTE is reachable within the horizon (``Verdict.promote_reachable``).
 
+**A look never reaches back before the first scrape.** The counter metrics (histograms, errors) are read
+from ``max(start, first canary sample + step, first baseline sample + step)``, where a side's first
+sample is ``min(min_over_time(timestamp(<series>{<side>})[<window + step>s:<step>s]))`` at ``end``
+(a subquery over ``timestamp()`` of a bare selector: the raw sample's time in Prometheus 2.42 and
+in VictoriaMetrics 1.79, where ``timestamp`` is the ``rollupTlast`` rollup; accurate to one step,
+never earlier than the true first sample). Why: ``increase()`` over a window holding a series' first sample
+differs between engines. PromQL starts at the first sample inside the window. MetricsQL
+(VictoriaMetrics v1.79.5, ``app/vmselect/promql/rollup.go``, ``rollupDelta``), when no sample
+precedes the window, assumes the counter was 0 before the first sample if
+``abs(first) < 10 * (abs(second - first) + 1)`` and starts at the first sample otherwise; the rule
+is applied per series, so in a histogram some ``le`` buckets of one engine are counted from zero
+and others are not, and the quantiles shift (one look on identical data said ROLLBACK through
+VictoriaMetrics and PROMOTE through Prometheus: bench/README.md, "Scale bench"). With a sample
+before the window start both engines take the difference from it (VictoriaMetrics: the sample
+before the window, ``prevValue``/``realPrevValue``; Prometheus: the first sample in the window,
+extrapolated) and agree. The clamp uses the later of the two sides because a fresh baseline
+(Kayenta-style, deployed with the canary) starts inside the window just as the canary does; a
+series created later than its side's first (an engine joining mid-stage) is not covered. The
+stage's time fraction (alpha spending) still counts from ``start``; each metric reports its
+``data_start``.
+
 Errors: :class:`~gpuobs.promapi.prometheus.PrometheusUnavailable` and the other PrometheusError types are
 raised, never turned into a verdict; empty results, NaN, vanished series, a missing error series and
 too few samples give NoData, and a critical NoData metric makes the look HOLD (never PROMOTE).
@@ -222,6 +243,37 @@ class Analyzer:
         res.interval = (to_user(lo), to_user(hi))
         res.evidence.update(z=float(shift.z), boundary=c)
 
+    def first_sample(self, series: str, spec: MetricSpec, selector: str, start: float, end: float) -> float | None:
+        """Unix time of the earliest sample of ``series`` (a metric name) matching ``spec``'s matchers and
+        ``selector`` within [start - step, end], or None when there is none: one instant query at ``end``,
+        ``min(min_over_time(timestamp(series{...})[range:step]))``, valid PromQL and MetricsQL. Accurate
+        to one ``step`` (a later sample may be found when the scrape interval is shorter than ``step``);
+        a series older than the range gives a time before ``start``. Raises PrometheusError subclasses."""
+        step = max(1, round(self.config.step_s))
+        rng = max(1, round(end - start)) + step
+        q = f"min(min_over_time(timestamp({series}{{{spec.selector(selector)}}})[{rng}s:{step}s]))"
+        value = self.client.query(q, at=end).scalar()
+        return value if value is not None and math.isfinite(value) else None
+
+    def _data_window(self, spec: MetricSpec, res: MetricResult, series: str, start: float, end: float) -> str:
+        """The ``increase()`` range for a counter metric: from ``start`` or, when either side's ``series``
+        begins after ``start - step``, from that side's first sample + ``step`` (module docstring).
+        Sets ``res.data_start``. Raises NoData when that leaves no window before ``end``."""
+        data_start = start
+        for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
+            first = self.first_sample(series, spec, sel, start, end)
+            if first is not None and first + self.config.step_s > data_start:
+                data_start = first + self.config.step_s
+                if data_start >= end - 1:
+                    res.data_start = data_start
+                    raise NoData(f"the {side}'s first {series} sample is at {first:.0f}; a look reads from one step "
+                                 f"({self.config.step_s:g} s) after it and needs a later end than {end:.0f}")
+        res.data_start = data_start
+        if data_start > start:
+            LOG.info("canary look starts after the first scrape", extra={"fields": {
+                "metric": spec.name, "start": start, "data_start": data_start}})
+        return f"{max(1, round(end - data_start))}s"
+
     # ---- metric kinds -----------------------------------------------------------------------------
     def _samples_factor(self, metric: str, sel: str, window: str, end: float, side: str) -> float:
         """Share of an ``increase()`` that rests on observed samples.
@@ -252,7 +304,7 @@ class Analyzer:
         it form one unit.
         """
         cfg = self.config
-        window = f"{max(1, round(end - start))}s"
+        window = self._data_window(spec, res, f"{spec.metric}_bucket", start, end)
         unit = cfg.node_label
         sides: dict[str, dict[str, Any]] = {}
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
@@ -395,7 +447,7 @@ class Analyzer:
         A missing error series is missing evidence, not zero errors: vLLM creates every
         ``finished_reason`` child at start-up, so an absent ``finished_reason="error"`` series means
         a scrape, relabelling or exporter problem, and the metric is NoData (HOLD)."""
-        window = f"{max(1, round(end - start))}s"
+        window = self._data_window(spec, res, spec.metric, start, end)
         counts = {}
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
             s = spec.selector(sel)

@@ -54,6 +54,8 @@ class MetricResult:
     or absolute differences; ``interval`` is the repeated/anytime confidence interval at the metric's
     alpha per side. ``baseline``/``canary`` hold descriptive values (quantiles in ``unit``, ratios).
     ``evidence``: the statistic and its boundary (``z`` vs ``boundary``, or ``log_e`` vs ``threshold``).
+    ``data_start``: unix time the counter metrics' ``increase()`` was read from (the look's start, or
+    later when the series began inside the window; :mod:`gpuobs.canary.analyzer`); None for series metrics.
     """
 
     name: str
@@ -78,6 +80,7 @@ class MetricResult:
     tests: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     needed_canary: float | None = None
+    data_start: float | None = None
 
     @property
     def code(self) -> int:

@@ -19,7 +19,8 @@ from typing import Any
 
 from gpuobs.canary.config import ConfigError, parse_duration
 from gpuobs.cli.common import env as _env
-from gpuobs.cli.rollout import _operator, _pick, _stack, _usage, report
+from gpuobs.cli import decide
+from gpuobs.cli.rollout import _operator, _stack, _usage, report
 from gpuobs.core import activity
 from gpuobs.flags.flagd import FILE_NAME, FlagFile, FlagFileError
 from gpuobs.promapi.prometheus import PromClient
@@ -34,7 +35,7 @@ from gpuobs.rollout.notices import send as send_notice
 from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.stack.supervisor import load_state
 
-DB, LOCK = "flag.sqlite", "flag.lock"
+DB, LOCK = decide.FLAG.db, decide.FLAG.lock
 SERVICE_NAME = "gpuobs-flag-rollout"
 ROLLOUT_EPILOG = """examples:
   gpuobs flag rollout kv_policy_v2 --stages 1,50%,100% --interval 15s --stage-timeout 6m
@@ -95,11 +96,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     k.set_defaults(func=run_kill)
 
 
-def _store(args: argparse.Namespace, must_exist: bool = True) -> RolloutStore:
-    path = Path(args.run_dir) / DB
-    if must_exist and not path.exists():
-        raise UsageError(f"no flag rollout recorded in {args.run_dir} ({path} does not exist)")
-    return RolloutStore(path)
+def _store(args: argparse.Namespace) -> RolloutStore:
+    return RolloutStore(Path(args.run_dir) / DB)
 
 
 def _release_rollout_active(run_dir: str) -> str | None:
@@ -122,7 +120,7 @@ def _drive(args: argparse.Namespace, flag: str | None, fn: Any, rid: str | None 
     except UsageError as err:
         return _usage(err)
     lock, tr = RunLock(args.run_dir, LOCK), tracing.setup(service_name=SERVICE_NAME)
-    store = _store(args, must_exist=False)
+    store = _store(args)
     try:
         if not lock.acquire():
             return _usage(f"another flag controller holds {lock.path}; use `gpuobs flag status` or `abort`")
@@ -206,87 +204,34 @@ def run_resume(args: argparse.Namespace) -> int:
     """Handler of ``flag resume``: lift a pause (recorded); if no flag controller runs, continue the
     latest (or --id) flag rollout from its persisted state."""
     try:
-        store = _store(args)
-        try:
-            rec = _pick(args, store)
-            if rec.paused:
-                decisions.resume(store, rec.id, args.operator, args.reason)
-                print(f"flag rollout {rec.id}: resumed by {args.operator} (paused by {rec.paused.get('operator')}: "
-                      f"{rec.paused.get('reason')})", flush=True)
-                if _controller_running(args):
-                    print("the running flag controller continues", flush=True)
-                    return 0
-        finally:
-            store.close()
+        rec, handled = decide.lift_pause(args, decide.FLAG, decisions.resume)
     except (UsageError, KeyError) as err:
         return _usage(err.args[0] if isinstance(err, KeyError) else err)
+    if handled:
+        return 0
     return _drive(args, None, lambda ctl, rid: ctl.run(rid), rid=rec.id)
 
 
-def _controller_running(args: argparse.Namespace) -> bool:
-    lock = RunLock(args.run_dir, LOCK)
-    if lock.acquire():
-        lock.release()
-        return False
-    return True
-
-
-def _decide(args: argparse.Namespace, fn: Any, verb: str) -> int:
-    """Record a pause or promote of the latest (or --id) flag rollout."""
-    try:
-        store = _store(args)
-        try:
-            rec = fn(store, _pick(args, store).id, args.operator, args.reason)
-        finally:
-            store.close()
-        print(f"flag rollout {rec.id}: {verb} by {args.operator}: {args.reason.strip()} (recorded; "
-              + ("the running flag controller acts on it at its next wait)" if _controller_running(args) else
-                 "no flag controller is running: `gpuobs flag resume` acts on it)"), flush=True)
-    except (UsageError, KeyError) as err:
-        return _usage(err.args[0] if isinstance(err, KeyError) else err)
-    return 0
-
-
-def run_pause(args: argparse.Namespace) -> int:
-    """Handler of ``flag pause``."""
-    return _decide(args, decisions.pause, "pause requested")
-
-
-def run_promote(args: argparse.Namespace) -> int:
-    """Handler of ``flag promote``."""
-    return _decide(args, decisions.promote, "promote requested")
+run_pause = decide.pause_handler(decide.FLAG)
+run_promote = decide.promote_handler(decide.FLAG)
 
 
 def _ask_controller(args: argparse.Namespace, store: RolloutStore, rid: str, reason: str, wait_s: float) -> int | None:
-    """If a live flag controller holds the lock: record the abort and wait for it (returns the exit
-    code); None when no controller runs (the caller rolls back itself)."""
-    lock = RunLock(args.run_dir, LOCK)
-    if lock.acquire():
-        lock.release()
-        return None
-    store.update(rid, abort_reason=reason)
-    print(f"abort requested; waiting up to {wait_s:.0f}s for the flag controller to pull the kill switch", flush=True)
-    deadline = time.monotonic() + wait_s
-    while store.get(rid).state not in TERMINAL and time.monotonic() < deadline:
-        time.sleep(0.5)
-    rec = store.get(rid)
-    print(report(store, rid, None, as_json=args.json))
-    return EXIT_CODES[rec.state] if rec.state in TERMINAL else 3
+    """:func:`gpuobs.cli.decide.hand_abort` for flag rollouts (None: no flag controller runs)."""
+    return decide.hand_abort(args.run_dir, decide.FLAG, store, rid, reason, wait_s,
+                             lambda st, r: report(st, r, None, as_json=args.json))
 
 
 def run_abort(args: argparse.Namespace) -> int:
     """Handler of ``flag abort``."""
     try:
         wait_s = parse_duration(args.wait, "--wait")
-        store = _store(args)
-        try:
-            rec = _pick(args, store)
+        with decide.open_store(args.run_dir, decide.FLAG) as store:
+            rec = decide.pick(args, store, decide.FLAG)
             if rec.state in TERMINAL:
                 raise UsageError(f"flag rollout {rec.id} already ended {rec.state}; nothing to abort "
                                  f"(`gpuobs flag kill {parse_variant(rec.version)[0]}` turns the flag off)")
             code = _ask_controller(args, store, rec.id, args.reason, wait_s)
-        finally:
-            store.close()
     except (UsageError, ConfigError, KeyError) as err:
         return _usage(err)
     if code is not None:
@@ -334,13 +279,10 @@ def run_status(args: argparse.Namespace) -> int:
     path = Path(args.run_dir) / DB
     if path.exists() or args.id:
         try:
-            store = _store(args)
-            try:
-                rec = _pick(args, store)
+            with decide.open_store(args.run_dir, decide.FLAG) as store:
+                rec = decide.pick(args, store, decide.FLAG)
                 print(report(store, rec.id, None, args.json, prometheus))
                 printed = True
-            finally:
-                store.close()
         except (UsageError, KeyError) as err:
             return _usage(err)
     if args.json:

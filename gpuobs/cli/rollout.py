@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuobs.canary.config import ConfigError, parse_duration
+from gpuobs.cli import decide
 from gpuobs.cli.common import env as _env
 from gpuobs.cli.common import fail as _common_fail
 from gpuobs.core import activity
@@ -216,91 +217,46 @@ def run_start(args: argparse.Namespace) -> int:
     return _drive(args, lambda ctl, rid: ctl.run(rid), spec=spec)
 
 
-def _pick(args: argparse.Namespace, store: RolloutStore):
-    rec = store.get(args.id) if args.id else store.latest()
-    if rec is None:
-        raise UsageError(f"no rollout recorded in {store.path}")
-    return rec
-
-
 def run_resume(args: argparse.Namespace) -> int:
     """Handler of ``rollout resume``: lift a pause (recorded); if no controller is running, continue
     the latest (or --id) rollout from its persisted state."""
     try:
-        with _open_store(args) as store:
-            rec = _pick(args, store)
-            if rec.paused:
-                decisions.resume(store, rec.id, args.operator, args.reason)
-                print(f"rollout {rec.id}: resumed by {args.operator} (paused by {rec.paused.get('operator')}: "
-                      f"{rec.paused.get('reason')})", flush=True)
-                lock = RunLock(args.run_dir)
-                if not lock.acquire():
-                    print("the running controller continues", flush=True)
-                    return 0
-                lock.release()
+        rec, handled = decide.lift_pause(args, decide.RELEASE, decisions.resume)
     except (UsageError, KeyError) as err:
         return _usage(err)
+    if handled:
+        return 0
     return _drive(args, lambda ctl, rid: ctl.run(rid), rid=rec.id)
 
 
-def _decide(args: argparse.Namespace, fn: Any, verb: str) -> int:
-    try:
-        with _open_store(args) as store:
-            rec = fn(store, _pick(args, store).id, args.operator, args.reason)
-            lock = RunLock(args.run_dir)
-            running = not lock.acquire()
-            if not running:
-                lock.release()
-            print(f"rollout {rec.id}: {verb} by {args.operator}: {args.reason.strip()} (recorded; "
-                  + ("the running controller acts on it at its next wait)" if running else
-                     "no controller is running: `gpuobs rollout resume` acts on it)"), flush=True)
-    except (UsageError, KeyError) as err:
-        return _usage(err.args[0] if isinstance(err, KeyError) else err)
-    return 0
-
-
-def run_pause(args: argparse.Namespace) -> int:
-    """Handler of ``rollout pause``: record the pause; the controller holds at its next wait."""
-    return _decide(args, decisions.pause, "pause requested")
-
-
-def run_promote(args: argparse.Namespace) -> int:
-    """Handler of ``rollout promote``: record the promote; the controller passes the current stage."""
-    return _decide(args, decisions.promote, "promote requested")
+run_pause = decide.pause_handler(decide.RELEASE)
+run_promote = decide.promote_handler(decide.RELEASE)
 
 
 def run_abort(args: argparse.Namespace) -> int:
     """Handler of ``rollout abort``: roll back itself if no controller runs, else ask it and wait."""
     try:
         wait_s = parse_duration(args.wait, "--wait")
-        with _open_store(args) as store:
-            rec = _pick(args, store)
+        with decide.open_store(args.run_dir, decide.RELEASE) as store:
+            rec = decide.pick(args, store)
             if rec.state in TERMINAL:
                 raise UsageError(f"rollout {rec.id} already ended {rec.state}; nothing to abort")
-            lock = RunLock(args.run_dir)
-            if lock.acquire():
-                lock.release()
-            else:
-                store.update(rec.id, abort_reason=args.reason)
-                print(f"abort requested; waiting up to {wait_s:.0f}s for the controller to roll back", flush=True)
-                deadline = time.monotonic() + wait_s
-                while store.get(rec.id).state not in TERMINAL and time.monotonic() < deadline:
-                    time.sleep(0.5)
-                rec = store.get(rec.id)
-                print(report(store, rec.id, None, as_json=args.json))
-                return EXIT_CODES[rec.state] if rec.state in TERMINAL else 3
+            code = decide.hand_abort(args.run_dir, decide.RELEASE, store, rec.id, args.reason, wait_s,
+                                     lambda st, rid: report(st, rid, None, as_json=args.json))
     except (UsageError, ConfigError, KeyError) as err:
         return _usage(err)
+    if code is not None:
+        return code
     return _drive(args, lambda ctl, rid: ctl.abort(rid, args.reason), rid=rec.id)
 
 
 def run_status(args: argparse.Namespace) -> int:
     """Handler of ``rollout status``: prints the report (0), or 2 when there is no rollout."""
     try:
-        with _open_store(args) as store:
+        with decide.open_store(args.run_dir, decide.RELEASE) as store:
             stack = load_state(Path(args.run_dir))
             prometheus = args.prometheus or (stack.urls.prometheus if stack else None)
-            rec = _pick(args, store)
+            rec = decide.pick(args, store)
             print(report(store, rec.id, None, args.json, prometheus))
             if stack and stack.running and not args.json:
                 from gpuobs.rollout.drift import drift
@@ -314,20 +270,6 @@ def run_status(args: argparse.Namespace) -> int:
     except (UsageError, KeyError) as err:
         return _usage(err)
     return 0
-
-
-class _open_store:  # noqa: N801 - a context manager used like a function
-    def __init__(self, args: argparse.Namespace):
-        path = Path(args.run_dir) / "rollout.sqlite"
-        if not path.exists():
-            raise UsageError(f"no rollout recorded in {args.run_dir} ({path} does not exist)")
-        self.store = RolloutStore(path)
-
-    def __enter__(self) -> RolloutStore:
-        return self.store
-
-    def __exit__(self, *exc: Any) -> None:
-        self.store.close()
 
 
 def _ts(t: float | None) -> str:

@@ -39,6 +39,7 @@ from gpuobs.drills.catalogue import (
 from gpuobs.mixin.families import IDENTITY_LABEL
 from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient, UnionAlertsClient
 from gpuobs.promapi.exporter_admin import AdminClient
+from gpuobs.promapi.prometheus import PromClient, PrometheusError
 from gpuobs.stack.state import StackState
 
 
@@ -187,6 +188,15 @@ def alerts_client(state: StackState):
     return AlertsClient(state.urls.prometheus)
 
 
+#: Scrapes of a node's GPUs Prometheus must hold before a drill injects on that node. The stock rules
+#: compare a GPU with its own recent past (GPUThrottling: SM clock and power against their 1h maximum),
+#: which a fault injected before the first scrapes would hide: on a fresh, loaded stack the power-brake
+#: drill's first samples were already braked, so power never "collapsed" and nothing fired (make drills).
+HISTORY_SAMPLES = 3
+#: How long a drill waits for that history before injecting anyway (it says so).
+HISTORY_WAIT_S = 60.0
+
+
 class _Session:
     """HTTP access to the stack for one drill."""
 
@@ -200,6 +210,15 @@ class _Session:
             return
         token = state.token()
         self.admin = [AdminClient(u, token) for u in self.urls.node_bases]
+
+    def has_history(self, host: str) -> bool:
+        """Whether Prometheus holds :data:`HISTORY_SAMPLES` scrapes of every GPU of ``host`` in the last 5 min."""
+        expr = (f'min(count_over_time(DCGM_FI_DEV_GPU_TEMP{{{IDENTITY_LABEL}="{host}"}}[5m])) '
+                f">= {HISTORY_SAMPLES}")
+        try:
+            return not PromClient(self.urls.prometheus).query(expr).empty
+        except PrometheusError:
+            return False
 
     def alerts(self) -> list[dict]:
         return self._alerts.alerts()
@@ -292,6 +311,13 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
     def pending_resolve() -> list[str]:
         return [f"{o.alertname} to resolve" for o in res.alerts if o.paged_s is not None and o.resolved_s is None]
 
+    if host is not None:
+        waited = time.time()
+        while not s.has_history(host) and time.time() - waited < HISTORY_WAIT_S:
+            time.sleep(1.0)
+        if time.time() - waited >= HISTORY_WAIT_S:
+            say(f"{name}: {host} has fewer than {HISTORY_SAMPLES} scrapes of its GPUs after "
+                f"{HISTORY_WAIT_S:.0f}s; injecting anyway")
     t0 = time.time()
     res.injected_at = t0
     previous: dict[int, str] = {}

@@ -546,6 +546,13 @@ def release() -> dict:
               description="A release that does the same work with less SM activity is more efficient; one "
                           "that idles the SMs may be stalling. SM active needs recommended.csv; on a stock "
                           "exporter only tensor-pipe activity has data."),
+        panel(11, "Feature flags: serving nodes with the flag on", "none",
+              targets(('sum by (flag) (gpuobs_feature_flag_enabled{__VLLM__, model_name=~"$model_name"})', "{{flag}}")),
+              w=24, minv=0, decimals=0, draw="bars",
+              description="How many serving nodes evaluate each feature flag on (gpuobs_feature_flag_enabled, "
+                          "as the engines read the flag file through OpenFeature). A `gpuobs flag rollout` "
+                          "climbs stage by stage; `gpuobs flag kill` drops it to 0 everywhere at once. A "
+                          "vLLM fleet without gpuobs's flag file has no such series (no data)."),
     ]
     stages = {"datasource": DS, "enable": True, "hide": False, "iconColor": "orange", "name": "Rollout stages",
               # Each stage deploys to more nodes, which changes how many nodes run each version

@@ -382,11 +382,13 @@ class Rules:
                 {"record": "gpu:pytorch_cuda_memory_allocated:deriv10m", "expr": f"deriv({allocated}[10m])"},
                 {"#": ("Seconds until reserved memory reaches the framebuffer (DCGM FB free + used, MiB -> bytes) at\n"
                        "the last 30 minutes' trend; absent when reserved is not growing. The sum folds a MIG GPU's\n"
-                       "per-instance FB series into one per GPU (the allocator reports per GPU)."),
+                       "per-instance FB series into one per GPU (the allocator reports per GPU). The max folds the\n"
+                       "old and new series of a relabelled target (rollout track, replaced pod), which the 30m range\n"
+                       "holds side by side: without it the whole rule fails (many-to-many) for 30 minutes."),
                  "record": "gpu:pytorch_cuda_time_to_oom:seconds",
                  "expr": (f"(\n  sum by ({J}) ({fb_free} + {fb_used}) * {MIB}\n"
-                          f"  - on ({J}) group_right {reserved}\n)\n"
-                          f"/ on ({J}) (deriv({reserved}[30m]) > 0)")},
+                          f"  - on ({J}) max by ({J}) ({reserved})\n)\n"
+                          f"/ on ({J}) (max by ({J}) (deriv({reserved}[30m])) > 0)")},
             ]},
             {"name": "gpu-memory", "rules": [
                 {"#": ("Enhanced (framework allocator metrics, design §4.2): the caching allocator's reserved-minus-\n"

@@ -115,6 +115,11 @@ def kernel_log_rules(recent_s: int = RECENT_S) -> dict:
          # that was reset and is back on DCGM's page resolves the alert.
          "expr": (f'max by ({GPU}) (gpuobs_gpu_fallen_off_bus{{node!=""}} == 1) '
                   "unless on (node, pci_bus_id) DCGM_FI_DEV_GPU_TEMP"),
+         # It inhibits GpuMissing and ServingEngineDown (alertmanager.yml), which resolve from the same
+         # returning DCGM series but in other rule groups, up to an evaluation later: held a minute past
+         # its own resolution, it still covers them while they resolve, instead of letting a still-firing
+         # GpuMissing page once the inhibition lifts (seen in `make drills-ha`). Prometheus >= 2.42.
+         "keep_firing_for": "1m",
          "labels": {"severity": "critical", "family": "gpu-missing"},
          "annotations": {
              "summary": "The kernel log says a GPU fell off the bus (Xid 79) and it is gone from DCGM's page.",

@@ -15,8 +15,9 @@ the global store), computed to a fixed point.
 Shapes: :func:`classify` takes one PromQL string and returns a :class:`Verdict`; :func:`place` takes
 ``{file name: rule file text}`` (Prometheus rule-file YAML) and returns a :class:`Placement` with the
 per-rule verdicts and two rule-file sets of the same shape, ``shard`` and ``fleet``, each keeping the
-groups' names, ``interval`` and rule order (a group split in two keeps its name in both halves). A
-group with no rules left is dropped. Raises :class:`PlacementError` for YAML or PromQL that does not
+groups' names, ``interval`` and rule order (a group split in two keeps its name in both halves); the
+fleet rules' counter functions are rewritten by :func:`for_metricsql`. A group with no rules left is
+dropped. Raises :class:`PlacementError` for YAML or PromQL that does not
 parse, naming the file, group and rule.
 
 The parser is promql-parser (GreptimeTeam's Rust PromQL parser, the Python binding), not a
@@ -26,10 +27,13 @@ node-local: the rules use none of them across nodes (checked by the tests on the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import promql_parser as pp
 import yaml
+
+from gpuobs.core.durations import parse_duration
 
 #: Labels that identify where a series comes from: the node (file_sd and ServiceMonitor targets both
 #: carry it, design §4.1) and, for a target without one, the scrape target itself.
@@ -150,6 +154,31 @@ def classify(expr: str) -> Verdict:
     return Verdict(FLEET if found else SHARD, "; ".join(found), frozenset(reads))
 
 
+_COUNTER_FN = re.compile(r"\b(?P<fn>rate|increase)\((?P<sel>[^()\[\]]*)\[(?P<w>[0-9][0-9a-z]*)\]\)")
+
+
+def for_metricsql(expr: str) -> str:
+    """A fleet-wide rule's PromQL with its counter functions made to count as PromQL does on
+    VictoriaMetrics: ``increase(x[w])`` -> ``increase_prometheus(x[w])`` and ``rate(x[w])`` ->
+    ``(increase_prometheus(x[w]) / <w in seconds>)``.
+
+    Why: MetricsQL's ``increase``/``rate`` count a series whose first sample lies inside the window
+    from zero when that sample is small (VictoriaMetrics v1.79.5 app/vmselect/promql/rollup.go,
+    rollupDelta), and each ``le`` bucket or error counter decides that on its own. A new series (a
+    relabelled node in a rollout, a replaced pod, a stack just started) then adds its whole history to
+    the window: measured on the HA stack, vmalert's SLO burn rules counted a relabelled node's errors
+    twice and raised false TTFT burn tickets in `make drills-ha`. ``increase_prometheus`` (MetricsQL
+    extension, same file) starts at the window's first sample like PromQL and does not extrapolate, so
+    a rate is low by at most one scrape interval over ``w`` (1.7 % at 5 s over 5m), equally in an SLO
+    ratio's numerator and denominator. Other functions (``irate``, subqueries) are left as written."""
+    def sub(m: re.Match) -> str:
+        inner = f"increase_prometheus({m['sel']}[{m['w']}])"
+        if m["fn"] == "increase":
+            return inner
+        return f"({inner} / {parse_duration(m['w'], 'range'):g})"
+    return _COUNTER_FN.sub(sub, expr)
+
+
 def place(files: dict[str, str]) -> Placement:
     """Split rule files into shard and fleet rule files (see the module docstring)."""
     docs: dict[str, dict] = {}
@@ -194,6 +223,8 @@ def place(files: dict[str, str]) -> Placement:
             parts: dict[str, list] = {SHARD: [], FLEET: []}
             for ri, rule in enumerate(group.get("rules", [])):
                 v = verdicts[(fname, gi, ri)]
+                if v.placement == FLEET and "expr" in rule:
+                    rule = {**rule, "expr": for_metricsql(str(rule["expr"]))}
                 parts[v.placement].append(rule)
                 out.rules.append(RuleVerdict(fname, str(group.get("name")), rule.get("record") or rule.get("alert"),
                                              "record" if "record" in rule else "alert", v.placement, v.reason))

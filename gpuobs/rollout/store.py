@@ -150,13 +150,32 @@ class RolloutStore:
         self.clock = clock
         self.db = sqlite3.connect(self.path, timeout=30.0)
         self.db.row_factory = sqlite3.Row
+        # Another process (a controller starting, `rollout status`) may open the same file at once.
+        # Switching to WAL and creating the schema can meet its lock without SQLite's busy wait
+        # ("database is locked" at once), so the set-up is retried for up to the busy timeout; the
+        # columns are read and extended under the write lock, so only one opener adds each.
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                self._set_up()
+                return
+            except sqlite3.OperationalError as err:
+                if self.db.in_transaction:
+                    self.db.rollback()
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    self.db.close()
+                    raise
+                time.sleep(0.02)
+
+    def _set_up(self) -> None:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
+        self.db.execute("BEGIN IMMEDIATE")
         have = {r[1] for r in self.db.execute("PRAGMA table_info(rollouts)")}
-        with self.db:
-            for name, definition in _ADDED_COLUMNS:
-                if name not in have:
-                    self.db.execute(f"ALTER TABLE rollouts ADD COLUMN {name} {definition}")
+        for name, definition in _ADDED_COLUMNS:
+            if name not in have:
+                self.db.execute(f"ALTER TABLE rollouts ADD COLUMN {name} {definition}")
+        self.db.commit()
 
     def close(self) -> None:
         """Close the connection."""

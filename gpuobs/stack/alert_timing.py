@@ -44,6 +44,21 @@ interval (every rule with a ``for`` of 5 s or more is restored; one already firi
 the first evaluation after the restore). ``resolve_timeout`` (for clients that send no ``endsAt``)
 is set to the same validity Prometheus gives, ``4 r``.
 
+vmalert (HA topology, fleet-wide rules). vmalert v1.79.5 (the Debian package's version; the same
+code at v1.79.0), ``app/vmalert/group.go`` ``getResolveDuration``: every send of a firing alert
+carries ``endsAt = now + 4 * max(group interval, -rule.resendDelay)``, capped by
+``-rule.maxResolveDuration`` when that is > 0 (default 0: no cap; the flag's help text, "by default
+equal to 3 evaluation intervals of the parent group", is older than the code); ``app/vmalert/
+alerting.go`` ``alertsToSend``: a firing alert is re-sent at an evaluation when ``LastSent +
+resendDelay < now``, a resolution at once. That is Prometheus's rule with the same names, so
+``-rule.resendDelay = r`` gives vmalert's alerts the same validity ``4 r`` and the same outage
+bound (:meth:`AlertTiming.vmalert_flags`). Without it (resend delay 0) the validity is 4 group
+intervals (20 s at the local 5 s), and a longer vmalert outage resolves every fleet-wide alert and
+pages it again after the restart. After a restart vmalert restores ``for`` state from
+``ALERTS_FOR_STATE`` through ``-remoteRead.url`` and sends a restored firing alert at its first
+evaluation straight to the ``-notifier.url`` list (no discovery, so no dropped first send); the
+Prometheus bound, which allows for that drop, is therefore conservative for vmalert.
+
 Cost: an alert whose send failed because Alertmanager was down reaches it up to ``r + e`` later
 (Alertmanager restarted, or reachable again): the latency of a page raised *during* an Alertmanager
 outage, not of a fault while the pipeline is healthy.
@@ -94,6 +109,11 @@ class AlertTiming:
     def prometheus_flags(self) -> list[str]:
         return [f"--rules.alert.resend-delay={format_duration(self.resend_delay_s)}",
                 f"--rules.alert.for-grace-period={format_duration(self.for_grace_period_s)}"]
+
+    def vmalert_flags(self) -> list[str]:
+        """vmalert's flags for the same validity (``4 r``) and resend schedule as Prometheus's (module
+        docstring); ``-rule.maxResolveDuration`` stays 0 (no cap below ``4 r``)."""
+        return [f"-rule.resendDelay={format_duration(self.resend_delay_s)}", "-rule.maxResolveDuration=0"]
 
     def alertmanager_flags(self) -> list[str]:
         return [f"--data.maintenance-interval={format_duration(self.nflog_maintenance_s)}"]

@@ -36,6 +36,7 @@ canary, doctor and reports take any Prometheus-API URL); ``urls.alertmanager`` i
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import time
@@ -216,6 +217,16 @@ def _cluster_size(url: str) -> int:
     return len(doc.get("cluster", {}).get("peers") or [])
 
 
+def _vm_targets_up(vm_url: str, expected: int, pools: tuple[str, ...]) -> bool:
+    """Whether an instant query on VictoriaMetrics finds ``expected`` ``up == 1`` series of the node
+    scrape pools (one per target: the replicas' copies carry no shard/replica label)."""
+    jobs = "|".join(re.escape(p) for p in pools)
+    q = f'count(up{{job=~"{jobs}"}} == 1)'
+    doc = requests.get(f"{vm_url}/api/v1/query", params={"query": q}, timeout=2).json()
+    res = (doc.get("data") or {}).get("result") or []
+    return bool(res) and int(float(res[0]["value"][1])) >= expected
+
+
 def _targets_up(urls: list[str], expected: int, pools: tuple[str, ...]) -> bool:
     """Whether the shards (one replica each, ``urls``) together scrape ``expected`` node targets, all up."""
     seen = 0
@@ -245,6 +256,22 @@ def up(cfg: HAConfig, out=sys.stdout) -> StackState:
         raise StackError(f"scrape interval must be 1..300 s; got {cfg.scrape_interval_s:g}", 2)
     with private_files():
         return _up(cfg, out)
+
+
+def vmalert_argv(binary: str, fleet_rules: Path, vm_url: str, am_urls: list[str], interval_s: float, port: int,
+                 timing: alert_timing.AlertTiming = alert_timing.DEFAULT) -> list[str]:
+    """vmalert's command line: the fleet-wide rules against VictoriaMetrics (query, recording results and
+    ``ALERTS`` written back, ``for`` state restored from it), every Alertmanager as a notifier, and
+    :meth:`~gpuobs.stack.alert_timing.AlertTiming.vmalert_flags`: ``-rule.resendDelay`` equal to
+    Prometheus's resend delay, so a firing fleet-wide alert carries ``endsAt = now + 4 x resend delay``
+    (vmalert v1.79.5 ``app/vmalert/group.go`` ``getResolveDuration``) and survives a vmalert outage as
+    long as a shard's alert survives a Prometheus outage (docs/alert-delivery.md, docs/ha.md)."""
+    url = f"http://127.0.0.1:{port}"
+    return [binary, f"-rule={fleet_rules}/*.yml", f"-datasource.url={vm_url}",
+            f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}",
+            *[f"-notifier.url={u}" for u in am_urls], f"-evaluationInterval={format_duration(interval_s)}",
+            f"-httpListenAddr=127.0.0.1:{port}", f"-external.url={url}", *timing.vmalert_flags(),
+            "-loggerFormat=json"]
 
 
 def _up(cfg: HAConfig, out) -> StackState:
@@ -309,15 +336,8 @@ def _up(cfg: HAConfig, out) -> StackState:
             checks[name] = (lambda u: lambda: _ok(f"{u}/-/ready"))(url)
             members[name] = url
             prom_names.append(name)
-    specs["vmalert"] = [bins["vmalert"], f"-rule={fleet_rules}/*.yml", f"-datasource.url={vm_url}",
-                        f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}",
-                        *[f"-notifier.url={u}" for u in am_urls], f"-evaluationInterval={interval}",
-                        f"-httpListenAddr=127.0.0.1:{ports['vmalert']}", f"-external.url={vmalert_url}",
-                        # No -rule.resendDelay: vmalert 1.79 sets an alert's endsAt to 3 x its group's
-                        # interval whatever the resend delay ("-rule.maxResolveDuration ... by default equal
-                        # to 3 evaluation intervals of the parent group", vmalert -help), so it must send at
-                        # every evaluation or Alertmanager resolves its alerts between sends.
-                        "-loggerFormat=json"]
+    specs["vmalert"] = vmalert_argv(bins["vmalert"], fleet_rules, vm_url, am_urls, cfg.scrape_interval_s,
+                                    ports["vmalert"], timing)
     checks["vmalert"] = lambda: _ok(f"{vmalert_url}/health")
     members["vmalert"] = vmalert_url
     urls = StackUrls(prometheus=vm_url, alertmanager=am_urls[0], pager=fleet.pager_url, grafana=None,
@@ -343,6 +363,11 @@ def _up(cfg: HAConfig, out) -> StackState:
                   deadline)
         _wait("every Alertmanager to see the whole cluster",
               lambda: all(_cluster_size(u) == cfg.alertmanagers for u in am_urls), deadline)
+        # urls.prometheus is VictoriaMetrics: whoever reads it next (the rollout's compatibility gate,
+        # the canary, doctor) must find the fleet there, not only on the shards. It sees a sample after
+        # remote write (up to 5 s) and its -search.latencyOffset (interval + 5 s).
+        _wait("VictoriaMetrics to hold every node target's samples",
+              lambda: _vm_targets_up(vm_url, expected, pools), deadline)
     except BaseException:
         down(sc.run_dir, out=out)
         raise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -111,13 +113,52 @@ def test_queries_carry_selectors_window_and_evaluation_time():
     queries = [r["params"]["query"][0] for r in requests]
     assert all(CANARY in q or BASELINE in q for q in queries)
     ttft_q = [q for q in queries if "time_to_first_token" in q]
-    assert ttft_q[0] == ('sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job="vllm",'
+    assert ttft_q[0] == ('min(min_over_time(timestamp(vllm:time_to_first_token_seconds_bucket{job="vllm",'
+                         'track="canary"})[315s:15s]))')
+    assert ttft_q[2] == ('sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job="vllm",'
                          'track="canary"}[300s]))')
     assert any('finished_reason="error"' in q for q in queries)
     instant = [r for r in requests if r["endpoint"] == "query"]
     assert all(r["params"]["time"] == ["10300.000"] for r in instant)
     ranged = [r for r in requests if r["endpoint"] == "query_range"]
     assert ranged and all(r["params"]["step"] == ["15"] for r in ranged)
+
+
+def _increase_windows(requests):
+    return {re.search(r"\[(\d+)s\]", r["params"]["query"][0]).group(1) for r in requests
+            if "increase(" in r["params"]["query"][0]}
+
+
+def test_a_look_never_reads_counters_from_before_the_first_scrape():
+    """Series born inside the window (a fresh canary and baseline): every increase() starts one step
+    (15 s) after the later side's first sample, so Prometheus and VictoriaMetrics both see a sample
+    before the window (gpuobs.canary.analyzer docstring); the stage's time fraction still counts from
+    START."""
+    data = fleet(n_c=2400, n_b=45_600, err_b=20)
+    data.first_sample = {"canary": START + 60.0, "baseline": START + 90.0}
+    v, reqs = analyze(data)
+    assert _increase_windows(reqs) == {str(round(END - (START + 90.0 + 15.0)))}
+    assert all(row(v, m).data_start == START + 105.0 for m in ("ttft", "itl", "error_ratio", "e2e"))
+    assert row(v, "kv_cache_usage").data_start is None
+    assert v.time_fraction == pytest.approx((END - START) / 600)
+    assert v.verdict == "PROMOTE"
+
+
+def test_series_older_than_the_window_keep_the_whole_window():
+    data = fleet(n_c=2400, n_b=45_600, err_b=20)
+    data.first_sample = {"canary": START - 15.0, "baseline": START - 3600.0}
+    v, reqs = analyze(data)
+    assert _increase_windows(reqs) == {"300"} and row(v, "ttft").data_start == START
+
+
+def test_a_canary_first_scraped_too_recently_is_hold_naming_the_side():
+    data = fleet(n_c=2400, n_b=45_600, err_b=20)
+    data.first_sample = {"canary": END - 10.0}
+    v, reqs = analyze(data)
+    assert v.verdict == "HOLD" and not _increase_windows(reqs)
+    reason = row(v, "ttft").reason
+    assert "canary's first vllm:time_to_first_token_seconds_bucket sample" in reason and "one step (15 s)" in reason
+    assert "canary's first vllm:request_success_total sample" in row(v, "error_ratio").reason
 
 
 def test_unreachable_prometheus_raises_instead_of_a_verdict():

@@ -23,6 +23,7 @@ class World:
         self.t, self.fire_after, self.resolve_after = T0, fire_after, resolve_after
         self.injected = self.cleared = None
         self.polls = 0
+        self.history_at, self.history_checks = T0, []  # when Prometheus holds the node's first scrapes
 
     # time module stand-in
     def time(self):
@@ -79,6 +80,10 @@ def world(monkeypatch):
         def __init__(self, state):
             self.admin = [Admin(w) for _ in HOSTS]
             self.alerts, self.pages = w.alerts, w.pages
+
+        def has_history(self, host):
+            w.history_checks.append((w.t, host))
+            return w.t >= w.history_at
 
     monkeypatch.setattr(runner, "_Session", Session)
     return w
@@ -141,3 +146,20 @@ def test_the_drill_is_recorded_for_the_incident_console(world, tmp_path):
     assert act.started_at == res.injected_at and act.ended_at == pytest.approx(res.injected_at + res.cleared_s)
     assert act.until > act.ended_at and act.detail["outcome"] == "PASS"
     assert act.detail["report"] == f"gpuobs report drill ecc-dbe --run-dir {tmp_path}"
+
+
+def test_a_drill_injects_only_once_prometheus_holds_the_nodes_history(world):
+    """Stock GPUThrottling compares a GPU with its own last hour: a fault injected before the node's
+    first scrapes would be its whole history, and the drill would miss (make drills, power-brake)."""
+    world.history_at = T0 + 12
+    res = runner.run_drill(STATE, "ecc-dbe", wait_resolve=False)
+    assert world.injected == T0 + 12 and res.ok, res.problems
+    assert {h for _t, h in world.history_checks} == {HOSTS[1]}
+
+
+def test_a_node_without_history_is_injected_after_the_wait_and_said(world):
+    world.history_at = float("inf")
+    lines = []
+    runner.run_drill(STATE, "ecc-dbe", progress=lines.append, wait_resolve=False)
+    assert world.injected == T0 + runner.HISTORY_WAIT_S
+    assert any("fewer than 3 scrapes" in line and "injecting anyway" in line for line in lines), lines

@@ -21,6 +21,10 @@ estimates the between-pod variation from the pods; with one or two baseline pods
 assumed spread (``node_spread``, ``node_spread_df``), and a realistic fleet of pods lets the data
 decide, as in production.
 
+The analyzer's first-sample query (``min(min_over_time(timestamp(...)[r:s]))``) is answered with
+``first_sample``: by default an hour before ``t0`` (the series exist, without traffic, before the
+simulated clock starts); ``first_sample=t0`` models series born at ``t0`` (a fresh canary and baseline).
+
 The canary's share of traffic is ``share(t)`` (a controller's traffic weight; Flagger tests change it
 as the canary progresses) and starts at ``canary_from`` (late traffic); ``tracks`` maps a label matcher
 found in a query to its track; ``fault(t)`` returns None,
@@ -64,8 +68,9 @@ class Traffic:
                  ttft_mult: float = 1.0, err: float = EngineConfig.base_error_ratio, err_canary: float | None = None,
                  canary_from: float | None = None, fault: Callable[[float], str | None] = lambda t: None,
                  slow_s: float = 2.0, tracks: dict[str, str] | None = None, pods: dict[str, int] | None = None,
-                 scrape_s: float = 15.0):
+                 scrape_s: float = 15.0, first_sample: float | None = None):
         self.t0, self.rate, self.share, self.ttft_mult = float(t0), rate, share, ttft_mult
+        self.first_sample = self.t0 - 3600.0 if first_sample is None else float(first_sample)
         self.err, self.err_canary = err, err if err_canary is None else err_canary
         self.canary_from = t0 if canary_from is None else canary_from
         self.fault, self.slow_s = fault, slow_s
@@ -164,6 +169,8 @@ class Traffic:
             return ok(matrix([]))
         q = params["query"][0]
         track = next((t for matcher, t in self.tracks.items() if matcher in q), None)
+        if q.startswith("min(min_over_time(timestamp(") and track is not None:
+            return ok(vector([({}, self.first_sample)], at))
         window_m = _WINDOW.search(q)
         if track is None or not window_m:
             return ok(vector([]))

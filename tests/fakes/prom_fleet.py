@@ -14,7 +14,10 @@ so the client's request building, response decoding and the analyzer's parsing a
 
 Supported expressions (exactly what the analyzer sends; anything else raises AssertionError):
 ``sum by (le, <label>) (increase(M{..}[Ws]))``, ``sum by (<label>) (increase(M{..}[Ws]))``,
-``sum(increase(M{..}[Ws]))``, ``min(count_over_time(M{..}[Ws]))``; matchers ``name="value"``.
+``sum(increase(M{..}[Ws]))``, ``min(count_over_time(M{..}[Ws]))``, and the analyzer's first-sample
+query ``min(min_over_time(timestamp(M{..})[Rs:Ss]))`` (a subquery: steps at multiples of ``S`` within
+``[at - R, at]``, each step taking the newest sample at or before it within the 5 min lookback, whose
+timestamp the ``min`` keeps); matchers ``name="value"``.
 
 ``increase()`` (source: prometheus/prometheus v2.42.0 promql/functions.go, extrapolatedRate, and
 promql/engine.go matrixIterSlice): the samples with ``start <= t <= end``; fewer than two -> no
@@ -36,6 +39,8 @@ import numpy as np
 _Q_BY = re.compile(r"^sum by \(([a-z_, ]+)\) \(increase\(([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}\[(\d+)s\]\)\)$")
 _Q_SUM = re.compile(r"^sum\(increase\(([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}\[(\d+)s\]\)\)$")
 _Q_COUNT = re.compile(r"^min\(count_over_time\(([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}\[(\d+)s\]\)\)$")
+_Q_FIRST = re.compile(r"^min\(min_over_time\(timestamp\(([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}\)\[(\d+)s:(\d+)s\]\)\)$")
+LOOKBACK_S = 300.0  # Prometheus' default --query.lookback-delta
 _MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="([^"]*)"')
 REASONS = ("stop", "error")
 
@@ -187,4 +192,21 @@ class FakeSession:
             counts = [float(np.sum((p.t >= at - w) & (p.t <= at))) for p in pods]
             counts = [c for c in counts if c > 0]
             return [({}, min(counts))] if counts else []
+        m = _Q_FIRST.match(q)
+        if m:
+            name, matchers, rng_s, step = m.group(1), m.group(2), float(m.group(3)), float(m.group(4))
+            pods, _ = self._select(matchers, at)
+            base = name.removesuffix("_bucket").removesuffix("_count")
+            steps = np.arange(np.ceil((at - rng_s) / step) * step, at + 1e-9, step)
+            firsts = []
+            for p in pods:
+                if name != self.errors_metric and p.histogram(base, self.metric) is None:
+                    continue
+                idx = np.searchsorted(p.t, steps, side="right") - 1
+                ok = idx >= 0
+                seen = p.t[idx[ok]]
+                seen = seen[seen > steps[ok] - LOOKBACK_S]
+                if seen.size:
+                    firsts.append(float(seen.min()))
+            return [({}, min(firsts))] if firsts else []
         raise AssertionError(f"the fake does not evaluate {q!r}")

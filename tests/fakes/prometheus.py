@@ -116,12 +116,17 @@ class FleetData:
     Answers ``increase(..._bucket)`` with cumulative ``le`` buckets, ``increase(..._count)`` and
     counter sums, and ``query_range`` with one series per known name found in the query text.
     Unknown metrics give an empty result, like Prometheus.
+
+    The analyzer's first-sample query (``min(min_over_time(timestamp(...)[r:s]))``) is answered with
+    ``first_sample[track]`` (unix seconds) when set, else 0.0 (series far older than any window), or
+    empty for a track with no data.
     """
 
     histograms: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     counters: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     series: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     step_start: float = 1000.0
+    first_sample: dict[str, float] = field(default_factory=dict)
     units: dict[str, int] = field(default_factory=lambda: {"canary": 1, "baseline": 8})
     scrape_s: float = 15.0
 
@@ -139,6 +144,10 @@ class FleetData:
         q = params["query"][0]
         track_m = _TRACK.search(q)
         track = track_m.group(1) if track_m else ""
+        if endpoint == "query" and q.startswith("min(min_over_time(timestamp("):
+            if track not in self.histograms and track not in self.counters:
+                return ok(vector([]))
+            return ok(vector([({}, self.first_sample.get(track, 0.0))]))
         if endpoint == "query_range":
             for name, values in self.series.get(track, {}).items():
                 if name in q:

@@ -1,10 +1,12 @@
-"""A rollout controller process for the ``kill -9`` test (tests/rollout/test_rollout_resume.py).
+"""A rollout controller process for the ``kill -9`` tests (tests/rollout/test_rollout_resume.py).
 
-``python -m tests.fakes.rollout_child RUN_DIR start|resume``: drives a rollout of 1.5.0 on the
-run directory's ``stack.json`` fleet through the real admin API (:class:`StackFleet`), with static
-Prometheus signals and an analyzer scripted by the number of canary targets in the vLLM file_sd
-file: in ``start`` mode one canary node PROMOTEs and two HOLD forever (the parent kills us there);
-in ``resume`` mode every look PROMOTEs. Real clock, 0.1 s looks.
+``python -m tests.fakes.rollout_child RUN_DIR start|resume release|flag`` drives, on the run
+directory's ``stack.json`` fleet, either a release rollout of 1.5.0 through the real admin API
+(:class:`StackFleet`) or a flag rollout of spec_decode through the real flag adapter
+(:class:`StackFlagFleet`: the flagd file, the nodes' /admin/flags confirmation, file_sd
+relabelling). Signals are static and the analyzer is scripted by the number of canary targets in
+the vLLM file_sd file: in ``start`` mode one canary node PROMOTEs and two HOLD forever (the parent
+kills us there); in ``resume`` mode every look PROMOTEs. Real clock, 0.1 s looks.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import time
 from pathlib import Path
 
 from gpuobs.compat.fleet import InventoryRow
+from gpuobs.rollout.adapters.flags import StackFlagFleet
 from gpuobs.rollout.adapters.native import StackFleet
 from gpuobs.rollout.controller import Controller
+from gpuobs.rollout.flag import FlagController
 from gpuobs.rollout.model import BudgetRow
 from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.stack.state import StackState
+from tests.fakes.flag_rollout import FLAG, fspec
 from tests.fakes.rollout import H100, make_verdict, spec
 
 
@@ -37,9 +42,10 @@ class StaticSignals:
         return set()
 
 
-def main(run: Path, mode: str) -> int:
+def main(run: Path, mode: str, kind: str) -> int:
     stack = StackState.from_json(json.loads((run / "stack.json").read_text()))
-    fleet = StackFleet(stack)
+    flag = kind == "flag"
+    fleet = StackFlagFleet(stack, FLAG, confirm_s=5.0, poll_s=0.02) if flag else StackFleet(stack)
     targets = run / "prometheus" / "targets" / "vllm-nodes.json"
 
     def analyzers(horizon_s: float, interval_s: float):
@@ -50,16 +56,17 @@ def main(run: Path, mode: str) -> int:
                 return make_verdict(verdict, start, end, horizon_s)
         return Scripted()
 
-    lock = RunLock(run)
+    lock = RunLock(run, "flag.lock" if flag else "rollout.lock")
     if not lock.acquire():
         print("lock busy", flush=True)
         return 2
-    store = RolloutStore(run / "rollout.sqlite")
-    ctl = Controller(store, fleet, StaticSignals(fleet.hosts), analyzers, clock=time.time, sleep=time.sleep,
-                     out=lambda line: print(line, flush=True), poll_s=0.02)
+    store = RolloutStore(run / ("flag.sqlite" if flag else "rollout.sqlite"))
+    ctl = (FlagController if flag else Controller)(
+        store, fleet, StaticSignals(fleet.hosts), analyzers, clock=time.time, sleep=time.sleep,
+        out=lambda line: print(line, flush=True), poll_s=0.02)
     if mode == "start":
-        rid = ctl.create(spec(hosts=tuple(fleet.hosts), interval_s=0.1, settle_s=0.0, stage_timeout_s=600.0,
-                              bake_s=0.0)).id
+        rid = ctl.create((fspec if flag else spec)(hosts=tuple(fleet.hosts), interval_s=0.1, settle_s=0.0,
+                                                    stage_timeout_s=600.0, bake_s=0.0)).id
     else:
         rid = store.latest().id
     rec = ctl.run(rid)
@@ -68,4 +75,4 @@ def main(run: Path, mode: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), sys.argv[2]))
+    sys.exit(main(Path(sys.argv[1]), sys.argv[2], sys.argv[3]))

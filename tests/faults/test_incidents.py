@@ -35,6 +35,7 @@ from gpuobs.stack import supervisor
 from gpuobs.stack.ports import free_port_range
 from gpuobs.stack.render import Ports
 from tests.faults.conftest import record
+from tests.polling import TRANSIENT, poll
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(os.environ.get("GPUOBS_FAULT_SUITE") != "1",
                                                    reason="live incidents run in `make test-faults` (about 5 min)")]
@@ -61,18 +62,8 @@ class Incident:
         return [p for p in self.pages if p["status"] == "resolved"]
 
 
-def _poll(what: str, check, timeout_s: float, every_s: float = 1.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = check()
-        except (requests.RequestException, supervisor.StackError, OSError):
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
-        time.sleep(every_s)
+def _poll(what: str, check, timeout_s: float):
+    return poll(what, check, timeout_s, every_s=1.0, transient=TRANSIENT + (supervisor.StackError,))
 
 
 def _incident_pages(state) -> tuple[list[dict], list[dict]]:

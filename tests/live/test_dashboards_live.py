@@ -37,6 +37,7 @@ from tests.fakes.dashboards import (
     variable_query,
     variables,
 )
+from tests.polling import poll
 
 pytestmark = pytest.mark.live
 
@@ -66,6 +67,7 @@ class Live:
     prom: str
     hosts: list[str]
     deadline: float
+    relabelled_at: float
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +81,21 @@ def live(tmp_path_factory):
     state = supervisor.up(cfg, out=out)
     try:
         hosts = state.hostnames
-        track = {hosts[0]: {"track": "canary"}, hosts[1]: {"track": "baseline"}}
-        write_targets(run, "dcgm", [(h, ports.node_base + i, track.get(h, {})) for i, h in enumerate(hosts)])
-        write_targets(run, "vllm", [(h, ports.engine_base + i, track.get(h, {})) for i, h in enumerate(hosts[:2])])
         admin = AdminClient(f"http://127.0.0.1:{ports.node_base}", state.token())
         admin.inject({"kind": "xid", "gpu": 0, "code": 13, "repeat_s": 5})
         admin.inject({"kind": "fragmentation", "gpu": 0})
-        yield Live(state.urls.prometheus, hosts, time.monotonic() + DATA_DEADLINE_S)
+        # Relabel only once the fragmenting GPU's reserved memory has grown under its old labels, so
+        # the range queries hold old and new growing series side by side (as after a real rollout's
+        # relabel mid-incident); a one-to-one match on them then fails as many-to-many.
+        poll("the fragmenting GPU's reserved memory growing under its old labels",
+             lambda: query(state.urls.prometheus,
+                           f'deriv(pytorch_cuda_memory_reserved_bytes{{node="{hosts[0]}",gpu="0"}}[5m]) > 0')["result"],
+             60, every_s=1.0)
+        track = {hosts[0]: {"track": "canary"}, hosts[1]: {"track": "baseline"}}
+        write_targets(run, "dcgm", [(h, ports.node_base + i, track.get(h, {})) for i, h in enumerate(hosts)])
+        write_targets(run, "vllm", [(h, ports.engine_base + i, track.get(h, {})) for i, h in enumerate(hosts[:2])])
+        relabelled_at = time.time()
+        yield Live(state.urls.prometheus, hosts, time.monotonic() + DATA_DEADLINE_S, relabelled_at)
     finally:
         supervisor.down(run, out=out)
 
@@ -179,6 +189,39 @@ def test_template_variables_list_the_simulated_fleet(live):
     assert got[("gpuobs-training", "node")] == training
     assert got[("gpuobs-training", "gpu")] == ["0", "1"]
     assert got[("gpuobs-release", "model_name")] == got[("gpuobs-serving", "model_name")]
+
+
+def test_every_rule_still_evaluates_after_targets_are_relabelled(live):
+    """The fixture relabelled targets (track=canary/baseline) once their series had samples, as a
+    rollout does: range vectors now hold old and new series of the same GPU side by side. Every rule
+    must keep evaluating (a one-to-one match on them fails as many-to-many, silently: the rule's last
+    output stays visible for 5 minutes, then nothing)."""
+    since = live.relabelled_at + 10  # file_sd refresh (5s) and a scrape under the new labels
+
+    def evaluated_since():
+        """The rule groups once every 5 s group has run since the relabel; the 1-minute SLO group
+        (aggregates only) is checked for health as it stands, not waited for."""
+        groups = requests.get(f"{live.prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        stale = [r["name"] for g in groups if g["interval"] <= 15 for r in g["rules"]
+                 if not r.get("lastEvaluation") or _rfc3339(r["lastEvaluation"]) < since]
+        return None if stale else groups
+    groups = poll("every 5 s rule group evaluated since the relabel", evaluated_since, 90, every_s=2.0)
+    rules = [(g["name"], r) for g in groups for r in g["rules"]]
+    fast = {g["name"] for g in groups if g["interval"] <= 15}
+    assert [(g, r["name"], r.get("health"), r.get("lastError")) for g, r in rules
+            if r.get("health") == "err" or (g in fast and r.get("health") != "ok")] == []
+
+
+def _rfc3339(text: str) -> float:
+    """Prometheus's rule API timestamp (RFC 3339 with nanoseconds, e.g. 2026-12-01T21:40:01.123456789Z) as epoch s."""
+    from datetime import datetime
+
+    head, _, frac = text.rstrip("Z").partition(".")
+    zone = "+00:00"
+    if "+" in frac or "-" in frac:
+        cut = max(frac.find("+"), frac.find("-"))
+        frac, zone = frac[:cut], frac[cut:]
+    return datetime.fromisoformat(f"{head}{zone}").timestamp() + float(f"0.{frac or 0}")
 
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))

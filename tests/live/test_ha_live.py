@@ -3,41 +3,53 @@
 replica scraping the faulty node and VictoriaMetrics are killed with SIGKILL right after the fault;
 the shards ticket FleetRulesBlind while VictoriaMetrics is down; all three come back and nothing
 pages (or tickets) twice. Also: VictoriaMetrics holds one copy of each series (replica dedup), vmalert
-loaded the fleet-wide rules and the shards only the node-local ones, and MetricsQL's increase()
-differs from PromQL's as docs/ha.md says. Bounded waits; ~1.5 minutes.
+loaded the fleet-wide rules and the shards only the node-local ones, MetricsQL's increase()
+differs from PromQL's as docs/ha.md says, every dashboard panel query runs on VictoriaMetrics, and
+one canary look gives the same verdict through VictoriaMetrics and through a shard. 4 nodes x 2 GPUs
+(one training), recommended exporter profile. Bounded waits; ~2 minutes.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import time
 from collections import Counter
+from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
 import requests
 
+from gpuobs import cli
 from gpuobs.promapi.exporter_admin import AdminClient
 from gpuobs.stack import ha, supervisor
 from gpuobs.stack.ports import free_port_range
 from gpuobs.stack.render import Ports
+from tests.fakes.dashboards import panel_targets
+from tests.live.test_dashboards_live import DASHBOARDS, dashboard_vars, interpolate, resolve
+from tests.live.test_dashboards_live import query as dash_query
+from tests.polling import poll
 
 pytestmark = pytest.mark.live
 
-NODES, GPUS = 2, 2
+#: 4 nodes, the last one training: 3 serving nodes put two on one shard (the canary look through a
+#: shard needs canary and baseline there); the training node gives the training dashboard data.
+NODES, GPUS, TRAINING = 4, 2, 1
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     base = free_port_range(32)
-    ports = Ports(pager=base, node_base=base + 1, engine_base=base + 4)
+    ports = Ports(pager=base, node_base=base + 1, engine_base=base + 1 + NODES)
     run = tmp_path_factory.mktemp("ha")
     out = io.StringIO()
-    cfg = ha.HAConfig(stack=supervisor.StackConfig(run_dir=run, ports=ports, nodes=NODES, gpus=GPUS, training_nodes=0,
-                                                   logwatch=False, profile="drill", timeout_s=120),
-                      base_port=base + 8)
+    cfg = ha.HAConfig(stack=supervisor.StackConfig(run_dir=run, ports=ports, nodes=NODES, gpus=GPUS,
+                                                   training_nodes=TRAINING, logwatch=False, profile="drill",
+                                                   exporter_profile="recommended", timeout_s=120),
+                      base_port=base + 2 + 2 * NODES)
     state = ha.up(cfg, out=out)
     try:
         yield state
@@ -50,17 +62,7 @@ def stack(tmp_path_factory):
 
 
 def _poll(fn, deadline_s: float, what: str):
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        try:
-            last = fn()
-        except requests.RequestException:
-            last = None
-        if last:
-            return last
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {deadline_s:g}s waiting for {what}")
+    return poll(what, fn, deadline_s, transient=(requests.RequestException,))
 
 
 def _firing(pager: str, channel: str = "page") -> Counter:
@@ -97,6 +99,9 @@ def test_topology_stores_one_copy_and_places_rules(stack):
     def count(q):
         res = requests.get(f"{vm}/api/v1/query", params={"query": q}, timeout=5).json()["data"]["result"]
         return int(float(res[0]["value"][1])) if res else 0
+    # `stack up` returns only once VictoriaMetrics holds every node target (the rollout's compatibility
+    # gate reads it right after `make up-ha`), so no wait here.
+    assert count('count(up{job=~"dcgm|vllm"} == 1)') == NODES + (NODES - TRAINING)
     # Two replicas write every series; VictoriaMetrics keeps one (no shard/replica label survives).
     _poll(lambda: count("count(DCGM_FI_DEV_GPU_TEMP)") == NODES * GPUS, 40, "DCGM series in VictoriaMetrics")
     assert count('count(DCGM_FI_DEV_GPU_TEMP{replica!=""} or DCGM_FI_DEV_GPU_TEMP{shard!=""})') == 0
@@ -145,6 +150,83 @@ def test_metricsql_increase_differs_from_promql_as_documented(stack):
     assert vm_inc.is_integer(), vm_inc
     assert abs(vm_inc - pr_inc) <= 0.3 * pr_inc + 5, (vm_inc, pr_inc, win)
 
+
+def test_every_dashboard_panel_query_runs_on_victoriametrics(stack, record_property):
+    """docs/ha.md "MetricsQL differences": every panel target of grafana/dashboards/*.json (variables
+    resolved as tests/live/test_dashboards_live.py does: first value, and All) is valid MetricsQL, and
+    returns data from VictoriaMetrics wherever a shard (either shard's r0) returns data for it."""
+    vm = stack.urls.prometheus
+    shards = [u for name, u in stack.members.items() if name.startswith("prometheus-") and name.endswith("-r0")]
+    checked, missing = 0, []
+    deadline = time.monotonic() + 30
+    for name, dash in DASHBOARDS.items():
+        modes = resolve(vm, dashboard_vars(dash), deadline)
+        for p, t in panel_targets(dash):
+            for mode, values in modes.items():
+                expr = interpolate(t["expr"], {**values, "datasource": "prometheus"})
+                vm_data = dash_query(vm, expr)  # asserts status success: valid MetricsQL
+                if any(dash_query(u, expr)["result"] for u in shards):
+                    checked += 1
+                    if not vm_data["result"]:
+                        missing.append(f"{name} panel {p['id']} {p['title']!r} {t['refId']} ({mode}): {expr}")
+    record_property("dashboard_queries_checked", checked)
+    print(f"dashboard queries with data on a shard, all with data on VictoriaMetrics: {checked}")
+    assert not missing, missing
+    assert checked >= 100, checked  # most of the 99 targets x 2 modes have data on the shards
+
+
+def _look(url: str, canary: str, baseline: str, start: float, end: float) -> dict:
+    """One ``gpuobs canary analyze --json`` look against ``url`` (in process, as the CLI runs it)."""
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        code = cli.run(["canary", "analyze", "--prometheus", url, "--canary", canary, "--baseline", baseline,
+                        "--start", f"{start:.3f}", "--end", f"{end:.3f}", "--json", "--retries", "0"])
+    doc = json.loads(buf.getvalue())
+    assert code == doc["exit_code"], doc
+    return doc
+
+
+def test_a_canary_look_gives_the_same_verdict_through_victoriametrics_and_a_shard(stack, record_property):
+    """gpuobs.canary.analyzer: a look never reads counters from before the first scrape, so a look whose
+    window reaches back before the engines' first scrape (the stack is younger than the 5 min window:
+    every series starts inside it, where MetricsQL and PromQL count increase() differently) judges the
+    same data the same way through VictoriaMetrics and through the shard replica that scraped it."""
+    by_shard: dict[int, list[str]] = {}
+    for host in stack.serving_hosts:
+        by_shard.setdefault(_shard_of(stack, host), []).append(host)
+    shard, (canary, baseline) = next((s, hs[:2]) for s, hs in sorted(by_shard.items()) if len(hs) >= 2)
+    prom = stack.members[ha.prometheus_name(shard, 0)]
+    sel_c, sel_b = f'node="{canary}"', f'node="{baseline}"'
+
+    def judged():  # the same look through both, until both have enough requests to judge TTFT
+        end = time.time() - 20  # older than VictoriaMetrics's latency offset (interval + 5 s)
+        docs = [_look(u, sel_c, sel_b, end - 300, end) for u in (stack.urls.prometheus, prom)]
+        return (end, *docs) if all(_metric(d, "ttft")["classification"] != "NoData" for d in docs) else None
+    end, vm_doc, shard_doc = _poll(judged, 60, "enough canary requests for a TTFT judgement through both")
+    record_property("canary_look", {name: (d["verdict"], {m["name"]: m["classification"] for m in d["metrics"]})
+                                    for name, d in (("victoria-metrics", vm_doc), ("shard", shard_doc))})
+    assert vm_doc["verdict"] == shard_doc["verdict"], (vm_doc["reasons"], shard_doc["reasons"])
+    for vm_m, pr_m in zip(vm_doc["metrics"], shard_doc["metrics"]):
+        if vm_m["kind"] == "series":
+            continue
+        what = {k: (vm_m[k], pr_m[k]) for k in ("name", "classification", "reason", "data_start", "n_canary",
+                                                "n_baseline", "effect")}
+        # Both clamped the window to about the first scrape + one step (15 s); the deduplicated
+        # copies in VictoriaMetrics may come from either replica, a scrape apart.
+        assert end - 300 < pr_m["data_start"] < end - 15 and abs(vm_m["data_start"] - pr_m["data_start"]) <= 30, what
+        # Same requests counted: VictoriaMetrics takes the difference to the sample before the window,
+        # Prometheus extrapolates inside it, by up to 1.1 scrape intervals (15 s) at each edge
+        # (promql/functions.go extrapolatedRate), which on a short window is a large share of it; a
+        # new series counted from zero would add its whole first value on top.
+        tol = 0.05 + 2.2 * 15 / max(15.0, end - pr_m["data_start"])
+        for n in ("n_canary", "n_baseline"):
+            assert abs(vm_m[n] - pr_m[n]) <= tol * pr_m[n] + 10, (tol, what)
+        if vm_m["kind"] == "histogram" and vm_m["effect"] is not None and pr_m["effect"] is not None:
+            assert abs(vm_m["effect"] - pr_m["effect"]) <= 0.1, what
+
+
+def _metric(doc: dict, name: str) -> dict:
+    return next(m for m in doc["metrics"] if m["name"] == name)
 
 def test_xid_pages_once_with_an_alertmanager_a_replica_and_victoriametrics_killed(stack, record_property):
     node = stack.hostnames[0]

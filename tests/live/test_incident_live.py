@@ -8,7 +8,6 @@ page), grouping and the bearer-token webhook are the stack's own; no fault has t
 from __future__ import annotations
 
 import datetime as dt
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import requests
 
 from gpuobs.cli import run as cli_run
 from tests.conftest import live_stack
+from tests.polling import poll
 
 pytestmark = pytest.mark.live
 
@@ -30,13 +30,7 @@ def stack(tmp_path_factory):
 
 
 def _poll(fn, deadline_s: float, what: str):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {deadline_s:g}s waiting for {what}")
+    return poll(what, fn, deadline_s, transient=(requests.RequestException,))
 
 
 def test_silence_from_an_incident_reaches_alertmanager_and_suppresses_the_alert(stack, capsys):

@@ -4,13 +4,14 @@ promtool (shards) and vmalert -dryRun (fleet)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
 import pytest
 import yaml
 
-from gpuobs.mixin.placement import FLEET, SHARD, PlacementError, classify, place
+from gpuobs.mixin.placement import FLEET, SHARD, PlacementError, classify, for_metricsql, place
 from gpuobs.mixin.profile import PROFILES, profile_rules
 
 
@@ -106,3 +107,18 @@ def test_split_files_load_in_promtool_and_vmalert(tmp_path):
     res = subprocess.run([vmalert, "-dryRun", f"-rule={tmp_path / 'fleet'}/*.yml"], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode != 0
+
+
+def test_fleet_rules_count_counters_as_promql_does_on_victoriametrics():
+    """MetricsQL's increase/rate count a young series from zero (rollupDelta); the fleet half uses
+    increase_prometheus, which starts at the window's first sample as PromQL does."""
+    assert for_metricsql('sum by (m) (rate(x_bucket{le="2.5", j=~"a|.*b.*"}[5m]))') == (
+        'sum by (m) ((increase_prometheus(x_bucket{le="2.5", j=~"a|.*b.*"}[5m]) / 300))')
+    assert for_metricsql("increase(y[1h]) / rate(z[3d])") == (
+        "increase_prometheus(y[1h]) / (increase_prometheus(z[3d]) / 259200)")
+    assert for_metricsql("irate(x[5m]) + rate(x[5m:1m])") == "irate(x[5m]) + rate(x[5m:1m])"  # left as written
+    p = place(profile_rules("http://127.0.0.1:9097", "drill"))
+    fleet_text, shard_text = "".join(p.fleet.values()), "".join(p.shard.values())
+    assert "increase_prometheus(" in fleet_text
+    assert not re.search(r"\b(rate|increase)\((?![^()]*:)", fleet_text), "a fleet rule still uses MetricsQL's rate/increase"
+    assert "increase_prometheus" not in shard_text  # the shards run PromQL as written

@@ -261,3 +261,29 @@ def test_rollout_is_recorded_for_the_incident_console(tmp_path):
     _note(args, r.store, rid)  # and after
     (act,) = activity.load(activity.path_in(tmp_path))
     assert act.ended_at == r.store.transitions(rid)[-1]["ts"] and act.detail["outcome"].startswith(rec.state)
+
+
+def test_stores_opened_at_once_on_a_new_file_all_open(tmp_path):
+    """A controller starting while `rollout status` (or a test) opens the same new database: each
+    open sets up under SQLite's write lock and retries a busy set-up, so none fails with "duplicate
+    column name" or "database is locked"."""
+    import threading
+
+    for attempt in range(15):
+        path, errors, barrier = tmp_path / f"r{attempt}.sqlite", [], threading.Barrier(4)
+
+        def open_store(path=path, errors=errors, barrier=barrier):
+            barrier.wait()
+            try:
+                RolloutStore(path).close()
+            except Exception as err:  # noqa: BLE001 - collected and asserted below
+                errors.append(err)
+        threads = [threading.Thread(target=open_store) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        store = RolloutStore(path)
+        assert {"paused", "promote_request"} <= {r[1] for r in store.db.execute("PRAGMA table_info(rollouts)")}
+        store.close()

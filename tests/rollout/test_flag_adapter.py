@@ -11,7 +11,7 @@ from gpuobs.rollout.adapters.flags import StackFlagFleet
 from gpuobs.rollout.interfaces import FleetError
 from gpuobs.stack.ports import free_port_range
 from gpuobs.stack.state import StackState
-from tests.rollout.test_flag_resume import flag_run  # noqa: F401  (fixture)
+from tests.rollout.test_rollout_resume import flag_run  # noqa: F401  (fixture)
 
 
 def _fleet(run, **kw) -> StackFlagFleet:

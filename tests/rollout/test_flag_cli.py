@@ -8,7 +8,7 @@ from gpuobs.cli import run
 from gpuobs.flags.flagd import FlagFile
 from gpuobs.rollout.model import RolloutSpec
 from gpuobs.rollout.store import RolloutRecord, RolloutStore
-from tests.rollout.test_flag_resume import flag_run  # noqa: F401  (fixture)
+from tests.rollout.test_rollout_resume import flag_run  # noqa: F401  (fixture)
 
 
 def test_kill_turns_the_flag_off_everywhere_and_status_shows_it(flag_run, capsys):  # noqa: F811

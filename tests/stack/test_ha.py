@@ -5,6 +5,7 @@ Alertmanager; bad shapes are refused with the field named."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -14,9 +15,10 @@ import pytest
 import yaml
 
 from gpuobs.exporter.sim.identity import hostname
-from gpuobs.stack import ha
+from gpuobs.stack import alert_timing, ha
 from gpuobs.stack.render import Ports, render_prometheus, write_targets
 from gpuobs.stack.supervisor import StackConfig, StackError
+from tests.stack.test_alert_timing import simulate_outage
 
 NODES = 12
 
@@ -124,3 +126,34 @@ def test_the_blind_alert_runs_on_the_shards_and_its_runbook_exists(tmp_path):
     rule = yaml.safe_load(text)["groups"][0]["rules"][0]
     runbook, anchor = rule["annotations"]["runbook_url"].split("/runbooks/", 1)[1].split("#")
     assert f"## {rule['alert']}" in (assets.path("runbooks") / runbook).read_text() and anchor == "fleetrulesblind"
+
+
+def test_vmalert_resends_like_prometheus_so_an_outage_never_resolves_a_fleet_alert(tmp_path):
+    """gpuobs.stack.alert_timing (vmalert v1.79.5 app/vmalert/group.go getResolveDuration: endsAt = now +
+    4 max(group interval, -rule.resendDelay); alerting.go alertsToSend: resend when LastSent + delay <
+    now): with Prometheus's resend delay vmalert's fleet-wide alerts outlive the same outages."""
+    t = alert_timing.DEFAULT
+    am = ["http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"]
+    argv = ha.vmalert_argv("vmalert", tmp_path, "http://127.0.0.1:1", am, 5.0, 5, t)
+    assert "-rule.resendDelay=3m" in argv and "-rule.maxResolveDuration=0" in argv
+    assert [a for a in argv if a.startswith("-notifier.url=")] == [f"-notifier.url={u}" for u in am]
+    assert "-evaluationInterval=5s" in argv and f"-rule={tmp_path}/*.yml" in argv
+    # vmalert's send schedule is Prometheus's, so the replay of test_alert_timing applies; its restart
+    # sends straight to the notifier list (no dropped first send), the Prometheus case is the worse one.
+    for outage in (60, 180, 300):
+        for dropped in (False, True):
+            assert simulate_outage(t, die_at=600, outage_s=outage, restart_s=20, first_send_dropped=dropped)
+    # Without the flag (resend delay 0): endsAt = 4 x 5 s, and a 60 s outage resolves the alert.
+    bare = dataclasses.replace(t, resend_delay_s=0.0)
+    assert not simulate_outage(bare, die_at=600, outage_s=60, restart_s=5, first_send_dropped=False)
+
+
+def test_vmalert_accepts_the_rendered_flags(tmp_path):
+    vmalert = shutil.which("vmalert")
+    assert vmalert, "vmalert missing: `make binaries` installs Debian's victoria-metrics"
+    _shard, fleet = ha.render_rules_placed(tmp_path, "http://127.0.0.1:9097", "drill")
+    argv = ha.vmalert_argv(vmalert, fleet, "http://127.0.0.1:1", ["http://127.0.0.1:2"], 5.0, 5)
+    res = subprocess.run([*argv, "-dryRun"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = subprocess.run([*argv, "-rule.noSuchFlag=1", "-dryRun"], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0  # an unknown flag is refused, so the check above can fail
