@@ -79,6 +79,12 @@ CANARY, BASELINE = 'track="canary"', 'track="baseline"'
 DEV_LOOKS, LIVE_LOOKS = 60, 32
 
 
+# The baseline pods are the existing fleet: they were serving (and scraped) before the stage began.
+# 30 min of it lets the analyzer's node-spread estimate (config node_history, default 30m) see the
+# nodes over ~3,600 requests each instead of the look's ~60-1,200.
+BASELINE_HISTORY_S = 1800.0
+
+
 @dataclass(frozen=True)
 class Shape:
     name: str
@@ -106,6 +112,7 @@ class Shape:
     base_err: float = BASE_ERROR
     itl: bool = False           # also ITL (and e2e's request count): the rollout's critical metrics
     itl_mult: float = 1.0       # canary ITL factor (release profile)
+    history_s: float = BASELINE_HISTORY_S  # baseline pods' scrapes before the stage (an existing fleet)
 
     @property
     def small(self) -> bool:
@@ -209,8 +216,8 @@ def simulate_run(rng: np.random.Generator, s: Shape, pods: int) -> tuple[list[Po
         bounds = np.asarray(s.canary_bounds if canary and s.canary_bounds else s.bounds)
         node = math.exp(rng.normal(0.0, s.het)) if s.het else 1.0
         phase = rng.uniform(0.0, SCRAPE_S)
-        t = np.arange(phase, horizon + SCRAPE_S, SCRAPE_S) if canary else np.arange(phase - 2 * SCRAPE_S,
-                                                                                    horizon + SCRAPE_S, SCRAPE_S)
+        t = np.arange(phase, horizon + SCRAPE_S, SCRAPE_S) if canary else np.arange(
+            phase - 2 * SCRAPE_S - s.history_s, horizon + SCRAPE_S, SCRAPE_S)
         lo = np.concatenate(([0.0 if canary else t[0] - SCRAPE_S], t[:-1]))
         n = rng.poisson(rate * (t - lo))
         x_all = [_latency(rng, int(k), s, canary, (a + b) / 2, node) for k, a, b in zip(n, lo, t)]

@@ -294,6 +294,57 @@ class Analyzer:
             return 0.5 if n is not None and n < 2 else 1.0
         return (n - 1.0) / n
 
+    def _node_history(self, spec: MetricSpec, data_start: float, end: float, common: np.ndarray,
+                      x: np.ndarray, per_observation: float = 1.0) -> tuple[np.ndarray, np.ndarray, float] | None:
+        """The baseline's nodes over a longer window, for the between-node spread only.
+
+        Reads ``sum by (le, <node_label>) (increase(<metric>_bucket{<baseline>}[H]))`` at ``end``, ``H``
+        reaching ``config.node_history_s`` before ``data_start`` (the look's own window start), cut
+        one step after the baseline's first sample as :meth:`_data_window` does. The baseline is the
+        fleet that was serving before the stage: a node's speed (GPU binning, thermals, neighbours)
+        is a property of the node, so its deviation from the other nodes is measured over ~30 times
+        the requests of an early look. Returns ``(per-node mean log latency (k,), their sampling
+        variances (k,), history seconds used)``, nodes with at least 2 requests, on the ``common``
+        bounds (``x``: their log centres); None when disabled, when the window is no longer than the
+        look's or when the query is empty (the look's own window is then used). ``per_observation``:
+        effective requests per observation (``clustered_by`` metrics such as ITL count requests, not
+        tokens: the look's baseline ratio of requests to observations), scaling the sample sizes.
+        Raises PrometheusError subclasses."""
+        cfg = self.config
+        if cfg.node_history_s <= 0:
+            return None
+        series = f"{spec.metric}_bucket"
+        lo = data_start - cfg.node_history_s
+        first = self.first_sample(series, spec, self.baseline, lo, end)
+        if first is not None and first + cfg.step_s > lo:
+            lo = first + cfg.step_s
+        if lo >= data_start - cfg.step_s:
+            return None
+        sel = spec.selector(self.baseline)
+        q = f"sum by (le, {cfg.node_label}) (increase({series}{{{sel}}}[{max(1, round(end - lo))}s]))"
+        try:
+            r = self._instant(q, end, "baseline history")
+        except NoData:
+            return None
+        pairs: dict[str, list[tuple[str, float]]] = {}
+        for smp in r.samples:
+            pairs.setdefault(smp.labels.get(cfg.node_label, ""), []).append((smp.labels.get("le", ""), smp.value))
+        counts = []
+        for pp in pairs.values():
+            try:
+                b, c = fold_nonpositive(*parse_buckets(pp))
+            except ValueError:
+                continue  # a node with a broken layout tells nothing about the spread
+            counts.append(rebin(b, c, common))
+        if len(counts) < 2:
+            return None
+        n, m, ss = unit_moments(np.array(counts), x)
+        ok = n >= 2
+        if ok.sum() < 2:
+            return None
+        s2 = float(ss[ok].sum() / max(n[ok].sum() - ok.sum(), 1.0))
+        return m[ok], s2 / (n[ok] * per_observation), end - lo
+
     def _histogram(self, spec: MetricSpec, res: MetricResult, start: float, end: float,
                    state: AnalysisState | None) -> None:
         """Location, quantile and spread tests of a latency histogram (docs/canary.md).
@@ -365,7 +416,13 @@ class Analyzer:
             res.evidence["n_eff_canary"] = float(ec_u.sum() / sides["canary"]["factor"])
         x = bin_log_centres(common)
         alphas = spec.test_alpha(res.alpha)
-        ctx = _HistContext(common, x, cc, cb, nc_u, nb_u, ec_u, eb_u, log1p(cfg.node_spread), cfg.node_spread_df)
+        clustering = float(eb_u.sum() / max(nb_u.sum() * sides["baseline"]["factor"], 1e-9))
+        history = self._node_history(spec, float(res.data_start if res.data_start is not None else start), end,
+                                     common, x, min(1.0, clustering))
+        ctx = _HistContext(common, x, cc, cb, nc_u, nb_u, ec_u, eb_u, log1p(cfg.node_spread), cfg.node_spread_df,
+                           history)
+        if history is not None:
+            res.evidence["node_history_s"] = float(history[2])
         needed = []
         for name, _ in spec.tests:
             try:
@@ -565,9 +622,9 @@ class _HistContext:
     ``needed(c1)`` inputs, ``extra`` (descriptive fields).
     """
 
-    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc, prior_df):
+    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc, prior_df, history=None):
         self.bounds, self.x, self.cc, self.cb, self.nc, self.nb, self.ec, self.eb = bounds, x, cc, cb, nc, nb, ec, eb
-        self.tau_loc, self.prior_df = tau_loc, prior_df
+        self.tau_loc, self.prior_df, self.history = tau_loc, prior_df, history
         self.Nc, self.Nb, self.Ec, self.Eb = nc.sum(), nb.sum(), ec.sum(), eb.sum()
         self.wc, self.wb = nc / self.Nc, nb / self.Nb
         self.g = float((self.wc ** 2).sum() + (self.wb ** 2).sum())
@@ -603,8 +660,13 @@ class _HistContext:
             s2c = (self.Ec * self.s2c + CANARY_VARIANCE_PRIOR * self.s2b) / (self.Ec + CANARY_VARIANCE_PRIOR)
             v_req = s2c / self.Ec + self.s2b / self.Eb
             okb, okc = self.nb >= 2, self.nc >= 2
-            groups = [(self.mb_u[okb], self.s2b / self.eb[okb]), (self.mc_u[okc], s2c / self.ec[okc])]
-            self._loc = clustered(mean_c - mean_b, v_req, self.wc, self.wb, groups, self.tau_loc ** 2, self.prior_df)
+            if self.history is not None:  # the baseline's nodes over node_history (Analyzer._node_history)
+                base_group = (self.history[0], self.history[1])
+            else:
+                base_group = (self.mb_u[okb], self.s2b / self.eb[okb])
+            groups = [base_group, (self.mc_u[okc], s2c / self.ec[okc])]
+            self._loc = clustered(mean_c - mean_b, v_req, self.wc, self.wb, groups, self.tau_loc ** 2, self.prior_df,
+                                  label="nodes" if self.history is None else "nodes with history")
         return self._loc
 
     def _location(self) -> dict[str, Any]:

@@ -134,6 +134,7 @@ class CanaryConfig:
     node_label: str = "instance"
     node_spread: float = 0.015
     node_spread_df: float = 4.0
+    node_history_s: float = 1800.0  # baseline nodes' spread also read over this much time before the look's window
     critical_share_total: float = 0.0  # sum of the critical alpha shares of the full config (select keeps it)
 
     def metric_alpha(self, spec: MetricSpec) -> float:
@@ -149,7 +150,7 @@ class CanaryConfig:
     def _copy(self, **kw: Any) -> "CanaryConfig":
         doc = {f: getattr(self, f) for f in ("alpha", "horizon_s", "interval_s", "step_s", "spending", "metrics",
                                               "warmup_s", "tail_spending", "pass_spending", "node_label",
-                                              "node_spread", "node_spread_df",
+                                              "node_spread", "node_spread_df", "node_history_s",
                                               "critical_share_total")}
         doc.update(kw)
         return CanaryConfig(**doc)
@@ -166,6 +167,13 @@ class CanaryConfig:
         if not 0 <= warmup < horizon:
             raise ConfigError("warmup", warmup, f"a duration >= 0 and shorter than the horizon ({horizon:g} s)")
         return self._copy(horizon_s=horizon, interval_s=interval_s or self.interval_s, warmup_s=float(warmup))
+
+    def with_node_history(self, seconds: float) -> "CanaryConfig":
+        """A copy reading the baseline's node spread over ``seconds`` (>= 0; 0 = the look's window
+        only) before each look's window. Raises ConfigError naming the field."""
+        if not (math.isfinite(seconds) and 0 <= seconds <= 7 * 86400):
+            raise ConfigError("node_history", seconds, "a duration of 0 to 7d")
+        return self._copy(node_history_s=float(seconds))
 
     def select(self, names: list[str]) -> "CanaryConfig":
         """A copy restricted to ``names`` (alpha shares still relative to the full critical set).
@@ -306,11 +314,19 @@ def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
     warmup_s = 0.0 if warmup in (0, "0", "0s") else parse_duration(warmup, "warmup")
     if warmup_s >= horizon:
         raise ConfigError(f"{source}.warmup", warmup, f"a duration shorter than the horizon ({horizon:g} s)")
+    history = doc.get("node_history", "30m")
+    try:
+        node_history_s = core_parse_duration(history, "node_history", allow_zero=True)
+    except DurationError:
+        raise ConfigError(f"{source}.node_history", history, "a duration >= 0 such as 30m, 1h (0 = off)") from None
+    if node_history_s > 7 * 86400:
+        raise ConfigError(f"{source}.node_history", history, "a duration of at most 7d (0 = the look's window only)")
     return CanaryConfig(alpha, horizon, parse_duration(doc.get("interval", "30s"), "interval"),
                         parse_duration(doc.get("step", "15s"), "step"), spending, specs, warmup_s=warmup_s,
                         tail_spending=tail_spending, pass_spending=pass_spending,
                         node_label=node_label, node_spread=_num(doc, "node_spread", source, 0.0, 1.0, 0.015),
-                        node_spread_df=_num(doc, "node_spread_df", source, 0.0, 1e6, 4.0))
+                        node_spread_df=_num(doc, "node_spread_df", source, 0.0, 1e6, 4.0),
+                        node_history_s=node_history_s)
 
 
 def load_config(path: str | Path | None = None) -> CanaryConfig:

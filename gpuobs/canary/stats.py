@@ -383,7 +383,7 @@ class Clustered:
 
 def clustered(effect: float, v_requests: float, w_canary: np.ndarray, w_baseline: np.ndarray,
               unit_groups: list[tuple[np.ndarray, np.ndarray]], tau2_prior: float,
-              prior_df: float = 0.0) -> Clustered:
+              prior_df: float = 0.0, label: str = "nodes") -> Clustered:
     """Widen a request-level comparison for between-node variation.
 
     Model: unit ``u`` of a group has a true value ``theta + delta*[canary] + nu_u``, nu_u ~ (0, tau^2)
@@ -401,7 +401,9 @@ def clustered(effect: float, v_requests: float, w_canary: np.ndarray, w_baseline
     canary can pass. The nodes' estimate enters with its effective degrees of freedom
     (:func:`effective_df`: fewer than ``k - 1`` while the nodes' own request noise is comparable to
     tau^2). The uncertainty of tau^2 is carried by Satterthwaite degrees of freedom
-    ``V^2 / ((tau^2 g)^2 / df_tau)`` for a Student-t boundary.
+    ``V^2 / ((tau^2 g)^2 / df_tau)`` for a Student-t boundary. ``label`` names the nodes' data in
+    ``tau2_source`` (e.g. "nodes with history" when the baseline's group was read over a longer
+    window than the look's: :meth:`gpuobs.canary.analyzer.Analyzer._node_history`).
     """
     g = float(np.sum(np.square(w_canary)) + np.sum(np.square(w_baseline)))
     tau2_hat, d = dl_tau2_groups(unit_groups)
@@ -417,9 +419,9 @@ def clustered(effect: float, v_requests: float, w_canary: np.ndarray, w_baseline
     if d == 0:
         source = "prior"
     elif prior_df == 0 or math.isinf(prior_df):
-        source = f"nodes, {d} df" if prior_df == 0 else "prior"
+        source = f"{label}, {d} df" if prior_df == 0 else "prior"
     else:
-        source = f"nodes, {d} df + prior, {prior_df:g} df"
+        source = f"{label}, {d} df + prior, {prior_df:g} df"
     var = v_requests + tau2 * g
     df = var * var / ((tau2 * g) ** 2 / df_tau) if tau2 > 0 and math.isfinite(df_tau) else math.inf
     se = math.sqrt(var) if var > 0 else 0.0

@@ -124,9 +124,46 @@ def test_queries_carry_selectors_window_and_evaluation_time():
     assert ranged and all(r["params"]["step"] == ["15"] for r in ranged)
 
 
-def _increase_windows(requests):
-    return {re.search(r"\[(\d+)s\]", r["params"]["query"][0]).group(1) for r in requests
-            if "increase(" in r["params"]["query"][0]}
+def _increase_windows(requests, history=False):
+    """The increase() windows of the look's own queries (``history``: of the baseline-history ones,
+    the only queries reaching further back than the look: Analyzer._node_history)."""
+    out = set()
+    for r in requests:
+        q = r["params"]["query"][0]
+        if "increase(" not in q:
+            continue
+        w = re.search(r"\[(\d+)s\]", q).group(1)
+        if (int(w) > END - START) == history:
+            out.add(w)
+    return out
+
+
+def test_the_baseline_nodes_spread_is_also_read_over_node_history():
+    """The baseline's per-node buckets over node_history (30 min) before the look's window: one more
+    query, ``sum by (le, instance)`` on the baseline only, cut at its first sample + one step; the
+    location test names its source. node_history 0 turns it off."""
+    data = fleet(n_c=2400, n_b=45_600, err_b=20)
+    data.first_sample = {"canary": START - 3600.0, "baseline": START - 3600.0}
+    v, reqs = analyze(data)
+    hist = [r["params"]["query"][0] for r in reqs if "increase(" in r["params"]["query"][0]
+            and re.search(r"\[(\d+)s\]", r["params"]["query"][0]).group(1) == "2100"]
+    assert hist == ['sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job="vllm",'
+                    'track="baseline"}[2100s]))',
+                    'sum by (le, instance) (increase(vllm:inter_token_latency_seconds_bucket{job="vllm",'
+                    'track="baseline"}[2100s]))',
+                    'sum by (le, instance) (increase(vllm:e2e_request_latency_seconds_bucket{job="vllm",'
+                    'track="baseline"}[2100s]))']
+    loc = next(t for t in row(v, "ttft").tests if t["test"] == "location")
+    assert loc["node_tau_source"].startswith("nodes with history, 7 df")
+    assert row(v, "ttft").evidence["node_history_s"] == 2100.0
+    # a baseline born 10 min before the look: the history starts one step after its first sample
+    data.first_sample = {"canary": START - 3600.0, "baseline": START - 600.0}
+    _, reqs = analyze(data)
+    assert _increase_windows(reqs, history=True) == {str(round(END - (START - 600.0 + 15.0)))}
+    # off
+    v, reqs = analyze(data, config=load_config().with_node_history(0.0))
+    assert not _increase_windows(reqs, history=True)
+    assert next(t for t in row(v, "ttft").tests if t["test"] == "location")["node_tau_source"].startswith("nodes,")
 
 
 def test_a_look_never_reads_counters_from_before_the_first_scrape():

@@ -257,7 +257,10 @@ def test_warmup_excludes_the_start_of_the_stage():
     with FakePrometheus(fleet()) as fp:
         Analyzer(PromClient(fp.url, retries=0), cfg, CANARY, BASELINE).analyze(START, END)
         queries = [r["params"]["query"][0] for r in fp.requests]
-    assert all("[240s]" in q for q in queries if "increase" in q)  # 300 s window minus 60 s of warm-up
+    # 300 s window minus 60 s of warm-up; the baseline-history queries (node spread only) end there too
+    look = [q for q in queries if "increase" in q and "[2040s]" not in q]
+    assert look and all("[240s]" in q for q in look)
+    assert all('track="baseline"' in q for q in queries if "[2040s]" in q)
     with pytest.raises(ConfigError, match="warmup"):
         load_config().with_timing(warmup_s=600)
     base = {"metrics": [{"name": "a", "kind": "histogram", "metric": "x", "allowed_effect": 0.1, "critical": True}]}
