@@ -269,6 +269,19 @@ def test_warmup_excludes_the_start_of_the_stage():
         parse_config({"metrics": [{**base["metrics"][0], "tests": {"p100": 1}}]})
 
 
+def test_node_history_config():
+    base = {"metrics": [{"name": "a", "kind": "histogram", "metric": "x", "allowed_effect": 0.1, "critical": True}]}
+    assert load_config().node_history_s == 1800
+    assert parse_config(base).node_history_s == 1800
+    assert parse_config({**base, "node_history": "1h"}).node_history_s == 3600
+    assert parse_config({**base, "node_history": 0}).node_history_s == 0
+    for bad in ("-5m", "soon", "8d", True):
+        with pytest.raises(ConfigError, match="node_history"):
+            parse_config({**base, "node_history": bad})
+    with pytest.raises(ConfigError, match="node_history"):
+        load_config().with_node_history(float("nan"))
+
+
 def test_low_traffic_says_promote_is_out_of_reach_at_the_first_look():
     """5 req/s fleet, 5% canary: 0.25 canary req/s, 150 requests by the horizon; the error ratio
     alone needs several hundred."""
