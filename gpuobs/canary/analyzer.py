@@ -19,7 +19,7 @@ tests (share of canary requests above the baseline's pNN bucket bound, exact bin
 spread test, each at its share of the metric's alpha with its own group-sequential boundary
 (weighted Bonferroni across tests, Lan-DeMets spending across looks), all compared per serving node
 (``config.node_label``) with the between-node variance estimated from the baseline's nodes
-(DerSimonian-Laird). ``config.warmup_s`` of data after ``start`` is excluded, and every look says
+(DerSimonian-Laird), read over the look's window and ``config.node_history_s`` before it. ``config.warmup_s`` of data after ``start`` is excluded, and every look says
 whether a PROMOTE is reachable within the horizon (``Verdict.promote_reachable``).
 
 **A look never reaches back before the first scrape.** The counter metrics (histograms, errors) are read
