@@ -274,28 +274,25 @@ def quantile_of(test: str) -> float:
     return float(test[1:]) / 100.0
 
 
+def _spending(doc: dict, key: str, source: str, alpha: float, defaults: tuple[float, float, float]) -> Spending:
+    """The spending function under ``doc[key]`` (a mapping main_until, main_share, rho; absent -> the
+    ``defaults`` in that order) at ``alpha``. Raises ConfigError naming the field."""
+    sp = doc.get(key) or {}
+    if not isinstance(sp, dict):
+        raise ConfigError(f"{source}.{key}", sp, "a mapping main_until, main_share, rho")
+    until, share, rho = defaults
+    return Spending(alpha, _num(sp, "main_until", key, 0.01, 1.0, until), _num(sp, "main_share", key, 0.0, 1.0, share),
+                    _num(sp, "rho", key, 0.1, 10, rho))
+
+
 def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
     """Validate a loaded YAML document. Raises :class:`ConfigError` (field named) on any bad value."""
     if not isinstance(doc, dict):
         raise ConfigError(source, type(doc).__name__, "a mapping with alpha, horizon, interval, metrics")
     alpha = _num(doc, "alpha", source, 1e-6, 0.2, 0.01)
-    sp = doc.get("spending") or {}
-    if not isinstance(sp, dict):
-        raise ConfigError(f"{source}.spending", sp, "a mapping main_until, main_share, rho")
-    spending = Spending(alpha, _num(sp, "main_until", "spending", 0.01, 1.0, 0.5),
-                        _num(sp, "main_share", "spending", 0.0, 1.0, 0.85), _num(sp, "rho", "spending", 0.1, 10, 3.0))
-    tsp = doc.get("tail_spending") or {}
-    if not isinstance(tsp, dict):
-        raise ConfigError(f"{source}.tail_spending", tsp, "a mapping main_until, main_share, rho")
-    tail_spending = Spending(alpha, _num(tsp, "main_until", "tail_spending", 0.01, 1.0, 1.0),
-                             _num(tsp, "main_share", "tail_spending", 0.0, 1.0, 1.0),
-                             _num(tsp, "rho", "tail_spending", 0.1, 10, 5.0))
-    psp = doc.get("pass_spending") or {}
-    if not isinstance(psp, dict):
-        raise ConfigError(f"{source}.pass_spending", psp, "a mapping main_until, main_share, rho")
-    pass_spending = Spending(alpha, _num(psp, "main_until", "pass_spending", 0.01, 1.0, 1.0),
-                             _num(psp, "main_share", "pass_spending", 0.0, 1.0, 1.0),
-                             _num(psp, "rho", "pass_spending", 0.1, 10, 1.0))
+    spending = _spending(doc, "spending", source, alpha, (0.5, 0.85, 3.0))
+    tail_spending = _spending(doc, "tail_spending", source, alpha, (1.0, 1.0, 5.0))
+    pass_spending = _spending(doc, "pass_spending", source, alpha, (1.0, 1.0, 1.0))
     metrics = doc.get("metrics")
     if not isinstance(metrics, list) or not metrics:
         raise ConfigError(f"{source}.metrics", metrics, "a non-empty list")
