@@ -280,12 +280,14 @@ def run_shape(args: tuple[Shape, int, int, int]) -> dict:
         session.empty_at = frozenset(round(float(x), 3) for x in looks[rng.random(s.looks) < s.empty])
         session.gap_at = frozenset(round(float(x), 3) for x in looks[rng.random(s.looks) < s.err_gap])
         decision, at = "HOLD", math.inf
+        outlook_seen = False  # the first look with canary data: a fresh canary pod's first look has none
         for k, end in enumerate(looks, 1):
             session.missing = False
             v = analyzer.analyze(0.0, float(end))
             res["looks"] += 1
-            if k == 1 and not v.promote_reachable:
-                res["unreachable_first"] += 1
+            if not outlook_seen and any(m.critical and m.n_canary > 0 for m in v.metrics):
+                outlook_seen = True
+                res["unreachable_first"] += 0 if v.promote_reachable else 1
             if v.verdict == "PROMOTE" and (session.missing or any(m.critical and m.classification == "NoData"
                                                                   for m in v.metrics)):
                 res["missing_promote"] += 1
@@ -364,7 +366,7 @@ def small_table(results: list[dict]) -> str:
 def table(results: list[dict]) -> str:
     lines = ["| shape | runs | gpuobs: rolled back by look 10 / 20 (95% CI at 20) | gpuobs: promoted (median look) "
              "| gpuobs: HOLD at look 20 | Kayenta MW 98% (b): rolled back / promoted | threshold, typical (c): "
-             "rolled back | PROMOTE with missing data | look 1 says PROMOTE unreachable |",
+             "rolled back | PROMOTE with missing data | first look with canary data says PROMOTE unreachable |",
              "|---|---:|---|---|---|---|---|---:|---:|"]
     for r in results:
         o, kb, th = rates(r["ours"]), rates(r["kayenta"]), rates(r["threshold"])

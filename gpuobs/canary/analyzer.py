@@ -165,12 +165,16 @@ class Analyzer:
         interval fits inside the allowed effect at the metric's alpha; set by the metric's judge),
         predicts the requests the horizon brings. Returns (reachable, reasons when it is not)."""
         cfg = self.config
-        elapsed, horizon = end - a, cfg.horizon_s - cfg.warmup_s
+        horizon = cfg.horizon_s - cfg.warmup_s
         out = []
         for m in results:
+            # the canary's requests were counted from the metric's data_start (a fresh pod's window
+            # starts one step after its first scrape), and the horizon brings them until a + horizon
+            start_m = max(a, m.data_start) if m.data_start is not None else a
+            elapsed = end - start_m
             if not m.critical or m.needed_canary is None or elapsed <= 0 or m.n_canary <= 0:
                 continue
-            expected = m.n_canary / elapsed * horizon
+            expected = m.n_canary / elapsed * (a + horizon - start_m)
             # OUTLOOK_MARGIN: the first looks under-read the rate (a new pod's first scrape comes
             # after the stage start) and the baseline's error ratio is still rough; flag only stages
             # that fall clearly short
