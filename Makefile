@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 GPUOBS := $(VENV)/bin/gpuobs
 RUN_DIR ?= .run
 PYTEST_ARGS ?=
+# `make test` runs test files in parallel worker processes (pytest-xdist; one file's tests stay in one
+# worker, so a module's live stack starts once). Most of the suite's time is live stacks waiting on
+# scrapes and rule evaluations, not CPU: 4 workers on 2 cores took it from 22 to 8 minutes. 0 = serial.
+PYTEST_WORKERS ?= 4
 
 # What the simulated exporters serve (stock | helm | recommended; design §4.6), for `make up` and `make drills`.
 EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
@@ -132,7 +136,7 @@ rules: venv
 	$(GPUOBS) rules kubernetes
 
 test: venv binaries
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The fault suite (docs/alert-delivery.md): 1500 hostile requests per HTTP surface with slow clients,
 # and three live incidents (pager stopped 60 s, Alertmanager kill -9 + restart, Prometheus killed

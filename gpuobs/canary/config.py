@@ -34,8 +34,10 @@ _QUANTILE_TEST = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 # Tests of a latency (histogram) metric and their default shares of the metric's alpha
 # (docs/canary.md, "Quantile and spread tests"): location = shift of the mean log latency,
 # spread = ratio of the within-node log-latency standard deviations, pNN = share of canary requests
-# above the baseline's NN-th percentile bucket bound.
-DEFAULT_TESTS = (("location", 0.65), ("p50", 0.015), ("p90", 0.02), ("p99", 0.3), ("spread", 0.015))
+# above the baseline's NN-th percentile bucket bound, tail = log-rank test of the requests above the
+# baseline's p90 bound (a heavier tail at the same median).
+DEFAULT_TESTS = (("location", 0.6), ("p50", 0.015), ("p90", 0.02), ("p99", 0.04), ("tail", 0.3), ("spread", 0.025))
+TEST_NAMES = ("location", "spread", "tail")
 
 
 class ConfigError(InputError):
@@ -254,14 +256,14 @@ def _tests(doc: Any, where: str) -> tuple[tuple[str, float], ...]:
     """``{location: share, spread: share, p99: share, ...}`` -> ordered (name, share) pairs."""
     if doc is None:
         return DEFAULT_TESTS
-    accepted = ("a mapping of location, spread and pNN (0 < NN < 100) to alpha shares > 0, "
-                "e.g. {location: 0.4, p99: 0.4}")
+    accepted = ("a mapping of location, spread, tail and pNN (0 < NN < 100) to alpha shares > 0, "
+                "e.g. {location: 0.4, tail: 0.3, p99: 0.1}")
     if not isinstance(doc, dict) or not doc:
         raise ConfigError(where, doc, accepted)
     out = []
     for name, share in doc.items():
         m = _QUANTILE_TEST.match(str(name))
-        if not (name in ("location", "spread") or (m and 0 < float(m.group(1)) < 100)):
+        if not (name in TEST_NAMES or (m and 0 < float(m.group(1)) < 100)):
             raise ConfigError(f"{where}.{name}", name, accepted)
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not share > 0:
             raise ConfigError(f"{where}.{name}", share, "an alpha share > 0")

@@ -30,13 +30,30 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A StreamHandler on whatever ``sys.stderr`` is when a record is emitted, not the one at setup:
+    a caller that swaps stderr (pytest's capture, a daemon redirecting it to its log file) would
+    otherwise leave the handler writing to a closed stream ("--- Logging error ---")."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ / setStream assign it; always stderr
+        pass
+
+
 def setup(level: str = "info") -> None:
     """Route the ``gpuobs`` logger tree to stderr as JSON lines at ``level``."""
     root = logging.getLogger("gpuobs")
     if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
         root.setLevel(level.upper())
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(JsonFormatter())
     root.addHandler(handler)
     root.setLevel(level.upper())
