@@ -15,8 +15,8 @@ actually happened; without it the analyzer assumes one look every ``config.inter
 traffic) so a stateless caller (``gpuobs canary analyze``, an Argo web metric) gets the same test.
 
 Histogram metrics run several tests (issue 18, docs/canary.md 1a-1e): the location shift, quantile
-tests (share of canary requests above the baseline's pNN bucket bound, exact binomial tail) and a
-spread test, each at its share of the metric's alpha with its own group-sequential boundary
+tests (share of canary requests above the baseline's pNN bucket bound, exact binomial tail), a
+tail test (log-rank on the requests above the baseline's p90 bound, exact null) and a spread test, each at its share of the metric's alpha with its own group-sequential boundary
 (weighted Bonferroni across tests, Lan-DeMets spending across looks), all compared per serving node
 (``config.node_label``) with the between-node variance estimated from the baseline's nodes
 (DerSimonian-Laird), read over the look's window and ``config.node_history_s`` before it. ``config.warmup_s`` of data after ``start`` is excluded, and every look says
@@ -914,9 +914,19 @@ class _HistContext:
 
     def _bound_at(self, share: float) -> float:
         """Baseline latency with ``share`` of requests above it (log-log interpolation of the survival
-        between bucket bounds; clamped to the layout's range)."""
+        between bucket bounds). Below the smallest positive share the last segment's log-log slope is
+        extended (a Pareto tail; it overstates a lognormal's, which steepens), up to the layout's
+        largest bound: clamping there instead read every share beyond the baseline's last request as
+        that bound, so a tail test's interval collapsed to "no change" exactly when the canary's tail
+        went further than the baseline's (unit test ``test_tail_test_catches_...``). Above the largest
+        share it is clamped to the layout's range."""
         lb, ls = self._log_surv()
-        return float(np.exp(np.interp(math.log(max(share, 1e-300)), ls[::-1], lb[::-1])))
+        ln_share = math.log(max(share, 1e-300))
+        if ls.size >= 2 and ln_share < ls[-1]:
+            slope = (ls[-1] - ls[-2]) / (lb[-1] - lb[-2]) if lb[-1] > lb[-2] else 0.0
+            if slope < 0:
+                return float(min(math.exp(lb[-1] + (ln_share - ls[-1]) / slope), self.bounds[-1]))
+        return float(np.exp(np.interp(ln_share, ls[::-1], lb[::-1])))
 
     def _share_above(self, value: float) -> float:
         lb, ls = self._log_surv()

@@ -152,6 +152,51 @@ def test_exceedance_z_keeps_its_level_with_few_events():
     assert float(np.mean(naive >= 2.5758)) > 0.005 + margin(0.005, runs)  # why the exact tail is needed
 
 
+def test_tail_test_catches_a_tail_stretch_with_more_evidence_than_p99():
+    """The bench's tail shape (p99 +30%, p90 and median unchanged), 3,000 canary requests, last look of
+    the stage: the log-rank tail test uses all 12% of requests above p90, the p99 test only the 1-2%
+    above p99, so its z is larger; its effect is the p99 change the fitted tail implies (about +30%)."""
+    rng = np.random.default_rng(21)
+    data = fleet(n_c=3000, n_b=57_000, err_b=28, series=False)
+    x = sample_ttft(rng, 3000)
+    q90 = 0.25 * math.exp(0.6 * 1.2815515655446004)
+    k = 1 + math.log(1.3) / (0.6 * (2.3263478740408408 - 1.2815515655446004))
+    data.histograms["canary"]["vllm:time_to_first_token_seconds"] = binned(np.where(x > q90, q90 * (x / q90) ** k, x),
+                                                                          TTFT_BUCKETS)
+    # the stage's last look (the window is the whole horizon): the tail test spends its alpha late
+    v = analyze(data, load_config().select(["ttft", "error_ratio"]).with_timing(horizon_s=END - START))
+    tests = {t["test"]: t for t in row(v, "ttft").tests}
+    tail = tests["tail"]
+    assert v.verdict == "ROLLBACK" and tail["harmful"] and "tail" in v.reasons[0]
+    assert tail["z"] > tail["boundary"] > 0 and tail["z"] > tests["p99"]["z"] and tail["tail_hazard_ratio"] > 1.2
+    lo, hi = tail["interval"]
+    assert 0 < lo < tail["effect"] < hi and 0.1 < tail["effect"] < 0.6 and lo < 0.3 < hi
+
+
+def test_tail_test_z_is_exact_with_few_tail_requests():
+    """Under the baseline, the z of a sum of few skewed log-rank scores (60 and 150 requests above
+    p90) keeps its one-sided level at 0.5% and 0.27%; the normal approximation does not."""
+    from gpuobs.canary.analyzer import _savage_scores, _tail_top_group, score_sum_z
+
+    rng = np.random.default_rng(8)
+    p_tail = np.array([0.716, 0.183, 0.084, 0.0006, 0.00005])  # vLLM TTFT buckets above 0.5 s, sigma 0.6
+    top = _tail_top_group(p_tail)
+    groups = np.concatenate((p_tail[:top], [p_tail[top:].sum()]))
+    scores, v = _savage_scores(groups)
+    pi = groups / groups.sum()
+    assert top == 2 and scores.max() == pytest.approx(-math.log(pi[-1]), rel=0.05)
+    runs = 20_000
+    for m in (60, 150):
+        x = rng.multinomial(m, pi, runs)
+        uniq, inverse = np.unique(x, axis=0, return_inverse=True)
+        z = np.array([score_sum_z(scores, pi, r, m) for r in uniq])[inverse.ravel()]
+        naive = (x @ scores) / math.sqrt(m * v)
+        for level, c in ((0.005, 2.5758), (0.0027, 2.7822)):
+            assert float(np.mean(z >= c)) <= level + margin(level, runs)
+        assert float(np.mean(naive >= 2.7822)) > 0.0027 + margin(0.0027, runs)  # why the exact tail is needed
+    assert abs(float(np.mean(z))) < 0.05 and 0.9 < float(np.std(z)) < 1.1
+
+
 # ---- node heterogeneity --------------------------------------------------------------------------
 def test_dersimonian_laird_estimate():
     x, v = np.array([0.0, 0.1, -0.1, 0.2]), np.full(4, 0.001)
