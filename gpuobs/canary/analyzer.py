@@ -75,6 +75,7 @@ LOG = log.get("canary")
 # the tail test (``_HistContext._tail``) compares the requests above the baseline's bound nearest its p90
 TAIL_FROM = 0.9
 TAIL_REPORT_Q = 0.99  # the tail test reports (and passes on) the change of this quantile it implies
+SCORE_GRID_CELLS = 64  # grid cells per score range in the tail test's exact null (score_sum_z)
 TAIL_TOP_SHARE = 0.01  # the tail test pools the top buckets holding less than this share of the tail
 OUTLOOK_MARGIN = 1.5  # "out of reach" = the horizon brings less than 1/1.5 of the requests needed
 
@@ -599,11 +600,12 @@ def score_sum_z(scores: np.ndarray, probs: np.ndarray, counts: np.ndarray, m: fl
     observed one", the observed draws being ``counts`` per score scaled to ``m`` in all: the mid-p
     upper tail ``P(S > observed) + P(S = observed)/2`` mapped to the normal scale.
 
-    Exact up to a grid: the scores are rounded to a grid of ``span / G`` (``G`` = 2^17 / m cells)
-    and the distribution of the sum is the ``m``-fold convolution, by FFT, of the one-draw
-    distribution; ``m`` is rounded to an integer (``increase()``'s counts are not). Beyond 4,000
-    draws (fewer than 32 grid cells) the normal approximation is used, its error being small by
-    then. Returns 0.0 for ``m`` < 1 or a single score value."""
+    Exact for the scores rounded to a grid of ``span / G`` (``G`` >= ``SCORE_GRID_CELLS`` cells,
+    up to 2^17 / m): the observed sum is read on the same grid, so the test stays exact for the
+    rounded scores (a score moves by at most ``span / 2G``); the distribution of the sum is the
+    ``m``-fold convolution, by FFT, of the one-draw distribution; ``m`` is rounded to an integer
+    (``increase()``'s counts are not). Beyond 4,000 draws the normal approximation is used, its
+    error being small by then. Returns 0.0 for ``m`` < 1 or a single score value."""
     s = np.asarray(scores, dtype=float)
     pi = np.asarray(probs, dtype=float)
     k = int(round(m))
@@ -616,7 +618,7 @@ def score_sum_z(scores: np.ndarray, probs: np.ndarray, counts: np.ndarray, m: fl
         return 0.0
     if k > 4000:
         return float(m * ((x * s).sum() / x.sum() - mu) / math.sqrt(m * var))
-    n_fft = 1 << 17
+    n_fft = 1 << max(10, min(17, math.ceil(math.log2(k * SCORE_GRID_CELLS + 1))))
     lo, span = float(s.min()), float(s.max() - s.min())
     cells = (n_fft - 1) // k
     h = span / cells
