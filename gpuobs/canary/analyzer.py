@@ -84,6 +84,12 @@ class NoData(Exception):
     """Internal: a metric has no usable data; the message becomes its NoData reason."""
 
 
+class NotApplicable(NoData):
+    """Internal: a histogram test that the bucket layout cannot support (the tail test when the
+    baseline's tail above p90 falls in one bucket group). The test is reported as ``n/a`` and left
+    out of the metric's verdict, its alpha unspent: a layout cannot make a metric unpassable."""
+
+
 @dataclass
 class AnalysisState:
     """Looks already tested, per metric: ``[(time fraction, information), ...]``. JSON-friendly.
@@ -436,6 +442,9 @@ class Analyzer:
         for name, _ in spec.tests:
             try:
                 t = ctx.test(name)
+            except NotApplicable as why:
+                res.tests.append({"test": name, "classification": "n/a", "reason": str(why)})
+                continue
             except NoData as why:
                 res.tests.append({"test": name, "classification": "NoData", "reason": str(why)})
                 continue
@@ -485,8 +494,9 @@ class Analyzer:
     @staticmethod
     def _combine_tests(spec: MetricSpec, res: MetricResult) -> None:
         """A metric is harmful when any test is; Pass when every test passes; else Inconclusive."""
-        judged = [r for r in res.tests if r["classification"] != "NoData"]
-        loc = next((r for r in res.tests if r["test"] == "location" and r["classification"] != "NoData"), None)
+        tests = [r for r in res.tests if r["classification"] != "n/a"]
+        judged = [r for r in tests if r["classification"] != "NoData"]
+        loc = next((r for r in tests if r["test"] == "location" and r["classification"] != "NoData"), None)
         head = loc or (judged[0] if judged else None)
         if head is None:
             raise NoData("; ".join(f"{r['test']}: {r.get('reason', '')}" for r in res.tests) or "no test")
@@ -498,7 +508,7 @@ class Analyzer:
             res.harmful = True
             res.classification = harm[0]["classification"]
             res.reason = "harmful: " + ", ".join(r["test"] for r in harm)
-        elif judged and len(judged) == len(res.tests) and all(r["classification"] in ("Pass", "Low") for r in judged):
+        elif judged and len(judged) == len(tests) and all(r["classification"] in ("Pass", "Low") for r in judged):
             res.classification = "Pass" if any(r["classification"] == "Pass" for r in judged) else "Low"
         else:
             res.classification = "Inconclusive"
@@ -832,8 +842,10 @@ class _HistContext:
         Node heterogeneity: a node scaled by ``exp(nu)`` moves the mean score by ``slope x nu``
         (slope from the baseline's survival, log-log interpolated between bounds and shifted by
         +-5%), so the between-node variance is ``slope^2 tau^2`` with the location test's tau^2.
-        Raises NoData when the baseline has no bound near its p90, all its tail is in one bucket,
-        or the canary has no request above ``b``."""
+        Raises NoData when the baseline has no bound near its p90 or the canary has no request
+        above ``b``; NotApplicable when the baseline's tail falls in one bucket group (a coarse
+        layout such as 0.1, 0.5, 2.5, 10 s: bench "A/A, coarse buckets", where a NoData here held
+        every healthy canary to the deadline)."""
         from gpuobs.canary.stats import tail_threshold
 
         j = tail_threshold(self.bounds, self.pb, TAIL_FROM)
@@ -845,7 +857,8 @@ class _HistContext:
         top = _tail_top_group(pb_t)
         scores, v = _savage_scores(np.concatenate((pb_t[:top], [pb_t[top:].sum()])))
         if not v > 0:
-            raise NoData(f"the baseline's requests above {b:g} all fall in one bucket")
+            raise NotApplicable(f"the baseline's requests above {b:g} fall in one bucket group (the layout "
+                                f"cannot resolve the tail's shape)")
         xc = self.cc[:, j + 1:].sum(0)
         xc = np.concatenate((xc[:top], [xc[top:].sum()]))
         m = float(xc.sum())

@@ -193,7 +193,7 @@ def _row(m: MetricResult) -> tuple[str, ...]:
 
 def _test_row(m: MetricResult, t: dict[str, Any]) -> tuple[str, ...]:
     cls = t["classification"] + ("!" if t.get("harmful") else "")
-    if cls == "NoData":
+    if cls in ("NoData", "n/a"):
         return (f"  .{t['test']}", cls, "", "", "-", "-", t.get("reason", "-"), "")
     iv = f"[{fmt_effect(t['interval'][0], 'relative')}, {fmt_effect(t['interval'][1], 'relative')}]"
     node = f", node sd {t['node_tau']:.3f} ({t['node_tau_source']})" if t.get("node_tau") else ""

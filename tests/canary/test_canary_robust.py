@@ -173,6 +173,23 @@ def test_tail_test_catches_a_tail_stretch_with_more_evidence_than_p99():
     assert 0 < lo < tail["effect"] < hi and 0.1 < tail["effect"] < 0.6 and lo < 0.3 < hi
 
 
+def test_coarse_layout_leaves_the_tail_test_out_instead_of_holding_every_canary():
+    """Buckets 0.1, 0.5, 2.5, 10 s: above the p90 bound (0.5 s) the baseline's tail is one bucket
+    group, so the tail test cannot be computed; it is reported n/a and a healthy canary still
+    passes (a NoData there held every healthy canary of bench "A/A, coarse buckets" to the deadline)."""
+    rng = np.random.default_rng(31)
+    data = fleet(n_c=6000, n_b=114_000, err_b=57, series=False)
+    coarse = (0.1, 0.5, 2.5, 10.0)
+    for track, n in (("canary", 6000), ("baseline", 114_000)):
+        data.histograms[track]["vllm:time_to_first_token_seconds"] = binned(sample_ttft(rng, n), coarse)
+    v = analyze(data, load_config().select(["ttft", "error_ratio"]).with_timing(horizon_s=END - START))
+    ttft = row(v, "ttft")
+    tests = {t["test"]: t for t in ttft.tests}
+    assert tests["tail"]["classification"] == "n/a" and "one bucket group" in tests["tail"]["reason"]
+    assert ttft.classification == "Pass" and v.verdict == "PROMOTE"
+    assert "n/a" in v.table()
+
+
 def test_tail_test_z_is_exact_with_few_tail_requests():
     """Under the baseline, the z of a sum of few skewed log-rank scores (60 and 150 requests above
     p90) keeps its one-sided level at 0.5% and 0.27%; the normal approximation does not."""
