@@ -8,8 +8,10 @@ RUN_DIR ?= .run
 PYTEST_ARGS ?=
 # `make test` runs test files in parallel worker processes (pytest-xdist; one file's tests stay in one
 # worker, so a module's live stack starts once). Most of the suite's time is live stacks waiting on
-# scrapes and rule evaluations, not CPU: 4 workers on 2 cores took it from 22 to 8 minutes. 0 = serial.
-PYTEST_WORKERS ?= 4
+# scrapes and rule evaluations, not CPU. 2 workers: with 4 on 2 cores (8 minutes instead of 22) the
+# CPU-bound canary looks of `canary serve` passed their 15 s per-look deadline (504) in two tests.
+# 0 = serial.
+PYTEST_WORKERS ?= 2
 
 # What the simulated exporters serve (stock | helm | recommended; design §4.6), for `make up` and `make drills`.
 EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
