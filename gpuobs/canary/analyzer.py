@@ -613,6 +613,11 @@ def _tail_top_group(counts: np.ndarray) -> int:
     return int(ok[-1]) if ok.size else 0
 
 
+def _pool_top(counts: np.ndarray, top: int) -> np.ndarray:
+    """``counts`` with the buckets from index ``top`` on summed into one (see ``_tail_top_group``)."""
+    return np.concatenate((counts[:top], [counts[top:].sum()]))
+
+
 def score_sum_z(scores: np.ndarray, probs: np.ndarray, counts: np.ndarray, m: float) -> float:
     """z of "a sum of ``m`` independent draws of ``scores`` (probabilities ``probs``) is at least the
     observed one", the observed draws being ``counts`` per score scaled to ``m`` in all: the mid-p
@@ -864,12 +869,13 @@ class _HistContext:
         pb_t = self.pb[j + 1:]
         mb = float(pb_t.sum())
         top = _tail_top_group(pb_t)
-        scores, v = _savage_scores(np.concatenate((pb_t[:top], [pb_t[top:].sum()])))
+        pooled_b = _pool_top(pb_t, top)
+        scores, v = _savage_scores(pooled_b)
         if not v > 0:
             raise NotApplicable(f"the baseline's requests above {b:g} fall in one bucket group (the layout "
                                 f"cannot resolve the tail's shape)")
         xc = self.cc[:, j + 1:].sum(0)
-        xc = np.concatenate((xc[:top], [xc[top:].sum()]))
+        xc = _pool_top(xc, top)
         m = float(xc.sum())
         if not m > 0:
             raise NoData(f"no canary request above the baseline's p90 bound {b:g}")
@@ -886,7 +892,7 @@ class _HistContext:
         cl = Clustered(e, math.sqrt(var), df, tau2, loc.tau2_source, 1.0 / var, loc.tau2_df, loc.node_df)
         # the canary's score sum is skewed (few, large scores at the top): its z is read from the exact
         # null distribution of a sum of mc_eff scores, then widened like the quantile tests' z
-        pi = np.concatenate((pb_t[:top], [pb_t[top:].sum()])) / mb
+        pi = pooled_b / mb
         z_exact = score_sum_z(scores, pi, xc, mc_eff)
         z = z_exact * math.sqrt(v_c0) / cl.se if cl.se > 0 else z_exact
         p_tail = mb / self.Nb
