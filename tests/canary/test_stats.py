@@ -157,6 +157,27 @@ def test_twenty_looks_keep_the_crossing_probability_at_the_spent_alpha():
     assert (z >= norm.isf(0.01)).any(1).mean() > 0.05
 
 
+@pytest.mark.parametrize("c, i_prev, i_new", [(2.5, 1, 2), (3.0, 19, 20), (math.inf, 1, 1.5), (2.8, 100, 101),
+                                              (9.99, 1, 40), (-7.99, 3, 4), (2.6123, 7, 7.3)])
+def test_banded_propagation_equals_the_dense_kernel(c, i_prev, i_new):
+    """The recursion's banded kernel (sequential._propagate) against the dense product it replaced."""
+    from gpuobs.canary import sequential as S
+
+    z = np.arange(S.Z_LO, S.Z_HI + S.H / 2, S.H)
+    g = norm.pdf(z) * (z < 2.9) + 0.1 * norm.pdf(z, 1.0, 0.5)  # a sub-density with a cut and a bump
+    keep = z < c
+    u, gu = z[keep], g[keep]
+    if math.isfinite(c) and c > u[-1]:
+        u, gu = np.append(u, c), np.append(gu, np.interp(c, z, g))
+    w = np.zeros(u.size)
+    w[:-1] += np.diff(u) / 2
+    w[1:] += np.diff(u) / 2
+    r, sd = math.sqrt(i_prev / i_new), math.sqrt(1 - i_prev / i_new)
+    dense = (w * gu) @ norm.pdf(z[None, :], r * u[:, None], sd) if u.size >= 2 else np.zeros_like(z)
+    banded = S._propagate(z, g, c, i_prev, i_new)
+    assert np.abs(banded - dense).max() <= 1e-12 * max(1.0, float(dense.max()))
+
+
 def test_repeat_looks_and_the_horizon():
     sp = Spending(0.01)
     c = group_sequential_boundaries(sp, [0.2, 0.4, 0.41, 0.8, 1.0, 1.1], [2, 4, 4.02, 8, 10, 11])
