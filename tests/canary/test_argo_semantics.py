@@ -23,7 +23,12 @@ def template_metric() -> dict:
 
 
 def selectors_traffic(**kw) -> Traffic:
-    """Traffic whose canary/baseline tracks answer the hash selectors of the template's URL."""
+    """Traffic whose canary/baseline tracks answer the hash selectors of the template's URL.
+
+    Seed 8 unless given: with Traffic's default seed 7 the canary's stream draws a share above the
+    baseline's p99 bound 1.6x the baseline's over the stage (39 of 2,361 requests against 1.05%,
+    ~2.9 sd), on which the p99 test rightly holds; these cases are about Argo's semantics, not that draw."""
+    kw.setdefault("seed", 8)
     return Traffic(T0, tracks={f'rollouts_pod_template_hash="{ARGS["canary-hash"]}"': "canary",
                                f'rollouts_pod_template_hash="{ARGS["stable-hash"]}"': "baseline"}, **kw)
 

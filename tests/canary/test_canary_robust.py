@@ -173,6 +173,46 @@ def test_tail_test_catches_a_tail_stretch_with_more_evidence_than_p99():
     assert 0 < lo < tail["effect"] < hi and 0.1 < tail["effect"] < 0.6 and lo < 0.3 < hi
 
 
+@pytest.mark.parametrize("shape, true_change", [("tail", 0.30), ("uniform", 0.10), ("spread", 0.42)])
+def test_p99_effect_reads_the_p99_change_not_the_share_above_one_bound(shape, true_change):
+    """The p99 test's effect under the binormal tail mapping, on near-exact shares (200k canary
+    requests): a tail stretched above p90 to p99 +30% was read as +21% by the uniform-scale mapping
+    (inside the +25% allowed, and PROMOTED 10% of the time in the bench); it must read near +30%, a
+    uniform +10% near +10%, and a spread increase (sigma 0.6 -> 0.75, p99 +42%) near +42%."""
+    rng = np.random.default_rng(5)
+    data = fleet(n_c=200_000, n_b=400_000, err_b=80, series=False)
+    x = sample_ttft(rng, 200_000)
+    q90 = 0.25 * math.exp(0.6 * 1.2815515655446004)
+    if shape == "tail":
+        k = 1 + math.log(1.3) / (0.6 * (2.3263478740408408 - 1.2815515655446004))
+        x = np.where(x > q90, q90 * (x / q90) ** k, x)
+    elif shape == "uniform":
+        x = x * 1.1
+    else:
+        x = 0.25 * (x / 0.25) ** (0.75 / 0.6)
+    data.histograms["canary"]["vllm:time_to_first_token_seconds"] = binned(x, TTFT_BUCKETS)
+    data.histograms["baseline"]["vllm:time_to_first_token_seconds"] = binned(sample_ttft(rng, 400_000), TTFT_BUCKETS)
+    v = analyze(data, load_config().select(["ttft", "error_ratio"]).with_timing(horizon_s=END - START))
+    p99 = {t["test"]: t for t in row(v, "ttft").tests}["p99"]
+    assert p99["effect"] == pytest.approx(true_change, abs=0.04), p99
+    lo, hi = p99["interval"]
+    assert lo < p99["effect"] < hi
+
+
+def test_quantile_test_without_a_bound_near_its_quantile_is_not_applicable():
+    """Buckets 0.1, 0.5, 2.5, 10 s: the p99 test's nearest bound is the p90 test's (0.5 s, 12% above)
+    and the p50 test's is 0.1 s (94% above); both are n/a, the p90 test runs."""
+    rng = np.random.default_rng(3)
+    data = fleet(n_c=6000, n_b=114_000, err_b=57, series=False)
+    for track, n in (("canary", 6000), ("baseline", 114_000)):
+        data.histograms[track]["vllm:time_to_first_token_seconds"] = binned(sample_ttft(rng, n), (0.1, 0.5, 2.5, 10.0))
+    v = analyze(data, load_config().select(["ttft", "error_ratio"]).with_timing(horizon_s=END - START))
+    tests = {t["test"]: t for t in row(v, "ttft").tests}
+    assert tests["p99"]["classification"] == "n/a" and "no bucket bound near the baseline's p99" in tests["p99"]["reason"]
+    assert tests["p50"]["classification"] == "n/a" and "0.1" in tests["p50"]["reason"]
+    assert tests["p90"]["classification"] in ("Pass", "Inconclusive") and tests["p90"]["threshold"] == 0.5
+
+
 def test_coarse_layout_leaves_the_tail_test_out_instead_of_holding_every_canary():
     """Buckets 0.1, 0.5, 2.5, 10 s: above the p90 bound (0.5 s) the baseline's tail is one bucket
     group, so the tail test cannot be computed; it is reported n/a and a healthy canary still
