@@ -1000,7 +1000,8 @@ class _HistContext:
     def _quantile_mapping(self, j: int, q: float, pc: float) -> Callable[[float], float]:
         """Map the canary's share above bound ``j`` to the change of its quantile ``q``: a function
         ``share -> q_canary / q_baseline - 1`` (the test's effect) with ``.interval(lo, hi, c)``, the
-        interval's ends for the share interval ``[lo, hi]`` at ``c``.
+        interval's ends for the share interval ``[lo, hi]`` at ``c``. Raises NotApplicable when neither
+        bucket next to the bound has baseline requests on both its sides (no slope to read by).
 
         Model: binormal tails (the two-parameter model of ROC analysis, Dorfman & Alf 1969, J. Math.
         Psychol. 6; Metz 1978, Semin. Nucl. Med. 8): ``Phi^-1(S_canary(x)) = a + beta Phi^-1(S_base(x))``
@@ -1043,8 +1044,12 @@ class _HistContext:
             zb_hi = probit(share(self.cb, j + 1))
             if zb_hi > zb:
                 slope = (zb_hi - zb) / math.log(float(self.bounds[j + 1]) / b)
-        if not math.isfinite(slope):  # no usable neighbour: the uniform-scale read of the baseline's survival
-            return lambda p: b / self._bound_at(min(max(p, 1e-12), 1.0)) - 1.0
+        if not math.isfinite(slope):
+            # neither neighbouring bucket holds baseline requests on both sides (e.g. bounds 0.25, 100 s):
+            # the share's change cannot be read as a latency change (the old reading clamped it to 0, a
+            # vacuous pass)
+            raise NotApplicable(f"no baseline requests in the buckets next to the bound {b:g}: the layout "
+                                f"cannot turn a share change there into a latency change")
         ref: tuple[float, float] | None = None  # (canary's probit at the reference bound, baseline's gap)
         if q > 0.5:
             jr = tail_threshold(self.bounds, self.pb, 1.0 - math.sqrt(1.0 - q))

@@ -213,6 +213,18 @@ def test_quantile_test_without_a_bound_near_its_quantile_is_not_applicable():
     assert tests["p90"]["classification"] in ("Pass", "Inconclusive") and tests["p90"]["threshold"] == 0.5
 
 
+def test_quantile_test_on_a_bound_with_empty_neighbours_is_not_applicable():
+    """Bounds 0.25 and 100 s: the p50 bound has no baseline request above the next bound, so no slope
+    turns the share's change into a latency change; the test is n/a (it passed with a (0, 0) interval)."""
+    rng = np.random.default_rng(1)
+    data = fleet(n_c=3000, n_b=30_000, err_b=10, series=False)
+    for track, n in (("canary", 3000), ("baseline", 30_000)):
+        data.histograms[track]["vllm:time_to_first_token_seconds"] = binned(sample_ttft(rng, n), (0.25, 100.0))
+    v = analyze(data, load_config().select(["ttft", "error_ratio"]).with_timing(horizon_s=END - START))
+    p50 = {t["test"]: t for t in row(v, "ttft").tests}["p50"]
+    assert p50["classification"] == "n/a" and "cannot turn a share change" in p50["reason"]
+
+
 def test_coarse_layout_leaves_the_tail_test_out_instead_of_holding_every_canary():
     """Buckets 0.1, 0.5, 2.5, 10 s: above the p90 bound (0.5 s) the baseline's tail is one bucket
     group, so the tail test cannot be computed; it is reported n/a and a healthy canary still
