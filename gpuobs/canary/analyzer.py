@@ -964,7 +964,8 @@ class _HistContext:
         if ls.size >= 2 and ln_share < ls[-1]:
             slope = (ls[-1] - ls[-2]) / (lb[-1] - lb[-2]) if lb[-1] > lb[-2] else 0.0
             if slope < 0:
-                return float(min(math.exp(lb[-1] + (ln_share - ls[-1]) / slope), self.bounds[-1]))
+                # clamped in log space: a very small share over a shallow slope overflowed exp()
+                return float(math.exp(min(lb[-1] + (ln_share - ls[-1]) / slope, math.log(self.bounds[-1]))))
         return float(np.exp(np.interp(ln_share, ls[::-1], lb[::-1])))
 
     def _share_above(self, value: float) -> float:
