@@ -456,3 +456,28 @@ def test_noisy_nodes_count_their_effective_degrees_of_freedom():
         naive += (nodes[0] - nodes[1:].mean()) / math.sqrt(var) >= float(student_t.isf(0.01, df_full))
     assert hits / runs <= 0.01 + margin(0.01, runs)
     assert naive > hits
+
+
+def test_bound_at_clamps_a_tiny_share_over_a_shallow_tail_instead_of_overflowing():
+    """``_HistContext._bound_at`` extends the baseline's last survival segment past its last request.
+    Over a nearly flat last segment a tiny share extrapolates to ``exp(>709)``: that raised
+    OverflowError inside a look (the live rollout test's good release, CI of 2026-12-02). The reading
+    is clamped to the layout's largest bound, in log space; shares inside the data still interpolate."""
+    from gpuobs.canary.analyzer import _HistContext
+    from gpuobs.canary.stats import bin_log_centres
+
+    bounds = np.asarray(TTFT_BUCKETS, dtype=float)
+    counts = np.zeros(bounds.size + 1)
+    j05, j075 = list(bounds).index(0.5), list(bounds).index(0.75)
+    counts[: j05 + 1] = 900.0 / (j05 + 1)   # 90% at or below 0.5 s
+    counts[j05 + 1] = 1e-6                  # a nearly empty 0.5-0.75 s bucket: a flat last segment
+    counts[j075 + 1] = 100.0                # 10% in 0.75-1.0 s, nothing above 1.0 s
+    cb = counts[None, :]
+    n = np.array([counts.sum()])
+    ctx = _HistContext(bounds, bin_log_centres(bounds), cb.copy(), cb, n, n, n, n, 0.015, 4.0)
+    for share in (1e-12, 1e-300, 0.0):
+        got = ctx._bound_at(share)
+        assert math.isfinite(got) and got == pytest.approx(bounds[-1]), (share, got)
+    # inside the data the reading inverts the baseline's survival
+    for share in (0.5, 0.3, 0.15):
+        assert ctx._share_above(ctx._bound_at(share)) == pytest.approx(share, rel=1e-9)
