@@ -22,6 +22,7 @@ from gpuobs.canary.sequential import Spending
 from gpuobs.core.durations import DurationError
 from gpuobs.core.durations import parse_duration as core_parse_duration
 from gpuobs.core.errors import InputError
+from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR
 
 KINDS = ("histogram", "errors", "series")
 DIRECTIONS = ("increase", "decrease", "either")
@@ -38,6 +39,13 @@ _QUANTILE_TEST = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 # baseline's p90 bound (a heavier tail at the same median).
 DEFAULT_TESTS = (("location", 0.6), ("p50", 0.015), ("p90", 0.02), ("p99", 0.04), ("tail", 0.3), ("spread", 0.025))
 TEST_NAMES = ("location", "spread", "tail")
+# Named target selectors a metric's matchers, error_matchers and query use as $name. The defaults are
+# the fleet config's (prometheus/fleet.yaml, gpuobs.mixin.fleet): under kube-prometheus a
+# ServiceMonitor's job is the Service name (e.g. vllm-engine-service, nvidia-dcgm-exporter), so a
+# literal job="vllm" would select nothing on a real fleet and every look would HOLD on missing data.
+DEFAULT_SELECTORS = {"vllm": DEFAULT_VLLM_SELECTOR, "dcgm": DEFAULT_DCGM_SELECTOR}
+_PLACEHOLDER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+_QUOTED = re.compile(r'("(?:[^"\\]|\\.)*")')
 
 
 class ConfigError(InputError):
@@ -200,7 +208,40 @@ def _num(doc: dict, key: str, where: str, lo: float, hi: float, default: Any = N
     return float(value)
 
 
-def _metric(doc: Any, i: int) -> MetricSpec:
+def _substitute(text: str, selectors: dict[str, str], where: str) -> str:
+    """``text`` with every ``$name`` outside double-quoted strings replaced by ``selectors[name]``;
+    ``$selector`` (the --canary/--baseline matchers, filled in per query) is left as it is. Raises
+    ConfigError naming ``where`` for a name that is not defined."""
+    def repl(m: re.Match) -> str:
+        name = m.group(1)
+        if name == "selector":
+            return m.group(0)
+        if name not in selectors:
+            raise ConfigError(where, m.group(0), "$selector or one of the selectors: "
+                              + ", ".join(f"${k}" for k in sorted(selectors)))
+        return selectors[name]
+    parts = _QUOTED.split(text)
+    return "".join(p if i % 2 else _PLACEHOLDER.sub(repl, p) for i, p in enumerate(parts))
+
+
+def _selectors(doc: Any, source: str, override: dict[str, str] | None) -> dict[str, str]:
+    """The named selectors: :data:`DEFAULT_SELECTORS`, updated by the config's ``selectors`` mapping,
+    then by ``override`` (e.g. ``--fleet``). Raises ConfigError naming the bad entry."""
+    out = dict(DEFAULT_SELECTORS)
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}.selectors", doc, 'a mapping of names to label matchers, e.g. {vllm: \'job="vllm"\'}')
+    for key, value in [*doc.items(), *(override or {}).items()]:
+        if not isinstance(key, str) or not _LABEL_NAME.match(key) or key == "selector":
+            raise ConfigError(f"{source}.selectors", key, "a name of letters, digits and _ (not 'selector')")
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}.selectors.{key}", value, 'label matchers such as job=~"vllm|.*vllm.*"')
+        out[key] = parse_selector(value, f"{source}.selectors.{key}")
+    return out
+
+
+def _metric(doc: Any, i: int, selectors: dict[str, str] | None = None) -> MetricSpec:
     where = f"metrics[{i}]"
     if not isinstance(doc, dict):
         raise ConfigError(where, doc, "a mapping")
@@ -222,6 +263,8 @@ def _metric(doc: Any, i: int) -> MetricSpec:
     for k, v in text.items():
         if not isinstance(v, str):
             raise ConfigError(f"{where}.{k}", v, "a string")
+    for k in ("matchers", "error_matchers", "query"):
+        text[k] = _substitute(text[k], selectors if selectors is not None else DEFAULT_SELECTORS, f"{where}.{k}")
     for k in ("metric", "clustered_by"):
         if text[k] and not _METRIC_NAME.match(text[k]):
             raise ConfigError(f"{where}.{k}", text[k], "a Prometheus metric name")
@@ -287,8 +330,9 @@ def _spending(doc: dict, key: str, source: str, alpha: float, defaults: tuple[fl
                     _num(sp, "rho", key, 0.1, 10, rho))
 
 
-def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
-    """Validate a loaded YAML document. Raises :class:`ConfigError` (field named) on any bad value."""
+def parse_config(doc: Any, source: str = "config", selectors: dict[str, str] | None = None) -> CanaryConfig:
+    """Validate a loaded YAML document. ``selectors`` overrides the document's named selectors (the
+    ``$vllm``/``$dcgm`` its metrics use). Raises :class:`ConfigError` (field named) on any bad value."""
     if not isinstance(doc, dict):
         raise ConfigError(source, type(doc).__name__, "a mapping with alpha, horizon, interval, metrics")
     alpha = _num(doc, "alpha", source, 1e-6, 0.2, 0.01)
@@ -298,7 +342,8 @@ def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
     metrics = doc.get("metrics")
     if not isinstance(metrics, list) or not metrics:
         raise ConfigError(f"{source}.metrics", metrics, "a non-empty list")
-    specs = tuple(_metric(m, i) for i, m in enumerate(metrics))
+    named = _selectors(doc.get("selectors"), source, selectors)
+    specs = tuple(_metric(m, i, named) for i, m in enumerate(metrics))
     names = [m.name for m in specs]
     if len(set(names)) != len(names):
         raise ConfigError(f"{source}.metrics", names, "unique metric names")
@@ -328,8 +373,9 @@ def parse_config(doc: Any, source: str = "config") -> CanaryConfig:
                         node_history_s=node_history_s)
 
 
-def load_config(path: str | Path | None = None) -> CanaryConfig:
-    """Load ``path`` (YAML), or the packaged default when None. Raises :class:`ConfigError`."""
+def load_config(path: str | Path | None = None, selectors: dict[str, str] | None = None) -> CanaryConfig:
+    """Load ``path`` (YAML), or the packaged default when None; ``selectors`` overrides its named
+    selectors (see :func:`parse_config`). Raises :class:`ConfigError`."""
     if path is None:
         text = resources.files("gpuobs.canary").joinpath("data/metrics.yaml").read_text()
         source = "metrics.yaml"
@@ -343,4 +389,4 @@ def load_config(path: str | Path | None = None) -> CanaryConfig:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(source, "YAML", f"valid YAML ({exc})") from None
-    return parse_config(doc, source)
+    return parse_config(doc, source, selectors)

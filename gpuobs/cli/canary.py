@@ -80,6 +80,9 @@ def add_client_flags(p: argparse.ArgumentParser) -> None:
                    help="retries on connection errors and 5xx, exponential backoff (default 3)")
     p.add_argument("--config", default=_env("CANARY_CONFIG"), metavar="FILE",
                    help="metrics YAML (env GPUOBS_CANARY_CONFIG; default: the packaged metrics.yaml)")
+    p.add_argument("--fleet", default=_env("FLEET_CONFIG"), metavar="FILE",
+                   help="take the config's $vllm/$dcgm target selectors from this fleet config (the format of "
+                        "prometheus/fleet.yaml; env GPUOBS_FLEET_CONFIG; default: the config's own selectors)")
     p.add_argument("--metric", action="append", metavar="NAME", help="analyse only these metrics (repeatable)")
     p.add_argument("--horizon", metavar="DURATION", help="override the config's horizon (stage length), e.g. 10m")
     p.add_argument("--interval", metavar="DURATION", help="override the config's look interval, e.g. 30s")
@@ -160,8 +163,17 @@ def build_client(args: argparse.Namespace) -> PromClient:
 
 
 def build_config(args: argparse.Namespace) -> CanaryConfig:
-    """The metrics config with ``--metric``, ``--horizon`` and ``--interval`` applied."""
-    cfg = load_config(args.config)
+    """The metrics config with ``--fleet``, ``--metric``, ``--horizon`` and ``--interval`` applied."""
+    selectors = None
+    if getattr(args, "fleet", None):
+        from gpuobs.mixin.fleet import FleetConfigError, load_fleet
+
+        try:
+            fleet = load_fleet(Path(args.fleet))
+        except FleetConfigError as exc:
+            raise ConfigError("--fleet", args.fleet, f"a fleet config like prometheus/fleet.yaml ({exc})") from None
+        selectors = {"vllm": fleet.vllm_selector, "dcgm": fleet.dcgm_selector}
+    cfg = load_config(args.config, selectors)
     if args.metric:
         cfg = cfg.select(args.metric)
     warmup = None

@@ -113,9 +113,9 @@ def test_queries_carry_selectors_window_and_evaluation_time():
     queries = [r["params"]["query"][0] for r in requests]
     assert all(CANARY in q or BASELINE in q for q in queries)
     ttft_q = [q for q in queries if "time_to_first_token" in q]
-    assert ttft_q[0] == ('min(min_over_time(timestamp(vllm:time_to_first_token_seconds_bucket{job="vllm",'
+    assert ttft_q[0] == ('min(min_over_time(timestamp(vllm:time_to_first_token_seconds_bucket{job=~"vllm|.*vllm.*",'
                          'track="canary"})[315s:15s]))')
-    assert ttft_q[2] == ('sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job="vllm",'
+    assert ttft_q[2] == ('sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job=~"vllm|.*vllm.*",'
                          'track="canary"}[300s]))')
     assert any('finished_reason="error"' in q for q in queries)
     instant = [r for r in requests if r["endpoint"] == "query"]
@@ -147,11 +147,11 @@ def test_the_baseline_nodes_spread_is_also_read_over_node_history():
     v, reqs = analyze(data)
     hist = [r["params"]["query"][0] for r in reqs if "increase(" in r["params"]["query"][0]
             and re.search(r"\[(\d+)s\]", r["params"]["query"][0]).group(1) == "2100"]
-    assert hist == ['sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job="vllm",'
+    assert hist == ['sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job=~"vllm|.*vllm.*",'
                     'track="baseline"}[2100s]))',
-                    'sum by (le, instance) (increase(vllm:inter_token_latency_seconds_bucket{job="vllm",'
+                    'sum by (le, instance) (increase(vllm:inter_token_latency_seconds_bucket{job=~"vllm|.*vllm.*",'
                     'track="baseline"}[2100s]))',
-                    'sum by (le, instance) (increase(vllm:e2e_request_latency_seconds_bucket{job="vllm",'
+                    'sum by (le, instance) (increase(vllm:e2e_request_latency_seconds_bucket{job=~"vllm|.*vllm.*",'
                     'track="baseline"}[2100s]))']
     loc = next(t for t in row(v, "ttft").tests if t["test"] == "location")
     assert loc["node_tau_source"].startswith("nodes with history, 7 df")

@@ -42,7 +42,15 @@ _Q_COUNT = re.compile(r"^min\(count_over_time\(([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]
 _Q_FIRST = re.compile(r"^min\(min_over_time\(timestamp\(([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}\)\[(\d+)s:(\d+)s\]\)\)$")
 LOOKBACK_S = 300.0  # Prometheus' default --query.lookback-delta
 _MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="([^"]*)"')
+_ANY_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 REASONS = ("stop", "error")
+
+
+def _matches(value: str, op: str, want: str) -> bool:
+    """One label matcher, as Prometheus applies it (regexes fully anchored)."""
+    if op in ("=", "!="):
+        return (value == want) == (op == "=")
+    return bool(re.fullmatch(want, value)) == (op == "=~")
 
 
 def increase(t: np.ndarray, v: np.ndarray, start: float, end: float) -> np.ndarray | None:
@@ -139,7 +147,8 @@ class FakeSession:
         if track == self.empty_track and round(at, 3) in self.empty_at:
             self.missing = True
             return [], want
-        pods = [p for p in self.pods if all(p.labels.get(k) == v for k, v in want.items() if k in p.labels)]
+        pods = [p for p in self.pods if all(_matches(p.labels[k], op, v) for k, op, v in _ANY_MATCHER.findall(matchers)
+                                            if k in p.labels)]
         return pods, want
 
     def evaluate(self, q: str, at: float) -> list[tuple[dict[str, str], float]]:
