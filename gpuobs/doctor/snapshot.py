@@ -19,10 +19,15 @@ from typing import Iterable, Mapping
 from gpuobs.core.errors import InputError
 from gpuobs.doctor.fixes import LEGACY_NAMES
 from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL, Family
+from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR as FLEET_DCGM_SELECTOR
+from gpuobs.mixin.fleet import DEFAULT_VLLM_SELECTOR as FLEET_VLLM_SELECTOR
 from gpuobs.promapi.prometheus import PromClient
 
-DEFAULT_DCGM_SELECTOR = 'job="dcgm"'
-DEFAULT_VLLM_SELECTOR = 'job="vllm"'
+# The targets the rules select (the fleet config's defaults, gpuobs.mixin.fleet): the doctor must check
+# the same targets the rules see. A literal job="dcgm" missed the GPU Operator's ServiceMonitor job
+# (nvidia-dcgm-exporter) and reported "no targets" for a fleet whose rules were working.
+DEFAULT_DCGM_SELECTOR = FLEET_DCGM_SELECTOR
+DEFAULT_VLLM_SELECTOR = FLEET_VLLM_SELECTOR
 
 _LABEL = r"[a-zA-Z_][a-zA-Z0-9_]*"
 _MATCHER = re.compile(rf'\s*({_LABEL})\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')

@@ -196,8 +196,22 @@ def test_two_targets_with_one_node_and_a_node_with_two_hostnames():
 
 
 # ---- selectors and scrape shapes ------------------------------------------------------------------------
-def test_servicemonitor_job_names_with_default_selectors_are_blind_and_say_which_selector():
+def test_default_selectors_match_servicemonitor_job_names_like_the_rules():
+    """The defaults are the fleet config's (gpuobs.mixin.fleet), which the shipped rules use: a
+    ServiceMonitor's Service-named jobs (nvidia-dcgm-exporter, vllm-engine) match, and what remains
+    is the missing node label. (A literal job="dcgm" default reported such a fleet blind, "every rule
+    that uses the selector is silent", while the shipped rules were selecting it.)"""
     rep = doctor(fleet("stock", scrape="servicemonitor", node_label=False))
+    codes = {f.code for f in rep.findings}
+    assert not codes & {"dcgm-selector-matches-nothing", "vllm-selector-matches-nothing"}, codes
+    assert "dcgm-identity-missing" in codes
+    assert family(rep, "gpu-missing").status == "blind" and family(rep, "xid").status == "degraded"
+    assert rep.exit_code == 1
+
+
+def test_selectors_matching_no_target_are_blind_and_say_which_selector():
+    rep = doctor(fleet("stock", scrape="servicemonitor", node_label=False), dcgm_selector='job="dcgm"',
+                 vllm_selector='job="vllm"')
     st = statuses(rep)
     assert {n for n, s in st.items() if s == "blind"} == {f.name for f in FAMILIES if f.name != "training"}
     assert rep.exit_code == 1
@@ -317,7 +331,7 @@ def test_text_report_without_fixes_is_short():
 
 
 def test_wrong_vllm_selector_degrades_exporter_family_through_serving_engine_down():
-    rep = doctor(fleet("stock", scrape="servicemonitor"), dcgm_selector=SM)
+    rep = doctor(fleet("stock", scrape="servicemonitor"), dcgm_selector=SM, vllm_selector='job="vllm"')
     exp = family(rep, "exporter")
     assert exp.status == "degraded"
     assert any("ServingEngineDown cannot fire" in w for w in exp.why)

@@ -99,7 +99,7 @@ def test_prom_signals_budget_pages_and_inventory():
     sent = [r["params"]["query"][0] for r in prom.requests]
     assert sent[1] == "sum by (model_name) (increase(vllm:request_success_total[30d]))"
     assert sent[2] == 'ALERTS{alertname="ServingErrorBudgetBurn",severity="critical",alertstate="firing"}'
-    assert sent[3] == 'count by (Hostname, modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{job="dcgm"})'
+    assert sent[3] == 'count by (Hostname, modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{job=~"dcgm|.*dcgm-exporter.*"})'
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from gpuobs.canary.analyzer import Analyzer
 from gpuobs.canary.config import load_config
+from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR
 from gpuobs.compat.fleet import InventoryRow, inventory
 from gpuobs.promapi.prometheus import PromClient, PrometheusError
 from gpuobs.rollout.interfaces import AnalyzerFactory, SignalsUnavailable
@@ -48,7 +49,7 @@ def _insulated(fn: Callable[..., Any]) -> Callable[..., Any]:
 class PromSignals:
     """Inventory, error budget and SLO-burn pages read from Prometheus through ``client``."""
 
-    def __init__(self, client: PromClient, inventory_selector: str = 'job="dcgm"', budget_query: str = BUDGET_QUERY,
+    def __init__(self, client: PromClient, inventory_selector: str = DEFAULT_DCGM_SELECTOR, budget_query: str = BUDGET_QUERY,
                  page_selector: str = PAGE_SELECTOR, requests_query: str = REQUESTS_QUERY,
                  min_requests: float = MIN_BUDGET_REQUESTS):
         self.client, self.inventory_selector = client, inventory_selector
