@@ -61,7 +61,7 @@ import numpy as np
 from scipy.stats import norm
 from scipy.stats import t as student_t
 
-from gpuobs.canary.config import CanaryConfig, MetricSpec, parse_selector, quantile_of
+from gpuobs.canary.config import CanaryConfig, MetricSpec, fill_selector, parse_selector, quantile_of
 from gpuobs.canary.sequential import (MIN_INFO_GROWTH, binomial_upper_bound, group_sequential_boundaries,
                                       planned_looks, rate_ratio_interval, rate_ratio_log_evalue)
 from gpuobs.canary.stats import (CANARY_VARIANCE_PRIOR, CLASS_NAMES, Clustered, Shift, bin_log_centres, classify,
@@ -582,7 +582,7 @@ class Analyzer:
                 state: AnalysisState | None) -> None:
         values = {}
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
-            r = self.client.query_range(spec.query.replace("$selector", sel), start, end, self.config.step_s)
+            r = self.client.query_range(fill_selector(spec.query, sel), start, end, self.config.step_s)
             if r.empty:
                 raise NoData(f"no data for the {side}")
             if len(r.series) > 1:

@@ -44,8 +44,14 @@ TEST_NAMES = ("location", "spread", "tail")
 # ServiceMonitor's job is the Service name (e.g. vllm-engine-service, nvidia-dcgm-exporter), so a
 # literal job="vllm" would select nothing on a real fleet and every look would HOLD on missing data.
 DEFAULT_SELECTORS = {"vllm": DEFAULT_VLLM_SELECTOR, "dcgm": DEFAULT_DCGM_SELECTOR}
+TOP_LEVEL_KEYS = ("alpha", "horizon", "interval", "step", "spending", "tail_spending", "pass_spending", "warmup",
+                  "node_label", "node_spread", "node_spread_df", "node_history", "selectors", "metrics")
+METRIC_KEYS = ("name", "title", "kind", "metric", "matchers", "error_matchers", "clustered_by", "query", "unit",
+               "direction", "scale", "allowed_effect", "min_effect", "critical", "alpha_share", "min_samples",
+               "tests", "quantile_allowed_effect")
 _PLACEHOLDER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
-_QUOTED = re.compile(r'("(?:[^"\\]|\\.)*")')
+# PromQL string literals: "..." and '...' with backslash escapes, `...` raw (they are left alone)
+_QUOTED = re.compile(r'''("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)''')
 
 
 class ConfigError(InputError):
@@ -54,6 +60,14 @@ class ConfigError(InputError):
     def __init__(self, field_name: str, value: Any, accepted: str):
         self.field, self.value, self.accepted = field_name, value, accepted
         super().__init__(f"{field_name}: {value!r} is not valid; expected {accepted}")
+
+
+def yaml_problem(exc: Exception) -> str:
+    """A PyYAML error in one line: ``line L, column C: problem`` (its own text spans several lines)."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return " ".join(str(exc).split())
 
 
 def parse_duration(text: str | float | int, field_name: str = "duration") -> float:
@@ -208,20 +222,37 @@ def _num(doc: dict, key: str, where: str, lo: float, hi: float, default: Any = N
     return float(value)
 
 
-def _substitute(text: str, selectors: dict[str, str], where: str) -> str:
-    """``text`` with every ``$name`` outside double-quoted strings replaced by ``selectors[name]``;
-    ``$selector`` (the --canary/--baseline matchers, filled in per query) is left as it is. Raises
-    ConfigError naming ``where`` for a name that is not defined."""
+def _outside_strings(text: str, fn: Any) -> str:
+    """``text`` with ``fn`` applied to the parts outside PromQL string literals."""
+    parts = _QUOTED.split(text)
+    return "".join(p if i % 2 else fn(p) for i, p in enumerate(parts))
+
+
+def has_selector(query: str) -> bool:
+    """Whether ``query`` uses ``$selector`` outside its string literals."""
+    found = []
+    _outside_strings(query, lambda p: found.append("$selector" in p) or p)
+    return any(found)
+
+
+def fill_selector(query: str, selector: str) -> str:
+    """``query`` with ``$selector`` outside string literals replaced by the ``selector`` matchers (a
+    ``$selector`` inside a quoted value is the user's text, not a placeholder)."""
+    return _outside_strings(query, lambda p: p.replace("$selector", selector))
+
+
+def _substitute(text: str, selectors: dict[str, str], where: str, allowed: str) -> str:
+    """``text`` with every ``$name`` outside PromQL string literals replaced by ``selectors[name]``;
+    ``$selector`` (the --canary/--baseline matchers, filled in per query) is left as it is where
+    ``allowed`` mentions it. Raises ConfigError naming ``where`` for a name that is not defined."""
     def repl(m: re.Match) -> str:
         name = m.group(1)
-        if name == "selector":
+        if name == "selector" and "$selector" in allowed:
             return m.group(0)
         if name not in selectors:
-            raise ConfigError(where, m.group(0), "$selector or one of the selectors: "
-                              + ", ".join(f"${k}" for k in sorted(selectors)))
+            raise ConfigError(where, m.group(0), allowed + ", ".join(f"${k}" for k in sorted(selectors)))
         return selectors[name]
-    parts = _QUOTED.split(text)
-    return "".join(p if i % 2 else _PLACEHOLDER.sub(repl, p) for i, p in enumerate(parts))
+    return _outside_strings(text, lambda p: _PLACEHOLDER.sub(repl, p))
 
 
 def _selectors(doc: Any, source: str, override: dict[str, str] | None) -> dict[str, str]:
@@ -249,6 +280,9 @@ def _metric(doc: Any, i: int, selectors: dict[str, str] | None = None) -> Metric
     if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9_.-]+$", name):
         raise ConfigError(f"{where}.name", name, "a name of letters, digits, _ . -")
     where = f"metrics.{name}"
+    unknown = sorted(str(k) for k in set(doc) - set(METRIC_KEYS))
+    if unknown:
+        raise ConfigError(where, ", ".join(unknown), "keys among " + ", ".join(METRIC_KEYS))
     kind, direction, scale = doc.get("kind"), doc.get("direction", "increase"), doc.get("scale", "relative")
     if kind not in KINDS:
         raise ConfigError(f"{where}.kind", kind, " | ".join(KINDS))
@@ -263,20 +297,22 @@ def _metric(doc: Any, i: int, selectors: dict[str, str] | None = None) -> Metric
     for k, v in text.items():
         if not isinstance(v, str):
             raise ConfigError(f"{where}.{k}", v, "a string")
-    for k in ("matchers", "error_matchers", "query"):
-        text[k] = _substitute(text[k], selectors if selectors is not None else DEFAULT_SELECTORS, f"{where}.{k}")
+    named = selectors if selectors is not None else DEFAULT_SELECTORS
+    text["query"] = _substitute(text["query"], named, f"{where}.query", "$selector or one of the selectors: ")
+    for k in ("matchers", "error_matchers"):
+        text[k] = _substitute(text[k], named, f"{where}.{k}", "one of the selectors: ")
     for k in ("metric", "clustered_by"):
         if text[k] and not _METRIC_NAME.match(text[k]):
             raise ConfigError(f"{where}.{k}", text[k], "a Prometheus metric name")
     for k in ("matchers", "error_matchers"):
-        if text[k]:
-            parse_selector(text[k], f"{where}.{k}")
+        if text[k]:  # stored normalised: no braces, no trailing comma (the query joins them with ",")
+            text[k] = parse_selector(text[k], f"{where}.{k}")
     if kind in ("histogram", "errors") and not text["metric"]:
         raise ConfigError(f"{where}.metric", None, "the metric name (without _bucket)")
     if kind == "errors" and not text["error_matchers"]:
         raise ConfigError(f"{where}.error_matchers", None, 'matchers selecting errors, e.g. finished_reason="error"')
-    if kind == "series" and "$selector" not in text["query"]:
-        raise ConfigError(f"{where}.query", text["query"] or None, "a PromQL query containing $selector")
+    if kind == "series" and not has_selector(text["query"]):
+        raise ConfigError(f"{where}.query", text["query"] or None, "a PromQL query using $selector outside its quoted strings")
     critical = doc.get("critical", False)
     if not isinstance(critical, bool):
         raise ConfigError(f"{where}.critical", critical, "true or false")
@@ -335,6 +371,9 @@ def parse_config(doc: Any, source: str = "config", selectors: dict[str, str] | N
     ``$vllm``/``$dcgm`` its metrics use). Raises :class:`ConfigError` (field named) on any bad value."""
     if not isinstance(doc, dict):
         raise ConfigError(source, type(doc).__name__, "a mapping with alpha, horizon, interval, metrics")
+    unknown = sorted(str(k) for k in set(doc) - set(TOP_LEVEL_KEYS))
+    if unknown:  # a typo (selector: for selectors:) must not fall back to defaults silently
+        raise ConfigError(f"{source}", ", ".join(unknown), "top-level keys among " + ", ".join(TOP_LEVEL_KEYS))
     alpha = _num(doc, "alpha", source, 1e-6, 0.2, 0.01)
     spending = _spending(doc, "spending", source, alpha, (0.5, 0.85, 3.0))
     tail_spending = _spending(doc, "tail_spending", source, alpha, (1.0, 1.0, 5.0))
@@ -388,5 +427,5 @@ def load_config(path: str | Path | None = None, selectors: dict[str, str] | None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(source, "YAML", f"valid YAML ({exc})") from None
+        raise ConfigError(source, "YAML", f"valid YAML ({yaml_problem(exc)})") from None
     return parse_config(doc, source, selectors)

@@ -81,8 +81,9 @@ def add_client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=_env("CANARY_CONFIG"), metavar="FILE",
                    help="metrics YAML (env GPUOBS_CANARY_CONFIG; default: the packaged metrics.yaml)")
     p.add_argument("--fleet", default=_env("FLEET_CONFIG"), metavar="FILE",
-                   help="take the config's $vllm/$dcgm target selectors from this fleet config (the format of "
-                        "prometheus/fleet.yaml; env GPUOBS_FLEET_CONFIG; default: the config's own selectors)")
+                   help="take the config's $vllm and $dcgm target selectors from this fleet config, the one the rules "
+                        "were rendered from (format of prometheus/fleet.yaml; a selector it leaves out is its "
+                        "default, as for the rules; env GPUOBS_FLEET_CONFIG; default: the config's own selectors)")
     p.add_argument("--metric", action="append", metavar="NAME", help="analyse only these metrics (repeatable)")
     p.add_argument("--horizon", metavar="DURATION", help="override the config's horizon (stage length), e.g. 10m")
     p.add_argument("--interval", metavar="DURATION", help="override the config's look interval, e.g. 30s")

@@ -7,10 +7,12 @@ Prometheus cannot be reached, 2 bad input (flag, selector, label name, a query t
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from gpuobs.cli.common import env, pos_float
 from gpuobs.doctor import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, render, run
 from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL
+from gpuobs.mixin.fleet import load_fleet
 
 EPILOG = f"""examples:
   gpuobs doctor --prometheus http://127.0.0.1:9090
@@ -29,11 +31,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prometheus", default=env("PROMETHEUS_URL"), required=env("PROMETHEUS_URL") is None,
                    help="base URL of the Prometheus API, e.g. http://127.0.0.1:9090 (env GPUOBS_PROMETHEUS_URL)")
-    p.add_argument("--dcgm-selector", default=DEFAULT_DCGM_SELECTOR,
-                   help=f"label matchers of the dcgm-exporter targets (default {DEFAULT_DCGM_SELECTOR})")
-    p.add_argument("--vllm-selector", default=DEFAULT_VLLM_SELECTOR,
+    p.add_argument("--fleet", default=env("FLEET_CONFIG"), metavar="FILE",
+                   help="take the selectors and the identity label from this fleet config (the one the rules were "
+                        "rendered from, format of prometheus/fleet.yaml; env GPUOBS_FLEET_CONFIG); the flags below "
+                        "override it")
+    p.add_argument("--dcgm-selector", default=None,
+                   help=f"label matchers of the dcgm-exporter targets (default {DEFAULT_DCGM_SELECTOR}, the fleet "
+                        "config's default)")
+    p.add_argument("--vllm-selector", default=None,
                    help=f"label matchers of the vLLM engine targets (default {DEFAULT_VLLM_SELECTOR})")
-    p.add_argument("--identity-label", default=IDENTITY_LABEL,
+    p.add_argument("--identity-label", default=None,
                    help=f"the node-identity label rules and dashboards group by (default {IDENTITY_LABEL})")
     p.add_argument("--skip", action="append", default=[], metavar="FAMILY[,FAMILY]",
                    help="families this fleet does not run (e.g. kv-cache,slo on a training-only fleet); "
@@ -46,7 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the checks and print the report; returns the exit code (errors raise and the CLI maps them)."""
-    report = run(args.prometheus, args.identity_label, args.dcgm_selector, args.vllm_selector, args.skip,
-                 timeout=args.timeout)
+    dcgm, vllm, identity = DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, IDENTITY_LABEL
+    if args.fleet:  # FleetConfigError is an InputError: the CLI prints it in one line, exit 2
+        fleet = load_fleet(Path(args.fleet))
+        dcgm, vllm, identity = fleet.dcgm_selector, fleet.vllm_selector, fleet.identity_label
+    report = run(args.prometheus, args.identity_label or identity, args.dcgm_selector or dcgm,
+                 args.vllm_selector or vllm, args.skip, timeout=args.timeout)
     print(render.as_json(report) if args.json else render.text(report, fixes=not args.no_fixes), end="")
     return report.exit_code

@@ -154,5 +154,7 @@ def load_fleet(path: Path) -> FleetConfig:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise FleetConfigError(f"--fleet {path}: not valid YAML ({exc})") from exc
+        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None and problem else " ".join(str(exc).split())
+        raise FleetConfigError(f"--fleet {path}: not valid YAML ({where})") from exc
     return parse_fleet(doc, str(path))

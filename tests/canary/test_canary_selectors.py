@@ -113,3 +113,58 @@ def test_cli_fleet_flag_takes_the_fleets_selectors(tmp_path, capsys):
                 "--baseline", 'track="baseline"', "--fleet", str(fleet)])
     assert code == 2
     assert "--fleet" in capsys.readouterr().err
+
+
+def _series(query):
+    return {"metrics": [{"name": "kv", "kind": "series", "critical": True, "allowed_effect": 0.1, "query": query}]}
+
+
+def test_placeholders_inside_any_promql_string_literal_are_left_alone():
+    q = "label_replace(x{$vllm,$selector, m=~`a$b`}, 'dst', '$1', 'src', '(.*)')"
+    got = parse_config(_series(q)).metrics[0].query
+    assert got == ("label_replace(x{" + DEFAULT_VLLM_SELECTOR + ",$selector, m=~`a$b`}, 'dst', '$1', 'src', '(.*)')")
+
+
+def test_selector_placeholder_counts_and_is_filled_outside_quotes_only():
+    from gpuobs.canary.config import fill_selector
+
+    with pytest.raises(ConfigError) as err:  # only a quoted value: the query never gets the canary/baseline matchers
+        parse_config(_series('avg(x{job="$selector"})'))
+    assert err.value.field == "metrics.kv.query"
+    assert fill_selector('avg(x{a="$selector",$selector})', 'track="c"') == 'avg(x{a="$selector",track="c"})'
+
+
+@pytest.mark.parametrize("matchers", ["$vllm,", "{$vllm}", " $vllm , "])
+def test_metric_matchers_are_stored_normalised(matchers):
+    """Braces or a trailing comma are accepted and dropped: the analyzer joins matchers with "," inside
+    its own braces, so a raw '{...}' or ',,' would only fail once the query ran."""
+    spec = parse_config(_doc(matchers=matchers)).metrics[0]
+    assert spec.matchers == DEFAULT_VLLM_SELECTOR
+
+
+def test_selector_placeholder_in_matchers_is_refused():
+    with pytest.raises(ConfigError) as err:
+        parse_config(_doc(matchers="$selector"))
+    assert err.value.field == "metrics.ttft.matchers" and "$selector or" not in str(err.value)
+
+
+def test_yaml_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("alpha: [\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert "\n" not in str(err.value) and "line 2, column 1" in str(err.value)
+    code = cli(["canary", "analyze", "--prometheus", "http://127.0.0.1:9", "--canary", 'track="canary"',
+                "--baseline", 'track="baseline"', "--fleet", str(bad)])
+    err_text = capsys.readouterr().err
+    assert code == 2 and err_text.count("\n") == 1 and "not valid YAML (line 2" in err_text, err_text
+
+
+@pytest.mark.parametrize("doc, field, bad", [
+    ({**_doc(), "selector": {"vllm": 'job="x"'}}, "config", "selector"),  # a typo would fall back to the defaults
+    (_doc(allowed_efect=0.2), "metrics.ttft", "allowed_efect"),
+])
+def test_unknown_keys_are_refused_not_ignored(doc, field, bad):
+    with pytest.raises(ConfigError) as err:
+        parse_config(doc)
+    assert err.value.field == field and err.value.value == bad

@@ -418,3 +418,21 @@ def test_host_label_identity_with_two_values_on_one_target_is_not_unique():
     assert family(doctor(fleet("stock", nodes=2), identity_label="Hostname"), "xid").status == "degraded"
     assert not any("identity" in w for w in family(doctor(fleet("stock", nodes=2), identity_label="Hostname"),
                                                    "xid").why)
+
+
+def test_cli_fleet_config_gives_selectors_and_identity_label_flags_override_it(tmp_path, capsys):
+    """``--fleet FILE``: the selectors and identity label the rules were rendered from; explicit flags win;
+    a broken file is one error line, exit 2."""
+    fl = tmp_path / "fleet.yaml"
+    fl.write_text("identity_label: node\nselectors:\n  dcgm: 'job=\"gpu-metrics\"'\n  vllm: 'job=\"llm\"'\n")
+    with FakePrometheus(fleet("stock")) as prom:
+        assert cli(["doctor", "--prometheus", prom.url, "--json", "--fleet", str(fl)]) == 1
+        data = json.loads(capsys.readouterr().out)
+        assert data["selectors"] == {"dcgm": 'job="gpu-metrics"', "vllm": 'job="llm"'}
+        assert cli(["doctor", "--prometheus", prom.url, "--json", "--fleet", str(fl),
+                    "--dcgm-selector", 'job="dcgm"', "--vllm-selector", 'job="vllm"']) == 0
+        assert json.loads(capsys.readouterr().out)["selectors"]["dcgm"] == 'job="dcgm"'
+        fl.write_text("selectors:\n  dcgm: [\n")
+        assert cli(["doctor", "--prometheus", prom.url, "--fleet", str(fl)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--fleet" in err and "not valid YAML (line 3" in err, err
