@@ -76,6 +76,22 @@ def _firing(pager: str, channel: str = "page") -> Counter:
     return Counter(key[:2] for key in episodes)
 
 
+def _incident_openings(pager: str, channel: str) -> Counter:
+    """(alertname, node or instance) -> how often the pager opened or re-opened an incident of
+    ``channel`` holding that alert: the pages or tickets an on-call gets (an incident's later
+    notifications while it is open are updates of it, not new pages)."""
+    incs = requests.get(f"{pager}/api/incidents", params={"channel": channel, "limit": 1000},
+                        timeout=5).json()["incidents"]
+    out: Counter = Counter()
+    for inc in incs:
+        doc = requests.get(f"{pager}/api/incidents/{inc['id']}", timeout=5).json()
+        n = sum(e["kind"] in ("opened", "reopened") for e in doc["timeline"])
+        for key in {(a["labels"].get("alertname"), a["labels"].get("node") or a["labels"].get("instance"))
+                    for a in doc["alerts"]}:
+            out[key] += n
+    return out
+
+
 def _shard_of(state, node: str) -> int:
     for name, url in state.members.items():
         if name.startswith("prometheus-") and name.endswith("-r0"):
@@ -271,7 +287,17 @@ def test_xid_pages_once_with_an_alertmanager_a_replica_and_victoriametrics_kille
     pages, tickets = _firing(pager), _firing(pager, "ticket")
     assert pages[("GpuXidCritical", node)] == 1, pages
     assert all(n == 1 for n in pages.values()), f"something paged twice: {pages}"
-    assert all(n == 1 for n in tickets.values()), f"something ticketed twice: {tickets}"
+    # Tickets are judged as the on-call sees them: incidents opened. FleetRulesBlind for vmalert can be
+    # re-notified with a later startsAt without ever resolving: the killed replica restarts without its
+    # `for` state (20 s is under Prometheus's 10 m --rules.alert.for-grace-period, so it is not restored),
+    # fires the still-failing vmalert rule again with its own activeAt, and the restarted, empty
+    # Alertmanager can notify that before its notification log has synced (CI 2026-12-02: two episodes
+    # for vmalert's instance, one for VictoriaMetrics', whose `up` was 1 again before the replica's
+    # `for` ran out). The pager folds it into the open incident; a resolved-then-reopened one counts twice.
+    opened = _incident_openings(pager, "ticket")
+    assert opened[("FleetRulesBlind", vm_instance)] == 1, opened
+    assert all(n == 1 for n in opened.values()), f"something ticketed twice: {opened} (notifications: {tickets})"
+    record_property("ticket_notification_episodes", json.dumps({f"{a}/{b}": n for (a, b), n in tickets.items()}))
     # Re-deliveries of a stored notification (same delivery key) are absorbed by the pager and not
     # stored, so they are not pages; the restarted member can re-send one before its notification log
     # has synced from its peers (measured in docs/ha.md). Recorded, not asserted.
