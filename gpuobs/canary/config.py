@@ -21,7 +21,7 @@ import yaml
 from gpuobs.canary.sequential import Spending
 from gpuobs.core.durations import DurationError
 from gpuobs.core.durations import parse_duration as core_parse_duration
-from gpuobs.core.errors import InputError
+from gpuobs.core.errors import InputError, yaml_problem
 from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR
 
 KINDS = ("histogram", "errors", "series")
@@ -60,14 +60,6 @@ class ConfigError(InputError):
     def __init__(self, field_name: str, value: Any, accepted: str):
         self.field, self.value, self.accepted = field_name, value, accepted
         super().__init__(f"{field_name}: {value!r} is not valid; expected {accepted}")
-
-
-def yaml_problem(exc: Exception) -> str:
-    """A PyYAML error in one line: ``line L, column C: problem`` (its own text spans several lines)."""
-    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
-    if mark is not None and problem:
-        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
-    return " ".join(str(exc).split())
 
 
 def parse_duration(text: str | float | int, field_name: str = "duration") -> float:
@@ -230,9 +222,7 @@ def _outside_strings(text: str, fn: Any) -> str:
 
 def has_selector(query: str) -> bool:
     """Whether ``query`` uses ``$selector`` outside its string literals."""
-    found = []
-    _outside_strings(query, lambda p: found.append("$selector" in p) or p)
-    return any(found)
+    return any("$selector" in p for p in _QUOTED.split(query)[::2])
 
 
 def fill_selector(query: str, selector: str) -> str:

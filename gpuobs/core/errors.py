@@ -58,3 +58,12 @@ class Inconclusive(GpuobsError):
     """Not enough evidence to decide."""
 
     exit_code = EXIT_INCONCLUSIVE
+
+
+def yaml_problem(exc: Exception) -> str:
+    """A PyYAML parse error in one line, ``line L, column C: problem`` (PyYAML's own text spans several
+    lines, with a caret under the column), for the one error line of a bad config file."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return " ".join(str(exc).split())

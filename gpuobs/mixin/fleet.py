@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuobs.core.errors import InputError
+from gpuobs.core.errors import InputError, yaml_problem
 
 #: Families whose rules have a stock and an enhanced path (gpuobs.mixin.families).
 PATH_FAMILIES = ("xid", "gpu-missing", "ecc", "throttling", "collective-hang", "memory")
@@ -154,7 +154,5 @@ def load_fleet(path: Path) -> FleetConfig:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None and problem else " ".join(str(exc).split())
-        raise FleetConfigError(f"--fleet {path}: not valid YAML ({where})") from exc
+        raise FleetConfigError(f"--fleet {path}: not valid YAML ({yaml_problem(exc)})") from exc
     return parse_fleet(doc, str(path))
