@@ -4,6 +4,6 @@ Prometheus counters, following ``/dev/kmsg``, ``journalctl -k``, a file, or a si
 
 Modules: :mod:`.parser` (line -> event), :mod:`.sources` (followers with a persisted position),
 :mod:`.state` (counters + position, saved atomically together), :mod:`.identity` (bus id -> GPU
-index/UUID), :mod:`.metrics` (prometheus_client collector), :mod:`.agent` (the loop + HTTP server),
-:mod:`.cli` (the command group).
+index/UUID), :mod:`.agent` (the loop, the prometheus_client collector and the HTTP server). The
+``gpuobs logwatch`` command group is :mod:`gpuobs.cli.logwatch`.
 """

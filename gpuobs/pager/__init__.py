@@ -1,0 +1,3 @@
+"""The pager: the Alertmanager webhook receiver (:mod:`.server`), its SQLite store (:mod:`.store`),
+incidents (:mod:`.incidents`), escalation (:mod:`.escalation`), the incident console
+(:mod:`.console`), postmortems (:mod:`.postmortem`) and the runbooks it serves (:mod:`.runbooks`)."""

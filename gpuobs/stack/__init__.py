@@ -1,1 +1,6 @@
-"""The native stack: supervisor, pager (Alertmanager webhook receiver) and drills."""
+"""The stack's processes: the native supervisor (``gpuobs stack up|down|status|restart``), its typed
+``stack.json`` state, config rendering into the run directory, loopback ports, alert-delivery timing,
+Grafana, the Prometheus UI probe, the HA topology (``ha.py``) and compose mode (``compose.py``).
+
+The pager lives in :mod:`gpuobs.pager`, the drills in :mod:`gpuobs.drills`.
+"""
