@@ -26,7 +26,6 @@ children under a missing parent.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from opentelemetry import trace
@@ -39,7 +38,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 
-from gpuobs.core.otel import ENDPOINT_VARS, Tracing, otlp_endpoint, resource  # noqa: F401  (re-exported)
+from gpuobs.core.otel import ENDPOINT_VARS, Tracing, clean_attrs, otlp_endpoint, resource  # noqa: F401  (re-exported)
 
 SERVICE_NAME = "gpuobs-rollout"
 
@@ -82,22 +81,6 @@ def remote_parent(ids: dict[str, str]) -> Context | None:
     except (KeyError, TypeError, ValueError):
         return None
     return trace.set_span_in_context(NonRecordingSpan(ctx)) if ctx.is_valid else None
-
-
-def clean_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
-    """Attributes OTel accepts: drop None and non-finite floats, stringify everything exotic."""
-    out: dict[str, Any] = {}
-    for k, v in attrs.items():
-        if v is None or (isinstance(v, float) and not math.isfinite(v)):
-            continue
-        if isinstance(v, (list, tuple)):  # OTel arrays must be homogeneous primitives
-            kinds = {type(x) for x in v}
-            out[k] = list(v) if len(kinds) == 1 and kinds <= {bool, int, float, str} else [str(x) for x in v]
-        elif isinstance(v, (bool, int, float, str)):
-            out[k] = v
-        else:
-            out[k] = str(v)
-    return out
 
 
 def verdict_attrs(verdict: Any) -> dict[str, Any]:
