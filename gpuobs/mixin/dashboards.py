@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from gpuobs.core import assets
 from gpuobs.core.files import atomic_write
+from gpuobs.reference.dcgm_exporter import THROTTLE_BITS
 
 if TYPE_CHECKING:
     from gpuobs.mixin.fleet import FleetConfig
@@ -43,9 +44,6 @@ DHOST_SEL = '__DCGM__, __ID__=~"$__ID__"'
 VLLM_SEL = '__VLLM__, model_name=~"$model_name", __ID__=~"$__ID__"'
 TRACK_SEL = 'track=~"canary|baseline"'
 
-#: DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits that cost clock to thermal or power limits (design section 4.1).
-THROTTLE_BITS = [("SW_POWER_CAP", 4), ("HW_SLOWDOWN", 8), ("SW_THERMAL", 32), ("HW_THERMAL", 64),
-                 ("HW_POWER_BRAKE", 128)]
 #: The SLO rule windows (prometheus/rules/slo.yml, generated from prometheus/slo.yaml for a 30d period).
 BURN_WINDOWS = ["5m", "30m", "1h", "6h", "3d"]
 

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 from gpuobs.mixin.fleet import FleetConfig
 from gpuobs.reference import xid
+from gpuobs.reference.dcgm_exporter import THROTTLE_BITS
 
-#: DCGM_FI_DEV_CLOCKS_EVENT_REASONS bits that cost clock to thermal or power limits (design §4.1).
-THROTTLE_BITS = (("SW_POWER_CAP", 4), ("HW_SLOWDOWN", 8), ("SW_THERMAL", 32), ("HW_THERMAL", 64),
-                 ("HW_POWER_BRAKE", 128))
 #: The clock-event field under its current and its legacy name (the metric takes the name the CSV uses).
 CLOCK_EVENT_FIELDS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
 #: Stock throttling: the SM clock below this fraction of its maximum over the last hour ...

@@ -23,6 +23,18 @@ from importlib import resources
 
 #: Prometheus types a counters file may name (dcgm-exporter ``promMetricType`` plus ``label``).
 COUNTER_TYPES = ("gauge", "counter", "histogram", "summary", "label")
+#: Clock-event reason bits of ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS`` (legacy name
+#: ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``): NVML's ``nvmlClocksEventReason*`` masks (nvml.h).
+GPU_IDLE = 0x1
+SW_POWER_CAP = 0x4
+HW_SLOWDOWN = 0x8
+SW_THERMAL = 0x20
+HW_THERMAL = 0x40
+HW_POWER_BRAKE = 0x80
+#: The bits that cost clock to thermal or power limits (design §4.1), by name: what the throttling
+#: rules and the throttling dashboard test.
+THROTTLE_BITS = (("SW_POWER_CAP", SW_POWER_CAP), ("HW_SLOWDOWN", HW_SLOWDOWN), ("SW_THERMAL", SW_THERMAL),
+                 ("HW_THERMAL", HW_THERMAL), ("HW_POWER_BRAKE", HW_POWER_BRAKE))
 #: ``err_msg`` for codes outside ``xidErrCodeToText`` (gpu_collector.go ``unknownErr``).
 UNKNOWN_XID_TEXT = "Unknown Error"
 

@@ -23,14 +23,15 @@ import random
 from dataclasses import dataclass, field
 
 from gpuobs.exporter.sim.identity import GpuIdentity
+from gpuobs.reference.dcgm_exporter import (  # noqa: F401  (clock-event bits, re-exported for the simulator)
+    GPU_IDLE,
+    HW_POWER_BRAKE,
+    HW_SLOWDOWN,
+    HW_THERMAL,
+    SW_POWER_CAP,
+    SW_THERMAL,
+)
 
-# Clock event reason bits (DCGM_FI_DEV_CLOCKS_EVENT_REASONS; NVML nvmlClocksEventReason*).
-GPU_IDLE = 0x1
-SW_POWER_CAP = 0x4
-HW_SLOWDOWN = 0x8
-SW_THERMAL = 0x20
-HW_THERMAL = 0x40
-HW_POWER_BRAKE = 0x80
 
 MIB = 1024 * 1024
 
