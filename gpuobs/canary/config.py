@@ -19,9 +19,8 @@ from typing import Any
 import yaml
 
 from gpuobs.canary.sequential import Spending
-from gpuobs.core.durations import DurationError
-from gpuobs.core.durations import parse_duration as core_parse_duration
-from gpuobs.core.errors import InputError, yaml_problem
+from gpuobs.core.durations import DurationError, parse_duration  # noqa: F401  (the canary CLI and serve parse durations here too)
+from gpuobs.core.errors import ConfigError, yaml_problem  # noqa: F401  (re-exported: the canary's input error)
 from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR
 
 KINDS = ("histogram", "errors", "series")
@@ -52,23 +51,6 @@ METRIC_KEYS = ("name", "title", "kind", "metric", "matchers", "error_matchers", 
 _PLACEHOLDER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
 # PromQL string literals: "..." and '...' with backslash escapes, `...` raw (they are left alone)
 _QUOTED = re.compile(r'''("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)''')
-
-
-class ConfigError(InputError):
-    """A bad configuration value or flag: ``field``, ``value`` and what is ``accepted``."""
-
-    def __init__(self, field_name: str, value: Any, accepted: str):
-        self.field, self.value, self.accepted = field_name, value, accepted
-        super().__init__(f"{field_name}: {value!r} is not valid; expected {accepted}")
-
-
-def parse_duration(text: str | float | int, field_name: str = "duration") -> float:
-    """``"30s"``, ``"5m"``, ``"1h30m"``, ``"1d"``, ``"90"`` (seconds) or a number -> seconds (> 0), in the one
-    grammar of :mod:`gpuobs.core.durations`. Raises :class:`ConfigError` naming ``field_name``."""
-    try:
-        return core_parse_duration(text, field_name)
-    except DurationError:
-        raise ConfigError(field_name, text, "a positive duration such as 30s, 5m, 1h") from None
 
 
 def parse_time(text: str, field_name: str) -> float:
@@ -389,7 +371,7 @@ def parse_config(doc: Any, source: str = "config", selectors: dict[str, str] | N
         raise ConfigError(f"{source}.warmup", warmup, f"a duration shorter than the horizon ({horizon:g} s)")
     history = doc.get("node_history", "30m")
     try:
-        node_history_s = core_parse_duration(history, "node_history", allow_zero=True)
+        node_history_s = parse_duration(history, "node_history", allow_zero=True)
     except DurationError:
         raise ConfigError(f"{source}.node_history", history, "a duration >= 0 such as 30m, 1h (0 = off)") from None
     if node_history_s > 7 * 86400:

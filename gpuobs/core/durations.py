@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-from gpuobs.core.errors import InputError
+from gpuobs.core.errors import ConfigError
 
 ACCEPTED = "a duration such as 90 (seconds), 30s, 5m, 1h30m or 1d"
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -19,12 +19,11 @@ _PART = r"(\d+(?:\.\d+)?)([dhms])"
 _FULL = re.compile(rf"(?:{_PART})+")
 
 
-class DurationError(InputError):
+class DurationError(ConfigError):
     """A duration that does not parse or is out of range; names the field and the grammar."""
 
     def __init__(self, field_name: str, value: object, accepted: str = ACCEPTED):
-        self.field, self.value, self.accepted = field_name, value, accepted
-        super().__init__(f"{field_name}: {value!r} is not valid; expected {accepted}")
+        super().__init__(field_name, value, accepted)
 
 
 def parse_duration(text: object, field_name: str = "duration", *, allow_zero: bool = False) -> float:

@@ -42,6 +42,15 @@ class InputError(GpuobsError, ValueError):
     exit_code = EXIT_USAGE
 
 
+class ConfigError(InputError):
+    """A bad value of one named field (a flag, a config key, a query parameter): ``field``, ``value``
+    and what is ``accepted``; the message is ``<field>: <value> is not valid; expected <accepted>``."""
+
+    def __init__(self, field_name: str, value: object, accepted: str):
+        self.field, self.value, self.accepted = field_name, value, accepted
+        super().__init__(f"{field_name}: {value!r} is not valid; expected {accepted}")
+
+
 class Failure(GpuobsError, RuntimeError):
     """Something the user asked for failed (a component, a backend, a drill)."""
 

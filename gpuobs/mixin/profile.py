@@ -12,7 +12,8 @@ from gpuobs.core import assets
 from gpuobs.mixin.kernel_log_rules import RECENT_S
 from gpuobs.mixin.kernel_log_rules import render as render_kernel_log
 from gpuobs.mixin.runbooks import RUNBOOK_BASE
-from gpuobs.mixin.slo_rules import parse_duration, render_slo_rules
+from gpuobs.core.durations import parse_duration
+from gpuobs.mixin.slo_rules import render_slo_rules
 
 #: Stack profiles. ``default`` loads the repository's rule files as they are (realistic ``for:``
 #: durations and windows, 30-day SLO). ``drill`` is for rehearsing every failure quickly
@@ -29,10 +30,10 @@ DRILL_SLO_PERIOD = "1d"
 
 def _cap_for(text: str, cap: str) -> str:
     """Replace every ``for: <duration>`` longer than ``cap`` with ``cap`` (drill profile)."""
-    limit = parse_duration(cap)
+    limit = parse_duration(cap, "drill profile's for: cap")
 
     def sub(m: re.Match) -> str:
-        return f"{m.group(1)}for: {cap}" if parse_duration(m.group(2)) > limit else m.group(0)
+        return f"{m.group(1)}for: {cap}" if parse_duration(m.group(2), "for") > limit else m.group(0)
     return re.sub(r"(?m)^(\s*)for: ([0-9dhms]+)\s*$", sub, text)
 
 
@@ -40,11 +41,11 @@ def _shorten_windows(text: str, divisor: int) -> str:
     """Divide every PromQL range selector and ``offset`` of 5 minutes or more by ``divisor`` (drill
     profile; e.g. the stock Xid path's ``[1h] offset 5m`` becomes ``[720s] offset 60s``)."""
     def sub(m: re.Match) -> str:
-        secs = parse_duration(m.group(1))
+        secs = int(parse_duration(m.group(1), "range selector"))
         return f"[{secs // divisor}s]" if secs >= 300 else m.group(0)
 
     def sub_offset(m: re.Match) -> str:
-        secs = parse_duration(m.group(1))
+        secs = int(parse_duration(m.group(1), "offset"))
         return f"offset {secs // divisor}s" if secs >= 300 else m.group(0)
     text = re.sub(r"\[([0-9]+[dhms](?:[0-9]+[dhms])*)\]", sub, text)
     return re.sub(r"\boffset ([0-9]+[dhms](?:[0-9]+[dhms])*)\b", sub_offset, text)

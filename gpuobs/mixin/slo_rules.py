@@ -25,9 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuobs.core.durations import DurationError
-from gpuobs.core.durations import format_duration as core_format_duration
-from gpuobs.core.durations import parse_duration as core_parse_duration
+from gpuobs.core.durations import DurationError, format_duration, parse_duration
 from gpuobs.core.errors import InputError
 from gpuobs.mixin.runbooks import runbook_url
 from gpuobs.reference.buckets import ITL_BUCKETS, TTFT_BUCKETS
@@ -35,24 +33,10 @@ from gpuobs.reference.buckets import ITL_BUCKETS, TTFT_BUCKETS
 #: (severity, fraction of the error budget spent, long window as a fraction of the period).
 BURN_POLICY = [("critical", 0.02, 1 / 720), ("critical", 0.05, 1 / 120), ("warning", 0.10, 1 / 10)]
 SHORT_WINDOW_DIVISOR = 12
-_UNITS = [("d", 86400), ("h", 3600), ("m", 60), ("s", 1)]
 
 
 class SloConfigError(InputError):
     """prometheus/slo.yaml is malformed; the message names the field and the allowed values."""
-
-
-def parse_duration(text: str) -> int:
-    """A whole-second duration in the one grammar (:mod:`gpuobs.core.durations`) -> seconds.
-
-    Raises SloConfigError naming ``period`` when it does not parse or is not whole seconds."""
-    try:
-        secs = core_parse_duration(text, "period")
-    except DurationError as exc:
-        raise SloConfigError(f"period: expected a duration like 30d, 7d, 3d or 12h; got {text!r}") from exc
-    if secs != int(secs):
-        raise SloConfigError(f"period: must be whole seconds; got {text!r}")
-    return int(secs)
 
 
 #: SLO periods the generator accepts: from 12h (the shortest window, period/720 = 1m, still spans
@@ -62,15 +46,16 @@ MIN_PERIOD_S, MAX_PERIOD_S = 12 * 3600, 366 * 86400
 
 def parse_period(text: str) -> int:
     """An SLO period in seconds, within [12h, 366d]. Raises SloConfigError naming the bounds."""
-    secs = parse_duration(text)
+    try:
+        secs = parse_duration(text, "period")
+    except DurationError as exc:
+        raise SloConfigError(f"period: expected a duration like 30d, 7d, 3d or 12h; got {text!r}") from exc
+    if secs != int(secs):
+        raise SloConfigError(f"period: must be whole seconds; got {text!r}")
+    secs = int(secs)
     if not MIN_PERIOD_S <= secs <= MAX_PERIOD_S:
         raise SloConfigError(f"period: must be between 12h and 366d; got {text!r}")
     return secs
-
-
-def format_duration(seconds: int) -> str:
-    """Seconds -> the shortest exact Prometheus duration (3600 -> ``1h``, 25920 -> ``432m``)."""
-    return core_format_duration(seconds)
 
 
 @dataclass(frozen=True)

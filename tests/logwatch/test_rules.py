@@ -110,7 +110,7 @@ def test_held_kernel_log_page_never_outlasts_the_dcgm_alert_that_inhibits_it(tmp
 
     import yaml
 
-    from gpuobs.mixin.slo_rules import parse_duration
+    from gpuobs.core.durations import parse_duration
     from gpuobs.stack.render import render_rules
 
     by_file = {p.name: yaml.safe_load(p.read_text()) for p in render_rules(tmp_path, "http://x", profile)}
