@@ -148,11 +148,6 @@ class RunStore:
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
 
-    def prune(self, before: float) -> int:
-        """Delete runs last seen before ``before``; returns how many."""
-        with self._lock:
-            return self._db.execute("DELETE FROM runs WHERE last_seen < ?", (before,)).rowcount
-
     def close(self) -> None:
         """Close the database."""
         with self._lock:

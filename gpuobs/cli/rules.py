@@ -26,11 +26,11 @@ def cmd_rules(args: argparse.Namespace) -> int:
         return _kubernetes(args)
     from gpuobs.mixin.kernel_log_rules import render as render_kernel_log_rules
     from gpuobs.mixin.slo_rules import render_slo_rules
-    from gpuobs.mixin.xid_rules import render_xid_rules
+    from gpuobs.mixin.render import rule_texts
 
     slo_config = Path(args.slo_config) if args.slo_config else assets.path("prometheus/slo.yaml")
     try:
-        text = {"xid": lambda: render_xid_rules(_fleet(args)), "kernel-log": render_kernel_log_rules,
+        text = {"xid": lambda: rule_texts(_fleet(args))["prometheus/rules/gpu-xid.yml"], "kernel-log": render_kernel_log_rules,
                 "slo": lambda: render_slo_rules(slo_config, args.period)}[args.which]()
     except OSError as exc:
         return fail(f"--slo-config {slo_config}: {exc.strerror}")

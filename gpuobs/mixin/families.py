@@ -139,8 +139,3 @@ FAMILIES: tuple[Family, ...] = (
            stock=(Signal("vllm:request_success_total", "vllm"), Signal("vllm:time_to_first_token_seconds_bucket", "vllm")),
            runbook="slo.md"),
 )
-
-
-def family_of(alertname: str) -> Family | None:
-    """The family an alert belongs to, or None."""
-    return next((f for f in FAMILIES if alertname in f.alerts), None)

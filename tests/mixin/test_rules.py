@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from gpuobs.mixin.xid_rules import render_xid_rules
+from gpuobs.mixin.fleet import FleetConfig
+from gpuobs.mixin.render import rule_texts
 from gpuobs.reference import xid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,12 +183,12 @@ def test_promtool_check_config_and_rules():
 
 
 def test_xid_rules_file_is_generated_from_the_catalogue():
-    assert (ROOT / "prometheus" / "rules" / "gpu-xid.yml").read_text() == render_xid_rules()
+    assert (ROOT / "prometheus" / "rules" / "gpu-xid.yml").read_text() == rule_texts(FleetConfig())["prometheus/rules/gpu-xid.yml"]
     crit = xid.critical_codes()
     assert 48 in crit and 79 in crit and 13 not in crit
     assert {13, 31, 43, 45, 63, 68, 92, 94} <= set(xid.ticket_codes())
     assert not set(crit) & set(xid.ticket_codes())
-    doc = yaml.safe_load(render_xid_rules())
+    doc = yaml.safe_load(rule_texts(FleetConfig())["prometheus/rules/gpu-xid.yml"])
     for rule in doc["groups"][0]["rules"]:
         expr = rule["expr"]
         codes = crit if rule["alert"] == "GpuXidCritical" else xid.ticket_codes()
