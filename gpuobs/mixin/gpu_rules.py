@@ -49,36 +49,37 @@ class Rules:
 
     def __init__(self, cfg: FleetConfig):
         self.cfg = cfg
-        self.I = cfg.identity_label
-        self.GPU = f"{self.I}, gpu, UUID, pci_bus_id, modelName"
-        self.IG = f"{self.I}, gpu"
+        #: the identity label, the labels that name one GPU, and (identity, gpu): ``by``/``on`` lists
+        self.identity = cfg.identity_label
+        self.gpu_labels = f"{self.identity}, gpu, UUID, pci_bus_id, modelName"
+        self.identity_gpu = f"{self.identity}, gpu"
 
     # ---- selectors -------------------------------------------------------------------------------
-    def d(self, metric: str, extra: str = "") -> str:
+    def dcgm(self, metric: str, extra: str = "") -> str:
         """A DCGM series through the configured selector, with a non-empty identity."""
         more = f", {extra}" if extra else ""
-        return f'{metric}{{{self.cfg.dcgm_selector}, {self.I}!=""{more}}}'
+        return f'{metric}{{{self.cfg.dcgm_selector}, {self.identity}!=""{more}}}'
 
-    def v(self, metric: str, extra: str = "") -> str:
+    def vllm(self, metric: str, extra: str = "") -> str:
         """A vLLM series through the configured selector, with a non-empty identity."""
         more = f", {extra}" if extra else ""
-        return f'{metric}{{{self.cfg.vllm_selector}, {self.I}!=""{more}}}'
+        return f'{metric}{{{self.cfg.vllm_selector}, {self.identity}!=""{more}}}'
 
-    def a(self, metric: str, extra: str = "") -> str:
+    def agent(self, metric: str, extra: str = "") -> str:
         """An application / agent series (framework allocator, training job, gpuobs agents): any job,
         non-empty identity."""
         more = f", {extra}" if extra else ""
-        return f'{metric}{{{self.I}!=""{more}}}'
+        return f'{metric}{{{self.identity}!=""{more}}}'
 
     def up(self, selector: str) -> str:
-        return f'up{{{selector}, {self.I}!=""}}'
+        return f'up{{{selector}, {self.identity}!=""}}'
 
     def runbook(self, file: str, alert: str) -> str:
         return f"{self.cfg.runbook_base}/runbooks/{file}.md#{alert.lower()}"
 
     def combine(self, family: str, enhanced: str, stock: str, present: str, on: str | None = None) -> str:
         """``enhanced or (stock unless on (<on>) present)`` per the family's configured paths."""
-        on = on or self.IG
+        on = on or self.identity_gpu
         if not self.cfg.stock(family):
             return enhanced
         if not self.cfg.enhanced(family):
@@ -88,34 +89,34 @@ class Rules:
 
     # ---- Xid -------------------------------------------------------------------------------------
     def xid_expr(self, codes: list[int]) -> str:
-        I, GPU = self.I, self.GPU
+        I, GPU = self.identity, self.gpu_labels
         rx = "|".join(map(str, codes))
         # Xid 79 (fallen off the bus) never reaches DCGM (DCGM #162; the GPU vanishes and GpuMissing
         # pages): both DCGM paths leave it out, so a 79 seen on a DCGM series (after a recovery, or a
         # simulator) cannot page for a GPU that is back; the kernel-log path below does carry it.
         dcgm_rx = "|".join(str(c) for c in codes if c not in xid.DCGM_UNREPORTABLE_XIDS)
-        gauge = self.d("DCGM_FI_DEV_XID_ERRORS", f'err_code=~"{dcgm_rx}"')
+        gauge = self.dcgm("DCGM_FI_DEV_XID_ERRORS", f'err_code=~"{dcgm_rx}"')
         # stock: a (GPU, err_code) series that was not there in the hour before the last 5 minutes.
         stock = (f'max by ({GPU}, xid) (label_replace({gauge}, "xid", "$1", "err_code", "(.+)"))\n'
                  f"unless on ({I}, gpu, xid)\n"
                  f'max by ({I}, gpu, xid) (label_replace(max_over_time({gauge}[1h] offset 5m), "xid", "$1", "err_code", "(.+)"))')
-        count = self.d("DCGM_EXP_XID_ERRORS_COUNT", f'xid=~"{dcgm_rx}"')
+        count = self.dcgm("DCGM_EXP_XID_ERRORS_COUNT", f'xid=~"{dcgm_rx}"')
         enhanced = f"max by ({GPU}, xid) (max_over_time({count}[1m])) > 0"
-        present = f"group by ({I}, gpu) ({self.d('DCGM_EXP_XID_ERRORS_COUNT')})"
+        present = f"group by ({I}, gpu) ({self.dcgm('DCGM_EXP_XID_ERRORS_COUNT')})"
         expr = self.combine("xid", enhanced, stock, present)
         if self.cfg.xid_kernel_log:
             # gpuobs logwatch's kernel-log counters (every event, Xid 79 included): an Xid logged in the
             # last 5 minutes (gpuobs_xid_last_event_timestamp_seconds, right from the first event).
             # The GPU's identity labels come from its last DCGM series of the hour, so the alert has
             # the same labels as the DCGM paths; where logwatch runs, the DCGM paths stand aside.
-            ts = self.a("gpuobs_xid_last_event_timestamp_seconds", f'xid=~"{rx}"')
+            ts = self.agent("gpuobs_xid_last_event_timestamp_seconds", f'xid=~"{rx}"')
             ident = (f"topk by ({I}, gpu) (1, group by ({GPU}) "
-                     f"(last_over_time({self.d('DCGM_FI_DEV_GPU_TEMP')}[1h])))")
+                     f"(last_over_time({self.dcgm('DCGM_FI_DEV_GPU_TEMP')}[1h])))")
             logged = f"max by ({I}, gpu, xid) (time() - {ts} < 300)"
             kernel = (f"(\n{_indent(logged)}\n  * on ({I}, gpu) group_left (UUID, pci_bus_id, modelName)\n"
                       f"{_indent(ident)}\n)\nor on ({I}, gpu, xid)\n{logged}")
             expr = (f"(\n{_indent(kernel)}\n)\nor\n(\n{_indent(expr)}\n  unless on ({I})\n"
-                    f"  group by ({I}) ({self.a('gpuobs_logwatch_source_up')} == 1)\n)")
+                    f"  group by ({I}) ({self.agent('gpuobs_logwatch_source_up')} == 1)\n)")
         return expr
 
     def xid_alert(self, name: str, codes: list[int], severity: str, summary: str) -> dict:
@@ -131,7 +132,7 @@ class Rules:
             "annotations": {
                 "summary": summary,
                 "description": ("GPU {{ $labels.gpu }} ({{ $labels.UUID }}, PCI {{ $labels.pci_bus_id }}) on node "
-                                f"{{{{ $labels.{self.I} }}}} reported Xid {{{{ $labels.xid }}}} in the last few minutes. "
+                                f"{{{{ $labels.{self.identity} }}}} reported Xid {{{{ $labels.xid }}}} in the last few minutes. "
                                 "Grep the node's kernel log for 'NVRM: Xid (PCI:' and follow the runbook for this code."),
                 "runbook_url": self.runbook("xid", name),
             },
@@ -147,14 +148,14 @@ class Rules:
 
     # ---- GPU health --------------------------------------------------------------------------------
     def health_file(self) -> dict:
-        I, GPU, IG = self.I, self.GPU, self.IG
-        temp = self.d("DCGM_FI_DEV_GPU_TEMP")
-        energy = self.d("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+        I, GPU, IG = self.identity, self.gpu_labels, self.identity_gpu
+        temp = self.dcgm("DCGM_FI_DEV_GPU_TEMP")
+        energy = self.dcgm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
         dcgm_up = self.up(self.cfg.dcgm_selector)
         stock_missing = (f"group by ({GPU}) (last_over_time({temp}[1h]))\n"
                          f"unless on ({IG}) {temp}\n"
                          f"and on ({I}) (max by ({I}) ({dcgm_up}) == 1)")
-        expected = self.a("gpuobs_node_expected_gpus")
+        expected = self.agent("gpuobs_node_expected_gpus")
         enhanced_missing = (f"max by ({I}) ({expected})\n"
                             f"- on ({I})\n"
                             f"(\n  count by ({I}) (count by ({IG}) ({temp}))\n"
@@ -234,37 +235,37 @@ class Rules:
 
     # ---- GPU hardware ------------------------------------------------------------------------------
     def hardware_file(self) -> dict:
-        I, GPU, IG = self.I, self.GPU, self.IG
+        I, GPU, IG = self.identity, self.gpu_labels, self.identity_gpu
         bits_raw = (f'max by ({GPU}) ({{__name__=~"{"|".join(CLOCK_EVENT_FIELDS)}", '
                     f'{self.cfg.dcgm_selector}, {I}!=""}})')
         bits = " + ".join(f"(floor({bits_raw} / {b}) % 2)" for _, b in THROTTLE_BITS)
         # `and` the counters' presence now: a GPU gone from the page (fallen off the bus) stops at once.
-        viol = (f"max by ({GPU}) (rate({self.d('DCGM_FI_DEV_THERMAL_VIOLATION')}[2m]) "
-                f"+ rate({self.d('DCGM_FI_DEV_POWER_VIOLATION')}[2m])) / 1e9\n"
-                f"and on ({IG}) {self.d('DCGM_FI_DEV_THERMAL_VIOLATION')}")
+        viol = (f"max by ({GPU}) (rate({self.dcgm('DCGM_FI_DEV_THERMAL_VIOLATION')}[2m]) "
+                f"+ rate({self.dcgm('DCGM_FI_DEV_POWER_VIOLATION')}[2m])) / 1e9\n"
+                f"and on ({IG}) {self.dcgm('DCGM_FI_DEV_THERMAL_VIOLATION')}")
         enhanced_thr = ("gpu:dcgm_throttled_time:ratio_rate2m > 0.25\n"
                         f"unless on ({IG}) gpu:dcgm_clocks_event_thermal_or_power:bool == 0")
-        clock = self.d("DCGM_FI_DEV_SM_CLOCK")
-        power = self.d("DCGM_FI_DEV_POWER_USAGE")
+        clock = self.dcgm("DCGM_FI_DEV_SM_CLOCK")
+        power = self.dcgm("DCGM_FI_DEV_POWER_USAGE")
         hot = self.cfg.slowdown_temp_c - SLOWDOWN_BAND_C
         stock_thr = (f"max by ({GPU}) ({clock}) / max by ({GPU}) (max_over_time({clock}[1h])) < {THROTTLE_CLOCK_RATIO}\n"
                      f"and on ({IG}) (\n"
-                     f"  max by ({IG}) ({self.d('DCGM_FI_DEV_GPU_UTIL')}) >= {BUSY_UTIL_PCT}\n"
-                     f"  or on ({IG}) max by ({IG}) ({self.d('DCGM_FI_PROF_GR_ENGINE_ACTIVE')}) >= {BUSY_UTIL_PCT / 100}\n)\n"
+                     f"  max by ({IG}) ({self.dcgm('DCGM_FI_DEV_GPU_UTIL')}) >= {BUSY_UTIL_PCT}\n"
+                     f"  or on ({IG}) max by ({IG}) ({self.dcgm('DCGM_FI_PROF_GR_ENGINE_ACTIVE')}) >= {BUSY_UTIL_PCT / 100}\n)\n"
                      f"and on ({IG}) (\n"
-                     f"  max by ({IG}) (max_over_time({self.d('DCGM_FI_DEV_GPU_TEMP')}[2m])) >= {hot:g}\n"
+                     f"  max by ({IG}) (max_over_time({self.dcgm('DCGM_FI_DEV_GPU_TEMP')}[2m])) >= {hot:g}\n"
                      f"  or on ({IG})\n"
                      f"  max by ({IG}) ({power}) < {POWER_COLLAPSE_RATIO} * max by ({IG}) (max_over_time({power}[1h]))\n)")
-        present_thr = (f"group by ({IG}) ({self.d('DCGM_FI_DEV_THERMAL_VIOLATION')} "
-                       f"or {self.d('DCGM_FI_DEV_POWER_VIOLATION')})")
-        rows = self.d("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")
-        dbe = self.combine("ecc", f"max by ({GPU}) (increase({self.d('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')}[10m])) > 0",
+        present_thr = (f"group by ({IG}) ({self.dcgm('DCGM_FI_DEV_THERMAL_VIOLATION')} "
+                       f"or {self.dcgm('DCGM_FI_DEV_POWER_VIOLATION')})")
+        rows = self.dcgm("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS")
+        dbe = self.combine("ecc", f"max by ({GPU}) (increase({self.dcgm('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')}[10m])) > 0",
                            f"max by ({GPU}) (increase({rows}[10m])) > 0",
-                           f"group by ({IG}) ({self.d('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')})")
-        pending = self.combine("ecc", f"max by ({GPU}) ({self.d('DCGM_FI_DEV_ROW_REMAP_PENDING')}) == 1",
+                           f"group by ({IG}) ({self.dcgm('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL')})")
+        pending = self.combine("ecc", f"max by ({GPU}) ({self.dcgm('DCGM_FI_DEV_ROW_REMAP_PENDING')}) == 1",
                                f"max by ({GPU}) (increase({rows}[10m])) > 0\n"
-                               f"unless on ({IG}) max by ({IG}) ({self.d('DCGM_FI_DEV_ROW_REMAP_FAILURE')}) == 1",
-                               f"group by ({IG}) ({self.d('DCGM_FI_DEV_ROW_REMAP_PENDING')})")
+                               f"unless on ({IG}) max by ({IG}) ({self.dcgm('DCGM_FI_DEV_ROW_REMAP_FAILURE')}) == 1",
+                               f"group by ({IG}) ({self.dcgm('DCGM_FI_DEV_ROW_REMAP_PENDING')})")
         dash = "http://127.0.0.1:3000/d/gpuobs-fleet/gpu-fleet?viewPanel="
         return {"groups": [
             {"name": "gpu-hardware-recording", "rules": [
@@ -308,7 +309,7 @@ class Rules:
                      "runbook_url": self.runbook("ecc", "GpuEccDoubleBitError"),
                      "dashboard_url": dash + "7"}},
                 {"alert": "GpuRowRemapFailure",
-                 "expr": f"max by ({GPU}) ({self.d('DCGM_FI_DEV_ROW_REMAP_FAILURE')}) == 1",
+                 "expr": f"max by ({GPU}) ({self.dcgm('DCGM_FI_DEV_ROW_REMAP_FAILURE')}) == 1",
                  "labels": {"severity": "critical", "family": "ecc"},
                  "annotations": {
                      "summary": "Row remapping failed on a GPU; the memory fault cannot be repaired in place (RMA path).",
@@ -333,7 +334,7 @@ class Rules:
                      "dashboard_url": dash + "7"}},
                 {"#": "Enhanced only: NVLink error counters are commented out in every shipped counters CSV.",
                  "alert": "GpuNvlinkErrors",
-                 "expr": f"max by ({GPU}) (rate({self.d('DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL')}[5m])) > 1",
+                 "expr": f"max by ({GPU}) (rate({self.dcgm('DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL')}[5m])) > 1",
                  "for": "5m",
                  "labels": {"severity": "warning", "family": "interconnect"},
                  "annotations": {
@@ -342,7 +343,7 @@ class Rules:
                                      "{{ $value | humanize }} NVLink CRC flit errors/s."),
                      "runbook_url": self.runbook("interconnect", "GpuNvlinkErrors")}},
                 {"alert": "GpuPcieReplays",
-                 "expr": f"max by ({GPU}) (rate({self.d('DCGM_FI_DEV_PCIE_REPLAY_COUNTER')}[5m])) > 1",
+                 "expr": f"max by ({GPU}) (rate({self.dcgm('DCGM_FI_DEV_PCIE_REPLAY_COUNTER')}[5m])) > 1",
                  "for": "5m",
                  "labels": {"severity": "warning", "family": "interconnect"},
                  "annotations": {
@@ -357,15 +358,15 @@ class Rules:
     def memory_file(self) -> dict:
         # Alert labels (node, gpu, UUID): what both the allocator's and DCGM's series carry, so the two paths
         # raise the same alert.
-        I, IG = self.I, self.IG
+        I, IG = self.identity, self.identity_gpu
         J = GPU = f"{I}, gpu, UUID"
-        reserved = self.a("pytorch_cuda_memory_reserved_bytes")
-        allocated = self.a("pytorch_cuda_memory_allocated_bytes")
-        fb_used, fb_free = self.d("DCGM_FI_DEV_FB_USED"), self.d("DCGM_FI_DEV_FB_FREE")
+        reserved = self.agent("pytorch_cuda_memory_reserved_bytes")
+        allocated = self.agent("pytorch_cuda_memory_allocated_bytes")
+        fb_used, fb_free = self.dcgm("DCGM_FI_DEV_FB_USED"), self.dcgm("DCGM_FI_DEV_FB_FREE")
         enhanced = (f"max by ({GPU}) (gpu:pytorch_cuda_fragmentation:deriv10m) > {GROWTH_BYTES_PER_S}\n"
                     f"and on ({IG}) max by ({IG}) (abs(gpu:pytorch_cuda_memory_allocated:deriv10m)) < 104857.6\n"
                     f"and on ({IG})\n(\n"
-                    f"  max by ({IG}) (increase({self.a('pytorch_cuda_alloc_retries_total')}[15m])) > 0\n"
+                    f"  max by ({IG}) (increase({self.agent('pytorch_cuda_alloc_retries_total')}[15m])) > 0\n"
                     f"  or on ({IG}) max by ({IG}) (gpu:pytorch_cuda_time_to_oom:seconds) < 14400\n)")
         stock = (f"max by ({GPU}) (deriv({fb_used}[10m])) * {MIB} > {GROWTH_BYTES_PER_S}\n"
                  f"and on ({IG})\n"
@@ -407,7 +408,7 @@ class Rules:
                      "runbook_url": self.runbook("fragmentation", "KVFragmentationRisk"),
                      "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-memory/gpu-memory?viewPanel=2"}},
                 {"alert": "GpuFrameworkOom",
-                 "expr": f"max by ({GPU}) (increase({self.a('pytorch_cuda_ooms_total')}[10m])) > 0",
+                 "expr": f"max by ({GPU}) (increase({self.agent('pytorch_cuda_ooms_total')}[10m])) > 0",
                  "labels": {"severity": "warning", "family": "fragmentation"},
                  "annotations": {
                      "summary": "The framework allocator raised out-of-memory on a GPU (requests failed, engine may restart).",
@@ -420,29 +421,29 @@ class Rules:
 
     # ---- serving -----------------------------------------------------------------------------------
     def serving_file(self) -> dict:
-        I = self.I
+        I = self.identity
         E = f"{I}, instance, model_name, engine"
-        errors = self.v("vllm:request_success_total", 'finished_reason="error"')
+        errors = self.vllm("vllm:request_success_total", 'finished_reason="error"')
         return {"groups": [
             {"name": "serving-recording", "rules": [
                 {"#": ("Energy per generated token on each serving node: GPU power (W = J/s) over tokens/s = J/token,\n"
                        f"joined on `{I}`. `max by ({I}, UUID)` counts a MIG-partitioned GPU once."),
                  "record": f"{I}:vllm_energy_per_generated_token:joules_rate5m",
-                 "expr": (f"sum by ({I}) (max by ({I}, UUID) (avg_over_time({self.d('DCGM_FI_DEV_POWER_USAGE')}[5m])))\n"
-                          f"/ sum by ({I}) (rate({self.v('vllm:generation_tokens_total')}[5m]))")},
+                 "expr": (f"sum by ({I}) (max by ({I}, UUID) (avg_over_time({self.dcgm('DCGM_FI_DEV_POWER_USAGE')}[5m])))\n"
+                          f"/ sum by ({I}) (rate({self.vllm('vllm:generation_tokens_total')}[5m]))")},
                 {"record": f"{I}:vllm_request_errors:ratio_rate5m",
                  "expr": (f"sum by ({I}) (rate({errors}[5m]))\n"
-                          f"/ sum by ({I}) (rate({self.v('vllm:request_success_total')}[5m]))")},
+                          f"/ sum by ({I}) (rate({self.vllm('vllm:request_success_total')}[5m]))")},
                 {"record": f"{I}:vllm_time_to_first_token_seconds:p99_rate5m",
                  "expr": (f"histogram_quantile(0.99, sum by ({I}, le) "
-                          f"(rate({self.v('vllm:time_to_first_token_seconds_bucket')}[5m])))")},
+                          f"(rate({self.vllm('vllm:time_to_first_token_seconds_bucket')}[5m])))")},
             ]},
             {"name": "serving", "rules": [
                 {"#": (f"Per engine ({E}): one engine's preemptions never count against another's full cache,\n"
                        "and a missing identity never joins (every series needs it)."),
                  "alert": "ServingKVCachePressure",
-                 "expr": (f"max by ({E}) (avg_over_time({self.v('vllm:kv_cache_usage_perc')}[2m])) > 0.95\n"
-                          f"and on ({E}) max by ({E}) (rate({self.v('vllm:num_preemptions_total')}[2m])) > 0"),
+                 "expr": (f"max by ({E}) (avg_over_time({self.vllm('vllm:kv_cache_usage_perc')}[2m])) > 0.95\n"
+                          f"and on ({E}) max by ({E}) (rate({self.vllm('vllm:num_preemptions_total')}[2m])) > 0"),
                  "for": "2m",
                  "labels": {"severity": "warning", "family": "kv-cache"},
                  "annotations": {
@@ -470,13 +471,13 @@ class Rules:
 
     # ---- training ----------------------------------------------------------------------------------
     def training_file(self) -> dict:
-        I = self.I
-        util = self.d("DCGM_FI_DEV_GPU_UTIL")
-        power = self.d("DCGM_FI_DEV_POWER_USAGE")
-        tensor = self.d("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
-        sm = self.d("DCGM_FI_PROF_SM_ACTIVE")
-        steps = self.a("training_steps_total")
-        enhanced = (f"max by ({I}, training_job) (avg by ({I}, training_job) ({self.a('training_mfu_ratio')}) < 0.05)\n"
+        I = self.identity
+        util = self.dcgm("DCGM_FI_DEV_GPU_UTIL")
+        power = self.dcgm("DCGM_FI_DEV_POWER_USAGE")
+        tensor = self.dcgm("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
+        sm = self.dcgm("DCGM_FI_PROF_SM_ACTIVE")
+        steps = self.agent("training_steps_total")
+        enhanced = (f"max by ({I}, training_job) (avg by ({I}, training_job) ({self.agent('training_mfu_ratio')}) < 0.05)\n"
                     f"and on ({I}) avg by ({I}) ({util}) > 90\n"
                     f"and on ({I}) avg by ({I}) ({sm}) < 0.1\n"
                     f"and on ({I}) avg by ({I}) ({power}) < 200\n"
@@ -528,8 +529,8 @@ class Rules:
 
     # ---- fleet -------------------------------------------------------------------------------------
     def fleet_file(self) -> dict:
-        I = self.I
-        temp = self.d("DCGM_FI_DEV_GPU_TEMP", 'DCGM_FI_DRIVER_VERSION!=""')
+        I = self.identity
+        temp = self.dcgm("DCGM_FI_DEV_GPU_TEMP", 'DCGM_FI_DRIVER_VERSION!=""')
         return {"groups": [{"name": "fleet", "rules": [
             {"#": ("A pool (GPU model) should run one driver; two means an upgrade stalled half way or a node was\n"
                    "rebuilt from the wrong image. Needs the DCGM_FI_DRIVER_VERSION label, which the dcgm-exporter\n"
