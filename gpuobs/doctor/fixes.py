@@ -90,7 +90,7 @@ class Fix:
     text: str
     source: str = ""
 
-    def as_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, str]:
         return {"kind": self.kind, "title": self.title, "text": self.text, "source": self.source}
 
 

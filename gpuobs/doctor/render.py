@@ -58,5 +58,5 @@ def text(report: Report, fixes: bool = True) -> str:
 
 
 def as_json(report: Report) -> str:
-    """The report as one JSON object (see :meth:`Report.as_dict`)."""
-    return json.dumps(report.as_dict(), indent=2, sort_keys=False) + "\n"
+    """The report as one JSON object (see :meth:`Report.to_dict`)."""
+    return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"

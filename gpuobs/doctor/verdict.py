@@ -64,9 +64,9 @@ class FamilyVerdict:
     note: str = ""
     runbook: str = ""
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {"family": self.name, "alerts": list(self.alerts), "paging": self.paging, "status": self.status,
-                "why": self.why, "fixes": [f.as_dict() for f in self.fixes], "note": self.note,
+                "why": self.why, "fixes": [f.to_dict() for f in self.fixes], "note": self.note,
                 "runbook": self.runbook}
 
 
@@ -81,9 +81,9 @@ class Finding:
     targets: list[str] = field(default_factory=list)
     fixes: list[Fix] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {"severity": self.severity, "code": self.code, "message": self.message, "targets": self.targets,
-                "fixes": [f.as_dict() for f in self.fixes]}
+                "fixes": [f.to_dict() for f in self.fixes]}
 
 
 @dataclass
@@ -115,10 +115,10 @@ class Report:
                     out += [line for line in fix.text.splitlines() if line not in out]
         return out
 
-    def as_dict(self) -> dict:
+    def to_dict(self) -> dict:
         return {"prometheus": self.prometheus, "identity_label": self.identity_label, "selectors": self.selectors,
-                "targets": self.targets, "families": [f.as_dict() for f in self.families],
-                "findings": [f.as_dict() for f in self.findings], "csv_lines": self.csv_lines(),
+                "targets": self.targets, "families": [f.to_dict() for f in self.families],
+                "findings": [f.to_dict() for f in self.findings], "csv_lines": self.csv_lines(),
                 "blind_paging": self.blind_paging, "exit_code": self.exit_code}
 
 

@@ -166,8 +166,8 @@ class Handler(httpd.Handler):
             self.send_error_json(400, str(exc), exc.field)
             return
         fault = node.inject(req)
-        _log.info("fault injected", extra={"fields": {"hostname": node.hostname, **fault.to_json()}})
-        self.send_json(201, {**fault.to_json(), "hostname": node.hostname, "role": node.cfg.role})
+        _log.info("fault injected", extra={"fields": {"hostname": node.hostname, **fault.to_dict()}})
+        self.send_json(201, {**fault.to_dict(), "hostname": node.hostname, "role": node.cfg.role})
 
     def _deploy(self, body: object) -> None:
         node = self.server.node
@@ -199,4 +199,4 @@ class Handler(httpd.Handler):
             self.send_error_json(404, f"no active fault with id {path[len(prefix):]!r}", "id")
             return
         _log.info("fault cleared", extra={"fields": {"hostname": node.hostname, "id": fault.id}})
-        self.send_json(200, fault.to_json())
+        self.send_json(200, fault.to_dict())

@@ -111,11 +111,11 @@ class StackState:
         """The exporter admin token (read from ``token_file``). Raises OSError if it cannot be read."""
         return Path(self.token_file).read_text().strip()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, doc: Any) -> StackState:
+    def from_dict(cls, doc: Any) -> StackState:
         """Parse the JSON document; raises StateError naming the first bad field."""
         if not isinstance(doc, dict):
             raise StateError("not a JSON object")
@@ -162,11 +162,11 @@ def load(run_dir: Path) -> StackState | None:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise StateError(hint.format(exc)) from None
     try:
-        return StackState.from_json(doc)
+        return StackState.from_dict(doc)
     except StateError as exc:
         raise StateError(hint.format(exc)) from None
 
 
 def save(state: StackState) -> None:
     """Write ``state`` to its run directory's stack.json atomically."""
-    atomic_write(Path(state.run_dir) / FILE_NAME, json.dumps(state.to_json(), indent=2))
+    atomic_write(Path(state.run_dir) / FILE_NAME, json.dumps(state.to_dict(), indent=2))

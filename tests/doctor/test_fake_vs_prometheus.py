@@ -106,4 +106,4 @@ def test_fake_answers_every_doctor_query_like_prometheus(prometheus, scenario):
         answered += bool(expected)
     assert answered >= 5  # the scenarios exercise the queries, not empty answers
     real_report = run(real, retries=0, **doctor_kw)
-    assert real_report.as_dict() | {"prometheus": ""} == fake_report.as_dict() | {"prometheus": ""}
+    assert real_report.to_dict() | {"prometheus": ""} == fake_report.to_dict() | {"prometheus": ""}

@@ -81,9 +81,9 @@ def test_stack_json_records_the_modes():
     urls = StackUrls("p", "a", "g", ["n"])
     state = StackState("r", urls, ["h"], "t", 1, exporter_profile="helm", host_label_mode="pod",
                        scrape_mode="servicemonitor")
-    back = StackState.from_json(json.loads(json.dumps(state.to_json())))
+    back = StackState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert (back.exporter_profile, back.host_label_mode, back.scrape_mode) == ("helm", "pod", "servicemonitor")
-    old = state.to_json()
+    old = state.to_dict()
     for k in ("exporter_profile", "host_label_mode", "scrape_mode"):
         del old[k]
-    assert StackState.from_json(old).exporter_profile == "stock"  # stack.json written before the modes
+    assert StackState.from_dict(old).exporter_profile == "stock"  # stack.json written before the modes

@@ -40,7 +40,7 @@ class Fault:
     injected_at: float
     last_fired: float = field(default=-math.inf)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return {"id": self.id, "kind": self.request.kind, "gpu": self.request.gpu,
                 "params": dict(self.request.params), "injected_at": self.injected_at}
 
@@ -212,7 +212,7 @@ class Node:
     def list_faults(self) -> list[dict]:
         """Active faults as JSON-ready dicts, oldest first."""
         with self.lock:
-            return [f.to_json() for f in self.faults.values()]
+            return [f.to_dict() for f in self.faults.values()]
 
     def _xid(self, gpu: int, code: int) -> None:
         """Record one Xid: the kernel log always gets it; DCGM's Xid fields only when DCGM can see it.
