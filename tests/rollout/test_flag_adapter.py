@@ -15,7 +15,7 @@ from tests.rollout.test_rollout_resume import flag_run  # noqa: F401  (fixture)
 
 
 def _fleet(run, **kw) -> StackFlagFleet:
-    return StackFlagFleet(StackState.from_json(json.loads((run / "stack.json").read_text())), "spec_decode", **kw)
+    return StackFlagFleet(StackState.from_dict(json.loads((run / "stack.json").read_text())), "spec_decode", **kw)
 
 
 def test_deploy_flips_one_node_and_waits_for_its_engine(flag_run):  # noqa: F811

@@ -45,7 +45,7 @@ def targets(run, job):
 
 def test_stack_fleet_relabels_serving_nodes_and_restores(tmp_path):
     make_stack(tmp_path, [f"http://127.0.0.1:{9400 + i}/metrics" for i in range(4)])
-    fleet = StackFleet(StackState.from_json(json.loads((tmp_path / "stack.json").read_text())))
+    fleet = StackFleet(StackState.from_dict(json.loads((tmp_path / "stack.json").read_text())))
     assert fleet.hosts == ["gpu-node-00", "gpu-node-01", "gpu-node-02"]  # the training node is not rolled
     before = {job: (tmp_path / "prometheus" / "targets" / f"{job}-nodes.json").read_text() for job in ("dcgm", "vllm")}
     snap = fleet.label_snapshot()
@@ -63,7 +63,7 @@ def test_stack_fleet_deploys_through_the_admin_api(tmp_path, node_server):
     url, node = node_server
     assert node.hostname == "gpu-node-01"
     make_stack(tmp_path, ["http://127.0.0.1:9/metrics", f"{url}/metrics"], nodes=2, training=0)
-    fleet = StackFleet(StackState.from_json(json.loads((tmp_path / "stack.json").read_text())))
+    fleet = StackFleet(StackState.from_dict(json.loads((tmp_path / "stack.json").read_text())))
     assert fleet.version(node.hostname) == "1.4.0"
     assert fleet.deploy(node.hostname, "1.6.0") == "1.4.0" and node.version == "1.6.0"
     with pytest.raises(FleetError, match="deploy 9.9 failed"):
