@@ -43,7 +43,7 @@ from prometheus_client.registry import Collector  # noqa: E402
 
 from gpuobs.exporter.collectors import dcgm as collmod  # noqa: E402
 from gpuobs.reference.dcgm_exporter import xid_text  # noqa: E402
-from gpuobs.exporter.fleet import Fleet, FleetConfig  # noqa: E402
+from gpuobs.exporter.simfleet import SimFleet, SimFleetSpec  # noqa: E402
 from gpuobs.exporter.sim.node import Node, NodeConfig  # noqa: E402
 from gpuobs.stack.ports import free_port_range  # noqa: E402
 
@@ -52,14 +52,14 @@ ACCEPT = "text/plain;version=0.0.4"  # text format for all three; no gzip (ours 
 
 
 # ---- plumbing -------------------------------------------------------------------------------
-def build_fleet(nodes: int, engine: bool) -> Fleet:
+def build_fleet(nodes: int, engine: bool) -> SimFleet:
     """A fleet of ``nodes`` x 8 GPUs on free ports; retries when another process takes a port first."""
     for attempt in range(6):
         base = free_port_range(nodes, start=12000 + attempt * 3000)
         eng = free_port_range(nodes, start=base + nodes) if engine else None
         try:
             # the recommended profile: the largest DCGM page (stock fields + extras + allocator)
-            return Fleet(FleetConfig(nodes=nodes, gpus=8, base_port=base, engine_base_port=eng,
+            return SimFleet(SimFleetSpec(nodes=nodes, gpus=8, base_port=base, engine_base_port=eng,
                                      exporter_profile="recommended"), "bench")
         except OSError:
             continue

@@ -13,7 +13,7 @@ import json
 import os
 
 from gpuobs.cli.common import fail  # noqa: E402
-from gpuobs.compat.fleet import inventory, judge_fleet
+from gpuobs.compat.inventory import inventory, judge_fleet
 from gpuobs.compat.gate import (
     COMPATIBLE_WITH_WARNINGS,
     DRIVER_BRANCHES,

@@ -17,9 +17,9 @@ from gpuobs.cli.common import (
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:
-    from gpuobs.exporter.fleet import (
-        Fleet,
-        FleetConfig,
+    from gpuobs.exporter.simfleet import (
+        SimFleet,
+        SimFleetSpec,
         load_k8s_map,
         load_or_create_token,
     )
@@ -64,7 +64,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         token = load_or_create_token(args.token, Path(args.token_file))
     except (OSError, ValueError) as exc:
         return fail(f"admin token: {exc}")
-    cfg = FleetConfig(nodes=args.nodes, gpus=args.gpus, base_port=args.base_port, seed=args.seed, host=args.host,
+    cfg = SimFleetSpec(nodes=args.nodes, gpus=args.gpus, base_port=args.base_port, seed=args.seed, host=args.host,
                       driver_version=args.driver_version, host_label_mode=mode,
                       exporter_profile=args.exporter_profile, clock_events_name=args.clock_events_name,
                       collect_interval_s=args.collect_interval,
@@ -74,7 +74,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
                       mig=mig, k8s=k8s, releases_file=Path(args.releases) if args.releases else None,
                       flags_file=Path(args.flags) if args.flags else None)
     try:
-        fleet = Fleet(cfg, token)
+        fleet = SimFleet(cfg, token)
     except FlagFileError as exc:
         return fail(f"--flags: {exc}")
     except (CatalogueError, KeyError) as exc:

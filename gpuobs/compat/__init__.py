@@ -1,3 +1,3 @@
 """Compatibility of a release with the fleet (pure functions over :mod:`gpuobs.reference.compat`):
-the gate (:mod:`.gate`), the judgement of a whole fleet's inventory (:mod:`.fleet`), and the
+the gate (:mod:`.gate`), the judgement of a whole fleet's inventory (:mod:`.inventory`), and the
 driver-upgrade plan (:mod:`.upgrade_plan`)."""

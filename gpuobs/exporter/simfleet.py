@@ -59,8 +59,8 @@ def load_or_create_token(token: str | None, token_file: Path) -> str:
 
 
 @dataclass
-class FleetConfig:
-    """Fleet-wide settings; see ``gpuobs exporter --help`` for each flag."""
+class SimFleetSpec:
+    """SimFleet-wide settings; see ``gpuobs exporter --help`` for each flag."""
 
     nodes: int = 4
     gpus: int = 8
@@ -120,10 +120,10 @@ def load_k8s_map(path: Path) -> K8sMap:
     return out
 
 
-class Fleet:
+class SimFleet:
     """The running fleet: nodes, their servers and the ticker. ``start()`` then ``stop()``."""
 
-    def __init__(self, cfg: FleetConfig, token: str):
+    def __init__(self, cfg: SimFleetSpec, token: str):
         self.cfg = cfg
         now = time.time()
         releases = load_releases(cfg.releases_file)

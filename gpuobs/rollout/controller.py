@@ -24,7 +24,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from gpuobs.canary.analyzer import AnalysisState
 from gpuobs.canary.verdict import describe
-from gpuobs.compat.fleet import judge_fleet
+from gpuobs.compat.inventory import judge_fleet
 from gpuobs.core import log
 from gpuobs.rollout import tracing
 from gpuobs.rollout.interfaces import (

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from gpuobs.core.errors import Failure
 
 if TYPE_CHECKING:  # pragma: no cover - types only
-    from gpuobs.compat.fleet import InventoryRow
+    from gpuobs.compat.inventory import InventoryRow
     from gpuobs.rollout.model import BudgetRow
 
 

@@ -11,7 +11,7 @@ Healthy, Degraded, Aborted)::
        v            v               v                    v
     Rejected    Rejected       RollingBack -> RolledBack | Aborted
 
-* Pending (Flagger Initializing): created; the compatibility gate runs (:mod:`gpuobs.compat.fleet`: each
+* Pending (Flagger Initializing): created; the compatibility gate runs (:mod:`gpuobs.compat.inventory`: each
   serving node's modelName and driver from Prometheus against the release's engine and CUDA build).
   INCOMPATIBLE, or a node the gate cannot judge -> **Rejected** before anything is deployed.
 * CompatChecked (Flagger Initialized): the error-budget gate runs. Any ``slo:error_budget_remaining:

@@ -208,7 +208,7 @@ def up(cfg: StackConfig, out=sys.stdout) -> StackState:
 
 
 @dataclass
-class Fleet:
+class FleetProcesses:
     """The simulated fleet and the pager, shared by the single and the HA topologies: argv of the
     exporter, the logwatch agents and the pager (in start order), their health checks, and the node
     and engine ``(hostname, port)`` lists the scrape configs are rendered from."""
@@ -257,9 +257,9 @@ def check_ports(wanted: list[int], what: str) -> None:
         raise StackError(f"ports already in use on 127.0.0.1: {', '.join(busy)}; choose others with the --*-port flags", 2)
 
 
-def fleet_parts(cfg: StackConfig, run: Path, alertmanager_url: str) -> Fleet:
+def fleet_parts(cfg: StackConfig, run: Path, alertmanager_url: str) -> FleetProcesses:
     """Write the fleet's files (admin/pager tokens, k8s map, logwatch GPU maps and targets) and return
-    its :class:`Fleet`. ``alertmanager_url``: where the pager creates silences. Raises StackError (exit
+    its :class:`FleetProcesses`. ``alertmanager_url``: where the pager creates silences. Raises StackError (exit
     2) for a token that cannot be made or busy logwatch ports."""
     p = cfg.ports
     node_ports = [p.node_base + i for i in range(cfg.nodes)]
@@ -314,7 +314,7 @@ def fleet_parts(cfg: StackConfig, run: Path, alertmanager_url: str) -> Fleet:
         "exporter": lambda: all(_ok(f"http://127.0.0.1:{port}/health") for port in node_ports + engine_ports),
         "pager": lambda: _ok(f"{pager_url}/health"),
     }
-    return Fleet(specs, checks, nodes, engines, node_ports, engine_ports, pods, lw_urls, pager_url, runbook_base,
+    return FleetProcesses(specs, checks, nodes, engines, node_ports, engine_ports, pods, lw_urls, pager_url, runbook_base,
                  pager_token_file)
 
 

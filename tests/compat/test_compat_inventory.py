@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gpuobs.cli import run
-from gpuobs.compat.fleet import InventoryRow, judge_fleet
+from gpuobs.compat.inventory import InventoryRow, judge_fleet
 from gpuobs.reference.releases import load
 from tests.fakes.prometheus import FakePrometheus, ok, vector
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from gpuobs.canary.analyzer import AnalysisState
 from gpuobs.canary.verdict import MetricResult, Verdict
-from gpuobs.compat.fleet import InventoryRow
+from gpuobs.compat.inventory import InventoryRow
 from gpuobs.rollout.controller import Controller
 from gpuobs.rollout.interfaces import FleetError, SignalsUnavailable
 from gpuobs.rollout.model import BudgetRow, RolloutSpec

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpuobs.compat.fleet import InventoryRow
+from gpuobs.compat.inventory import InventoryRow
 from gpuobs.rollout.adapters.flags import StackFlagFleet
 from gpuobs.rollout.adapters.native import StackFleet
 from gpuobs.rollout.controller import Controller
@@ -43,7 +43,7 @@ class StaticSignals:
 
 
 def main(run: Path, mode: str, kind: str) -> int:
-    stack = StackState.from_json(json.loads((run / "stack.json").read_text()))
+    stack = StackState.from_dict(json.loads((run / "stack.json").read_text()))
     flag = kind == "flag"
     fleet = StackFlagFleet(stack, FLAG, confirm_s=5.0, poll_s=0.02) if flag else StackFleet(stack)
     targets = run / "prometheus" / "targets" / "vllm-nodes.json"

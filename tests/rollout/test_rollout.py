@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuobs.compat.fleet import InventoryRow
+from gpuobs.compat.inventory import InventoryRow
 from gpuobs.rollout.controller import Controller
 from gpuobs.rollout.interfaces import FleetError
 from gpuobs.rollout.model import (

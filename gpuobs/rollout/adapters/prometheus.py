@@ -20,7 +20,7 @@ from typing import Any, Callable
 from gpuobs.canary.analyzer import Analyzer
 from gpuobs.canary.config import load_config
 from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR
-from gpuobs.compat.fleet import InventoryRow, inventory
+from gpuobs.compat.inventory import InventoryRow, inventory
 from gpuobs.promapi.prometheus import PromClient, PrometheusError
 from gpuobs.rollout.interfaces import AnalyzerFactory, SignalsUnavailable
 from gpuobs.rollout.model import BudgetRow, fmt_labels
