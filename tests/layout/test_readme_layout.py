@@ -27,3 +27,13 @@ def test_every_doc_page_is_linked_from_the_layout():
     pages = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
     assert pages - linked == set(), "README layout does not link these docs"
     assert linked - pages == set(), "README layout links docs that do not exist"
+
+
+def test_every_module_a_layout_row_names_exists():
+    """A row that names a module (`` `simfleet.py` ``, `` `ha.py` ``) names one in its own folder."""
+    missing = []
+    for folder, text in re.findall(r"^\| `(gpuobs/[a-z_]+/)` \| (.*)$", _layout(), re.M):
+        for name in re.findall(r"`([a-z_/]+\.py)`", text):
+            if not (REPO / folder / name).is_file():
+                missing.append(folder + name)
+    assert missing == [], "README layout names modules that do not exist"
