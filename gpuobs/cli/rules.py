@@ -30,8 +30,9 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
     slo_config = Path(args.slo_config) if args.slo_config else assets.path("prometheus/slo.yaml")
     try:
-        text = {"xid": lambda: rule_texts(_fleet(args))["prometheus/rules/gpu-xid.yml"], "kernel-log": render_kernel_log_rules,
-                "slo": lambda: render_slo_rules(slo_config, args.period)}[args.which]()
+        text = {"xid": lambda: rule_texts(_fleet(args))["prometheus/rules/gpu-xid.yml"],
+                "kernel-log": lambda: render_kernel_log_rules(_fleet(args)),
+                "slo": lambda: render_slo_rules(slo_config, _fleet(args).runbook_base, args.period)}[args.which]()
     except OSError as exc:
         return fail(f"--slo-config {slo_config}: {exc.strerror}")
     except InputError as exc:

@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from gpuobs.core.errors import InputError, yaml_problem
+from gpuobs.mixin.runbooks import RUNBOOK_BASE
 
 #: Families whose rules have a stock and an enhanced path (gpuobs.mixin.families).
 PATH_FAMILIES = ("xid", "gpu-missing", "ecc", "throttling", "collective-hang", "memory")
@@ -56,7 +57,7 @@ class FleetConfig:
     paths: dict = field(default_factory=lambda: {f: "both" for f in PATH_FAMILIES})
     xid_kernel_log: bool = False
     slowdown_temp_c: float = 87.0
-    runbook_base: str = "http://127.0.0.1:9097"
+    runbook_base: str = RUNBOOK_BASE
 
     def stock(self, family: str) -> bool:
         return self.paths[family] in ("both", "stock")
@@ -136,7 +137,7 @@ def parse_fleet(doc: object, source: str = "fleet config") -> FleetConfig:
     temp = gpu.get("slowdown_temp_c", 87)
     if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not 40 <= temp <= 120:
         raise FleetConfigError(f"gpu.slowdown_temp_c: expected degrees C between 40 and 120; got {temp!r}")
-    base = doc.get("runbook_base", "http://127.0.0.1:9097")
+    base = doc.get("runbook_base", RUNBOOK_BASE)
     if not isinstance(base, str) or not re.match(r"https?://", base):
         raise FleetConfigError(f"runbook_base: expected an http(s) URL; got {base!r}")
     return FleetConfig(identity_label=ident,

@@ -23,6 +23,7 @@ Contract of every rule (design §4.6, §6; tests/mixin check it):
 from __future__ import annotations
 
 from gpuobs.mixin.fleet import FleetConfig
+from gpuobs.mixin.runbooks import runbook_url
 from gpuobs.reference import xid
 from gpuobs.reference.dcgm_exporter import THROTTLE_BITS
 
@@ -75,7 +76,7 @@ class Rules:
         return f'up{{{selector}, {self.identity}!=""}}'
 
     def runbook(self, file: str, alert: str) -> str:
-        return f"{self.cfg.runbook_base}/runbooks/{file}.md#{alert.lower()}"
+        return runbook_url(self.cfg.runbook_base, file, alert)
 
     def combine(self, family: str, enhanced: str, stock: str, present: str, on: str | None = None) -> str:
         """``enhanced or (stock unless on (<on>) present)`` per the family's configured paths."""

@@ -9,10 +9,11 @@ import re
 from pathlib import Path
 
 from gpuobs.core import assets
+from gpuobs.core.durations import parse_duration
+from gpuobs.mixin.fleet import load_fleet
 from gpuobs.mixin.kernel_log_rules import RECENT_S
 from gpuobs.mixin.kernel_log_rules import render as render_kernel_log
-from gpuobs.mixin.runbooks import RUNBOOK_BASE
-from gpuobs.core.durations import parse_duration
+from gpuobs.mixin.render import DEFAULT_FLEET
 from gpuobs.mixin.slo_rules import render_slo_rules
 
 #: Stack profiles. ``default`` loads the repository's rule files as they are (realistic ``for:``
@@ -53,22 +54,25 @@ def _shorten_windows(text: str, divisor: int) -> str:
 
 def profile_rules(runbook_base: str, profile: str = "default", repo: Path | None = None) -> dict[str, str]:
     """File name -> text of every rule file under ``repo/prometheus/rules`` for ``profile``, with the
-    runbook base applied. Raises ValueError for an unknown profile."""
+    runbook base applied. The files are the render of ``repo``'s fleet config (``prometheus/fleet.yaml``),
+    and the drill profile regenerates the SLO and kernel-log files from that same config. Raises
+    ValueError for an unknown profile, FleetConfigError for a bad fleet config."""
     repo = repo or assets.root()
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    fleet = load_fleet(repo / DEFAULT_FLEET)
     out = {}
     for rule_file in sorted((repo / "prometheus" / "rules").glob("*.yml")):
         if profile == "drill" and rule_file.name == "slo.yml":
-            text = render_slo_rules(repo / "prometheus" / "slo.yaml", DRILL_SLO_PERIOD)
+            text = render_slo_rules(repo / "prometheus" / "slo.yaml", fleet.runbook_base, DRILL_SLO_PERIOD)
         elif profile == "drill" and rule_file.name == "gpu-kernel-log.yml":
             # Its "recent Xid" span is a constant, not a range selector: shorten it like the windows.
-            text = render_kernel_log(RECENT_S // DRILL_WINDOW_DIVISOR)
+            text = render_kernel_log(fleet, RECENT_S // DRILL_WINDOW_DIVISOR)
         else:
             text = rule_file.read_text()
         if profile == "drill":
             text = _cap_for(text, DRILL_MAX_FOR)
             if rule_file.name != "slo.yml":  # the SLO file is regenerated for its own period instead
                 text = _shorten_windows(text, DRILL_WINDOW_DIVISOR)
-        out[rule_file.name] = text.replace(RUNBOOK_BASE, runbook_base.rstrip("/"))
+        out[rule_file.name] = text.replace(fleet.runbook_base + "/runbooks/", runbook_base.rstrip("/") + "/runbooks/")
     return out

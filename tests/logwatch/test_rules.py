@@ -10,6 +10,7 @@ import pytest
 
 from gpuobs.cli import run as cli_run
 from gpuobs.mixin import kernel_log_rules as rules
+from gpuobs.mixin.fleet import FleetConfig
 from gpuobs.reference import xid
 from tests.mixin.test_alertmanager import inhibit_rules, inhibits
 
@@ -18,10 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_rule_file_is_generated_and_check_mode_works(tmp_path, capsys):
     path = ROOT / "prometheus" / "rules" / "gpu-kernel-log.yml"
-    assert path.read_text() == rules.render()
+    assert path.read_text() == rules.render(FleetConfig())
     assert cli_run(["rules", "kernel-log", "--check", str(path)]) == 0
     stale = tmp_path / "old.yml"
-    stale.write_text(rules.render().replace(">= 3", ">= 2"))
+    stale.write_text(rules.render(FleetConfig()).replace(">= 3", ">= 2"))
     assert cli_run(["rules", "kernel-log", "--check", str(stale)]) == 1
     assert "out of date" in capsys.readouterr().err
 
@@ -29,7 +30,7 @@ def test_rule_file_is_generated_and_check_mode_works(tmp_path, capsys):
 def test_code_lists_come_from_the_catalogue():
     def codes(name: str) -> dict[str | None, set[int]]:
         out: dict[str | None, set[int]] = {}
-        for r in rules.kernel_log_rules()["groups"][0]["rules"]:
+        for r in rules.kernel_log_rules(FleetConfig())["groups"][0]["rules"]:
             if r["alert"] == name:
                 regex = r["expr"].split('xid=~"')[1].split('"')[0]
                 out[r.get("for")] = set(map(int, regex.split("|")))
