@@ -1,9 +1,10 @@
 """The ``gpuobs`` command: one module per command group, registered from :data:`GROUPS`.
 
 Each group module has ``register(subparsers)``; its leaves set ``func(args) -> int`` (the exit code).
-:func:`run` maps the error hierarchy of :mod:`gpuobs.core.errors` to exit codes (0 success,
-1 failure, 2 usage or input error, 3 inconclusive, 130 interrupted) and prints every user error as
-one line ``gpuobs <group>: error: ...``; nothing below the CLI prints errors or picks exit codes.
+:func:`run` (through :func:`dispatch`) maps the error hierarchy of :mod:`gpuobs.core.errors` to exit
+codes (0 success, 1 failure, 2 usage or input error, 3 inconclusive, 4 could not judge: backend
+error, 130 interrupted) and prints every user error as one line ``gpuobs <group>: error: ...``;
+nothing below the CLI prints errors or picks exit codes.
 Flags fall back to ``GPUOBS_*`` environment variables where their help says so.
 
 To add a group: write ``gpuobs/cli/<group>.py`` with ``register`` and add it to :data:`GROUPS`.
@@ -47,6 +48,13 @@ def run(argv: list[str] | None = None) -> int:
         return fail(f"log level {args.log_level!r} (--log-level or GPUOBS_LOG_LEVEL) must be one of "
                     f"{', '.join(LOG_LEVELS)}")
     log.setup(args.log_level)
+    return dispatch(args)
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed command, ``args.func(args)``, and return its exit code: the one mapping of a
+    :class:`~gpuobs.core.errors.GpuobsError` to its ``exit_code`` and error line (tests that build
+    a group's parser alone call this too)."""
     try:
         return args.func(args)
     except GpuobsError as exc:  # a damaged stack.json, a bad run dir, a bad file: the user's to fix

@@ -1,15 +1,17 @@
 """``gpuobs canary``: the canary analyzer's command line (``analyze``, ``serve``).
 
 The main CLI calls :func:`register` with its sub-parsers object, then ``args.func(args)`` and exits
-with the returned code (design §8):
+with the returned code, or the exit code of the error it raises (:func:`gpuobs.cli.dispatch`; design §8):
 
 * 0 PROMOTE, 1 ROLLBACK, 3 HOLD: a verdict, printed as a table or, with ``--json``, one JSON object;
 * 2 usage or input error: a bad flag, selector, duration or config file, or a query the backend
   rejects (HTTP 400/422: the config's PromQL is wrong): one ``error:`` line on stderr, no verdict;
-* 4 could not judge, backend error (:data:`gpuobs.core.errors.EXIT_BACKEND`): Prometheus
-  unreachable, answering 5xx after the retries, refusing the credentials or answering garbage: one
-  ``error:`` line on stderr (and ``{"verdict": null, "error": ..., "exit_code": 4}`` on stdout with
-  ``--json``), never a verdict, and never the ROLLBACK code;
+* 4 could not judge, backend error: Prometheus unreachable, answering 5xx after the retries,
+  refusing the credentials or answering garbage. ``analyze`` raises
+  :class:`~gpuobs.core.errors.BackendError` (exit code :data:`~gpuobs.core.errors.EXIT_BACKEND`) and
+  the main CLI's error mapping (:func:`gpuobs.cli.dispatch`) prints its one ``error:`` line on stderr
+  and returns 4 (with ``--json``, ``{"verdict": null, "error": ..., "exit_code": 4}`` is printed on
+  stdout first); never a verdict, and never the ROLLBACK code;
 * 1 also when the ``--state`` file cannot be written (the verdict is then not printed).
 """
 
@@ -31,8 +33,8 @@ from gpuobs.canary.config import (
 from gpuobs.cli.common import env as _env
 from gpuobs.cli.common import fail as _common_fail
 from gpuobs.core.errors import EXIT_FAILURE as EXIT_RUNTIME  # noqa: E402
-from gpuobs.core.errors import EXIT_BACKEND  # noqa: E402
 from gpuobs.core.errors import EXIT_USAGE as EXIT_BAD_INPUT  # noqa: E402
+from gpuobs.core.errors import BackendError
 from gpuobs.core.files import atomic_write
 from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusQueryError
 
@@ -194,13 +196,19 @@ def _read_secret(path: str, field: str) -> str:
 def _fail(msg: str, code: int, as_json: bool) -> int:
     _common_fail(msg, code)
     if as_json:
-        print(json.dumps({"verdict": None, "error": msg, "exit_code": code}))
+        _print_error_doc(msg, code)
     return code
 
 
+def _print_error_doc(msg: str, code: int) -> None:
+    """The ``--json`` answer of a look that reached no verdict, on stdout."""
+    print(json.dumps({"verdict": None, "error": msg, "exit_code": code}))
+
+
 def run_analyze(args: argparse.Namespace) -> int:
-    """Handler of ``canary analyze``: prints the verdict; returns 0/1/3, 2 on bad input, 4 when the backend
-    fails (no verdict), 1 when the state file cannot be written."""
+    """Handler of ``canary analyze``: prints the verdict; returns 0/1/3, 2 on bad input, 1 when the state
+    file cannot be written. Raises :class:`~gpuobs.core.errors.BackendError` when the backend fails (no
+    verdict; the CLI's mapping exits 4), after printing its ``--json`` document."""
     try:
         client, cfg = build_client(args), build_config(args)
         end = parse_time(args.end, "--end") if args.end else time.time()
@@ -221,7 +229,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     except PrometheusQueryError as exc:
         return _fail(f"the backend rejected a query (check the metrics config): {exc}", EXIT_BAD_INPUT, args.json)
     except PrometheusError as exc:
-        return _fail(f"could not judge: backend error: {exc}", EXIT_BACKEND, args.json)
+        err = BackendError(f"could not judge: backend error: {exc}")
+        if args.json:
+            _print_error_doc(str(err), err.exit_code)
+        raise err from exc
     except ValueError as exc:  # a look earlier than the state's last one
         return _fail(str(exc), EXIT_BAD_INPUT, args.json)
     if state is not None:

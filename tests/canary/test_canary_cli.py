@@ -12,16 +12,18 @@ import requests
 
 from gpuobs.canary.config import load_config
 from gpuobs.canary.serve import CanaryServer
+from gpuobs.cli import dispatch
 from gpuobs.cli.canary import register
 from gpuobs.promapi.prometheus import PromClient
 from tests.fakes.prometheus import FakePrometheus, fleet
 
 
 def cli(argv: list[str]) -> int:
+    """The canary group alone, its errors mapped to exit codes as the main CLI maps them."""
     parser = argparse.ArgumentParser(prog="gpuobs")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    return dispatch(args)
 
 
 def analyze_args(url: str, *extra: str) -> list[str]:

@@ -245,7 +245,7 @@ def test_coarse_layout_leaves_the_tail_test_out_instead_of_holding_every_canary(
 def test_tail_test_z_is_exact_with_few_tail_requests():
     """Under the baseline, the z of a sum of few skewed log-rank scores (60 and 150 requests above
     p90) keeps its one-sided level at 0.5% and 0.27%; the normal approximation does not."""
-    from gpuobs.canary.analyzer import _savage_scores, _tail_top_group, score_sum_z
+    from gpuobs.canary.histstats import _savage_scores, _tail_top_group, score_sum_z
 
     rng = np.random.default_rng(8)
     p_tail = np.array([0.716, 0.183, 0.084, 0.0006, 0.00005])  # vLLM TTFT buckets above 0.5 s, sigma 0.6
@@ -459,11 +459,11 @@ def test_noisy_nodes_count_their_effective_degrees_of_freedom():
 
 
 def test_bound_at_clamps_a_tiny_share_over_a_shallow_tail_instead_of_overflowing():
-    """``_HistContext._bound_at`` extends the baseline's last survival segment past its last request.
+    """``HistContext._bound_at`` extends the baseline's last survival segment past its last request.
     Over a nearly flat last segment a tiny share extrapolates to ``exp(>709)``: that raised
     OverflowError inside a look (the live rollout test's good release, CI of 2026-12-02). The reading
     is clamped to the layout's largest bound, in log space; shares inside the data still interpolate."""
-    from gpuobs.canary.analyzer import _HistContext
+    from gpuobs.canary.histstats import HistContext
     from gpuobs.canary.stats import bin_log_centres
 
     bounds = np.asarray(TTFT_BUCKETS, dtype=float)
@@ -474,7 +474,7 @@ def test_bound_at_clamps_a_tiny_share_over_a_shallow_tail_instead_of_overflowing
     counts[j075 + 1] = 100.0                # 10% in 0.75-1.0 s, nothing above 1.0 s
     cb = counts[None, :]
     n = np.array([counts.sum()])
-    ctx = _HistContext(bounds, bin_log_centres(bounds), cb.copy(), cb, n, n, n, n, 0.015, 4.0)
+    ctx = HistContext(bounds, bin_log_centres(bounds), cb.copy(), cb, n, n, n, n, 0.015, 4.0)
     for share in (1e-12, 1e-300, 0.0):
         got = ctx._bound_at(share)
         assert math.isfinite(got) and got == pytest.approx(bounds[-1]), (share, got)

@@ -1,0 +1,602 @@
+"""Tests on bucketed latency histograms, one look at a time: location, spread, tail, quantiles
+(pure numpy/scipy; no backend, no config object).
+
+:class:`HistContext` holds one look's per-node bucket counts of the canary and the baseline on their
+common bucket bounds and runs the tests of docs/canary.md (1a-1e) on them. :mod:`gpuobs.canary.analyzer`
+queries the counts, gives each test its alpha and group-sequential boundary, and decides; this module
+only estimates.
+
+Shapes and units: counts ``(units, B+1)`` per side, a unit being a serving node (the analyzer's
+``config.node_label``), the last axis the buckets of the ``B`` common finite bounds in ``le`` order
+(seconds) then ``+Inf``; ``x`` ``(B+1,)`` the buckets' log centres (:func:`~gpuobs.canary.stats.bin_log_centres`);
+requests and effective sample sizes per unit ``(units,)`` (``increase()`` extrapolation and
+clustering removed from the latter); node effects on the log scale (a node's latencies scaled by
+``exp(nu)``, spread ``tau``). Effects and intervals are on the user's scale: ratio - 1.
+
+The tests, each at its share of the metric's alpha (:meth:`HistContext.test`):
+
+* **location**: mean log latency (the geometric mean's change), the between-node variance estimated
+  from the baseline's nodes (DerSimonian-Laird, :func:`~gpuobs.canary.stats.clustered`) and pooled
+  with the configured node spread; that tau^2 serves the other tests through each one's slope.
+* **spread**: the within-node standard deviation of log latency (ratio of the canary's to the
+  baseline's), its variance from the baseline's kurtosis.
+* **pNN quantiles**: the share of canary requests above the baseline's pNN bucket bound, exact
+  binomial tail (:func:`~gpuobs.canary.stats.exceedance_z`), read as the quantile's change through
+  binormal tails (Dorfman & Alf 1969; Metz 1978; :meth:`HistContext._quantile_mapping`).
+* **tail**: a grouped log-rank (Savage 1956; Prentice & Gloeckler 1978) test on the requests above
+  the baseline's p90 bound, its null exact by FFT convolution (:func:`score_sum_z`), reported as the
+  p99 change it implies (:meth:`HistContext._tail`).
+
+Also: :func:`node_spread_note` (the node-spread assumption in words, when it carries weight) and
+:func:`errors_needed` (the canary requests an error-ratio metric needs to pass, for the analyzer's
+outlook, as the tests' ``need`` is for the histogram metrics).
+
+Errors: :class:`NoData` (no usable data for a test or metric) and :class:`NotApplicable` (a layout
+that cannot support a test); the analyzer turns them into the test's NoData / ``n/a``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from math import log1p
+from typing import Any, Callable
+
+import numpy as np
+from scipy.stats import norm
+
+from gpuobs.canary.config import quantile_of
+from gpuobs.canary.sequential import binomial_upper_bound
+from gpuobs.canary.stats import (CANARY_VARIANCE_PRIOR, Clustered, clustered, exceedance_z, tail_threshold,
+                                 unit_moments)
+
+# the tail test (``HistContext._tail``) compares the requests above the baseline's bound nearest its p90
+TAIL_FROM = 0.9
+TAIL_REPORT_Q = 0.99  # the tail test reports (and passes on) the change of this quantile it implies
+SCORE_GRID_CELLS = 64  # grid cells per score range in the tail test's exact null (score_sum_z)
+TAIL_TOP_SHARE = 0.01  # the tail test pools the top buckets holding less than this share of the tail
+# A quantile test is n/a when its nearest bucket bound is further than this from the quantile in
+# probit units of the baseline's share (1.0: the share above the bound is 16-84% for p50, 0.04-9% for
+# p99; a lognormal's latency at the bound is within a factor exp(sigma) of the quantile). Further out
+# the test measures another quantile: with buckets 0.1, 0.5, 2.5, 10 s the p99 test sat on the p90
+# test's bound (0.5 s, 12% above) and the p50 test on 0.1 s (94% above), whose change says little
+# about the median's. The location test still covers such a layout.
+QUANTILE_BOUND_PROBIT = 1.0
+# the quantile tests' tail-shape factor (binormal slope, ``_quantile_mapping``) is clamped to this range
+BETA_RANGE = (0.5, 2.0)
+
+
+class NoData(Exception):
+    """A metric, or one of its histogram tests, has no usable data; the message becomes its NoData
+    reason (raised here and by :mod:`gpuobs.canary.analyzer`, which reports it, never raises it on)."""
+
+
+class NotApplicable(NoData):
+    """A histogram test that the bucket layout cannot support (the tail test when the baseline's tail
+    above p90 falls in one bucket group). The analyzer reports the test as ``n/a`` and leaves it out
+    of the metric's verdict, its alpha unspent: a layout cannot make a metric unpassable."""
+
+
+def _expm1(v: float) -> float:
+    """``exp(v) - 1`` that saturates instead of overflowing (a Student-t boundary with ~1 degree of
+    freedom, from two baseline nodes, can be astronomically wide)."""
+    return math.expm1(min(v, 700.0))
+
+
+# the prior's share of the node-spread estimate above which a look reports the assumption
+PRIOR_NOTE_WEIGHT = 0.25
+
+
+def _tail_top_group(counts: np.ndarray) -> int:
+    """Index of the first bucket of the pooled top group: the last bucket from which the buckets up
+    to the top hold at least ``TAIL_TOP_SHARE`` of ``counts`` (0 when the total is 0)."""
+    c = np.asarray(counts, dtype=float)
+    total = float(c.sum())
+    if not total > 0:
+        return 0
+    from_top = np.cumsum(c[::-1])[::-1] / total
+    ok = np.nonzero(from_top >= TAIL_TOP_SHARE)[0]
+    return int(ok[-1]) if ok.size else 0
+
+
+def _pool_top(counts: np.ndarray, top: int) -> np.ndarray:
+    """``counts`` with the buckets from index ``top`` on summed into one (see ``_tail_top_group``)."""
+    return np.concatenate((counts[:top], [counts[top:].sum()]))
+
+
+def score_sum_z(scores: np.ndarray, probs: np.ndarray, counts: np.ndarray, m: float) -> float:
+    """z of "a sum of ``m`` independent draws of ``scores`` (probabilities ``probs``) is at least the
+    observed one", the observed draws being ``counts`` per score scaled to ``m`` in all: the mid-p
+    upper tail ``P(S > observed) + P(S = observed)/2`` mapped to the normal scale.
+
+    Exact for the scores rounded to a grid of ``span / G`` (``G`` >= ``SCORE_GRID_CELLS`` cells,
+    up to 2^17 / m): the observed sum is read on the same grid, so the test stays exact for the
+    rounded scores (a score moves by at most ``span / 2G``); the distribution of the sum is the
+    ``m``-fold convolution, by FFT, of the one-draw distribution; ``m`` is rounded to an integer
+    (``increase()``'s counts are not). Beyond 4,000 draws the normal approximation is used, its
+    error being small by then. Returns 0.0 for ``m`` < 1 or a single score value."""
+    s = np.asarray(scores, dtype=float)
+    pi = np.asarray(probs, dtype=float)
+    k = int(round(m))
+    mu = float((pi * s).sum())
+    var = float((pi * s * s).sum()) - mu * mu
+    if k < 1 or not var > 0:
+        return 0.0
+    x = np.asarray(counts, dtype=float)
+    if not x.sum() > 0:
+        return 0.0
+    if k > 4000:
+        return float(m * ((x * s).sum() / x.sum() - mu) / math.sqrt(m * var))
+    n_fft = 1 << max(10, min(17, math.ceil(math.log2(k * SCORE_GRID_CELLS + 1))))
+    lo, span = float(s.min()), float(s.max() - s.min())
+    cells = (n_fft - 1) // k
+    h = span / cells
+    idx = np.rint((s - lo) / h).astype(int)
+    one = np.zeros(n_fft)
+    np.add.at(one, idx, pi)
+    pmf = np.clip(np.fft.irfft(np.fft.rfft(one) ** k, n_fft), 0.0, None)
+    at = k * float((x * idx).sum() / x.sum())  # the observed sum on the grid, scaled to k draws
+    at = min(max(at, 0.0), float(n_fft - 1))
+    tail_above = np.concatenate((np.cumsum(pmf[::-1])[::-1][1:], [0.0]))  # P(S_grid > i)
+    i0 = int(math.floor(at))
+    i1 = min(i0 + 1, n_fft - 1)
+    f = at - i0
+    mid0 = tail_above[i0] + 0.5 * pmf[i0]
+    mid1 = tail_above[i1] + 0.5 * pmf[i1]
+    p = (1 - f) * mid0 + f * mid1
+    p = min(max(p, 1e-300), 1.0)
+    return float(norm.isf(p))
+
+
+def _savage_scores(counts: np.ndarray) -> tuple[np.ndarray, float]:
+    """Grouped log-rank (Savage) scores of buckets with ``counts`` (ordered by latency) and their
+    variance under those counts' shares: ``(scores, V)``; empty buckets score 0 (see ``_tail``)."""
+    c = np.asarray(counts, dtype=float)
+    total = float(c.sum())
+    if not total > 0:
+        return np.zeros_like(c), 0.0
+    pi = c / total
+    s_hi = np.clip(1.0 - np.cumsum(pi), 0.0, 1.0)
+    s_lo = np.concatenate(([1.0], s_hi[:-1]))
+
+    def xlogx(v: np.ndarray) -> np.ndarray:
+        return np.where(v > 0, v * np.log(np.where(v > 0, v, 1.0)), 0.0)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scores = np.where(pi > 0, -(xlogx(s_lo) - xlogx(s_hi)) / np.where(pi > 0, pi, 1.0), 0.0)
+    return scores, float((pi * scores * scores).sum())
+
+
+def node_spread_note(ctx: "HistContext", unit: str, spread: float, prior_df: float, kb: int, kc: int) -> str:
+    """The node-spread assumption in words when it carries weight (few nodes), else ``""``."""
+    try:
+        loc = ctx.location_stat()
+    except (ValueError, ZeroDivisionError, FloatingPointError):
+        return ""
+    d = loc.node_df
+    weight = 1.0 if d == 0 or math.isinf(prior_df) else prior_df / (prior_df + d)
+    if weight < PRIOR_NOTE_WEIGHT:
+        return ""
+    used = math.expm1(math.sqrt(loc.tau2))
+    if d == 0:
+        src = (f"{kb} baseline and {kc} canary {unit}(s) cannot estimate node-to-node variation; assuming the "
+               f"configured node_spread {spread:.1%}")
+    else:
+        src = (f"node-to-node variation from {kb} baseline and {kc} canary {unit}(s) ({d} df) pooled with the "
+               f"assumed node_spread {spread:.1%} ({prior_df:g} df, {weight:.0%} of the weight)")
+    return (f"{src}: node sd {used:.1%} used; a canary {unit} that differs from the baseline by more than "
+            f"the assumed spread can be rolled back (more baseline {unit}s let the data decide)")
+
+
+def errors_needed(p_b: float, allowed: float, alpha: float) -> float:
+    """Canary requests at which a canary erring at the baseline's ratio ``p_b`` passes (its anytime
+    upper bound <= p_b + allowed); inf beyond 1e8 requests, NaN when p_b is unknown. ``p_b`` is
+    rounded to 2 significant digits (a prediction, cached across looks)."""
+    if not math.isfinite(p_b):
+        return math.nan
+    return _errors_needed_cached(float(f"{p_b:.2g}"), allowed, alpha)
+
+
+@functools.lru_cache(maxsize=256)
+def _errors_needed_cached(p_b: float, allowed: float, alpha: float) -> float:
+    n = np.logspace(0, 8, 321)
+    ok = binomial_upper_bound(p_b * n, n, alpha) <= p_b + allowed
+    return float(n[np.argmax(ok)]) if ok.any() else math.inf
+
+
+class HistContext:
+    """The per-node bucket counts of one look and the tests on them (see docs/canary.md).
+
+    ``cc``/``cb``: counts ``(units, B+1)`` on the common ``bounds``; ``nc``/``nb``: requests per unit;
+    ``ec``/``eb``: effective sample sizes per unit (``increase()`` extrapolation and clustering
+    removed); ``tau_loc``: the prior node spread on the log scale, used with < 2 baseline units.
+    Each test returns a dict: ``stat`` (:class:`Clustered`), ``n`` (canary requests), ``effect``
+    (user scale), ``interval(c)`` (user-scale interval at boundary c), optional ``z``, ``what``,
+    ``needed(c1)`` inputs, ``extra`` (descriptive fields).
+    """
+
+    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc, prior_df, history=None):
+        self.bounds, self.x, self.cc, self.cb, self.nc, self.nb, self.ec, self.eb = bounds, x, cc, cb, nc, nb, ec, eb
+        self.tau_loc, self.prior_df, self.history = tau_loc, prior_df, history
+        self.Nc, self.Nb, self.Ec, self.Eb = nc.sum(), nb.sum(), ec.sum(), eb.sum()
+        self.wc, self.wb = nc / self.Nc, nb / self.Nb
+        self.g = float((self.wc ** 2).sum() + (self.wb ** 2).sum())
+        self.r = self.Ec / self.Eb
+        self.pb = cb.sum(0)
+        # baseline survival at each bound (share of requests above it), for the quantile tests
+        self.surv = 1.0 - np.cumsum(self.pb)[:-1] / self.Nb
+        _, self.mc_u, self.ssc = unit_moments(cc, x)
+        _, self.mb_u, self.ssb = unit_moments(cb, x)
+        kc, kb = int((nc > 0).sum()), int((nb > 0).sum())
+        self.s2b = float(self.ssb.sum() / max(self.Nb - kb, 1.0))
+        self.s2c = float(self.ssc.sum() / max(self.Nc - kc, 1.0))
+        self._loc: Clustered | None = None
+
+    def test(self, name: str) -> dict[str, Any]:
+        if name == "location":
+            return self._location()
+        if name == "spread":
+            return self._spread()
+        if name == "tail":
+            return self._tail()
+        return self._quantile(name, quantile_of(name))
+
+    def _needed(self, c1_var: float, margin: float, tau2: float) -> float:
+        """Canary sample size at which ``c1 * se`` fits inside ``margin`` (c1 folded into c1_var)."""
+        den = margin * margin - tau2
+        return c1_var / den if den > 0 else math.inf
+
+    def location_stat(self) -> Clustered:
+        """The location comparison; its between-node variance (DerSimonian-Laird on the baseline
+        nodes' mean log latency, the most precise per-node statistic) also serves the quantile tests."""
+        if self._loc is None:
+            mean_c = float((self.cc.sum(0) * self.x).sum() / self.Nc)
+            mean_b = float((self.pb * self.x).sum() / self.Nb)
+            s2c = (self.Ec * self.s2c + CANARY_VARIANCE_PRIOR * self.s2b) / (self.Ec + CANARY_VARIANCE_PRIOR)
+            v_req = s2c / self.Ec + self.s2b / self.Eb
+            okb, okc = self.nb >= 2, self.nc >= 2
+            if self.history is not None:  # the baseline's nodes over node_history (analyzer.Analyzer._node_history)
+                base_group = (self.history[0], self.history[1])
+            else:
+                base_group = (self.mb_u[okb], self.s2b / self.eb[okb])
+            groups = [base_group, (self.mc_u[okc], s2c / self.ec[okc])]
+            self._loc = clustered(mean_c - mean_b, v_req, self.wc, self.wb, groups, self.tau_loc ** 2, self.prior_df,
+                                  label="nodes" if self.history is None else "nodes with history")
+        return self._loc
+
+    def _location(self) -> dict[str, Any]:
+        cl = self.location_stat()
+        e = cl.effect
+
+        def interval(c: float) -> tuple[float, float]:
+            return _expm1(e - c * cl.se), _expm1(e + c * cl.se)
+
+        return {"stat": cl, "n": self.Nc, "effect": math.expm1(e), "interval": interval,
+                "what": "mean log latency (geometric mean)",
+                "need": lambda c1, allowed: self._needed(c1 * c1 * self.s2b * (1 + self.r), log1p(allowed),
+                                                         c1 * c1 * cl.tau2 * self.g)}
+
+    def _spread(self) -> dict[str, Any]:
+        if self.s2c <= 0 or self.s2b <= 0:
+            raise NoData("no spread within the buckets")
+        dev4 = (self.cb * (self.x - np.nan_to_num(self.mb_u)[:, None]) ** 4).sum()
+        kappa = max(float(dev4 / (self.Nb * self.s2b ** 2)), 1.5)
+        e = 0.5 * math.log(self.s2c / self.s2b)
+        v_req = (kappa - 1) / 4 * (1 / self.Ec + 1 / self.Eb)
+        groups = []
+        for n_u, ss_u, e_u in ((self.nb, self.ssb, self.eb), (self.nc, self.ssc, self.ec)):
+            ok = n_u >= 3
+            s2u = ss_u[ok] / (n_u[ok] - 1)
+            with np.errstate(divide="ignore"):
+                vals = np.where(s2u > 0, 0.5 * np.log(np.where(s2u > 0, s2u, 1.0)), np.nan)
+            groups.append((vals, (kappa - 1) / (4 * e_u[ok])))
+        # node effects scale a node's latencies (a shift of its log latency) and leave its spread as
+        # it is: the prior for the spread test's between-node variance is 0, with the same weight
+        cl = clustered(e, v_req, self.wc, self.wb, groups, 0.0, self.prior_df)
+
+        def interval(c: float) -> tuple[float, float]:
+            return _expm1(e - c * cl.se), _expm1(e + c * cl.se)
+
+        return {"stat": cl, "n": self.Nc, "effect": math.expm1(e), "interval": interval,
+                "what": "within-node standard deviation of log latency (ratio - 1)",
+                "need": lambda c1, allowed: self._needed(c1 * c1 * (kappa - 1) / 4 * (1 + self.r), log1p(allowed),
+                                                         c1 * c1 * cl.tau2 * self.g)}
+
+    def _tail(self) -> dict[str, Any]:
+        """Tail-shape test: a two-sample log-rank (Savage) test on the requests above the baseline's
+        p90 bucket bound, conditional on how many there are.
+
+        Statistic: the bound ``b`` of :func:`tail_threshold` at 0.9 (the p90 test's); on the buckets
+        above it the baseline's conditional survival ``S_lo``/``S_hi`` at each bucket's lower/upper
+        bound gives the bucket's score ``-(S_lo ln S_lo - S_hi ln S_hi) / (S_lo - S_hi)``: the score
+        of a Lehmann (proportional hazards) alternative ``S_canary = S_base^theta`` in grouped data
+        at ``theta = 1``, mean 0 under the baseline, variance ``V`` (Savage 1956, "Contributions to
+        the theory of rank order statistics: the two-sample case", Ann. Math. Stat. 27; for grouped
+        data Prentice & Gloeckler 1978, Biometrics 34). It is the locally most powerful rank test
+        for a tail that got heavier, and it uses only the baseline's shares at the bounds, no
+        density or distribution family. Its estimate is the one-step log "stretch" ``e = mean canary
+        score / V`` (``theta = exp(-e)``), variance ``(1/m_c + 1/m_b) / V`` (``m`` the effective
+        requests above ``b``). ``effect`` and the interval are reported as the change of the p99
+        that ``theta`` implies (``TAIL_REPORT_Q``; the baseline's survival log-log interpolated), so
+        the interval reads like the pNN tests' (on vLLM's TTFT buckets a tail hazard ratio of 1.25 is
+        p99 +15%, +25% is a ratio of 1.42). It is a harm-only test (``analyzer.HARM_ONLY_TESTS``): it rolls
+        back, and PROMOTE leaves the p99 bound to the p99 test.
+
+        Why, besides the pNN tests: a regression that stretches only the tail (bench shape "tail:
+        p99 +30%, median unchanged") changes the share above the p99 bound from 1.0% to 2.2%, a
+        handful of requests at canary traffic, while it moves every request above p90 (12% of
+        them). Fixed sample of 1,140 canary requests, vLLM's TTFT buckets, one look at alpha 0.27%
+        (bench/canary_oracle.py): the p99 exceedance test catches 72%, this test 86%, the
+        Neyman-Pearson oracle that knows the alternative exactly 88%. Conditioning on the count
+        above ``b`` keeps the test about the shape: a uniform slowdown is the location test's.
+
+        The buckets at the top holding together less than ``TAIL_TOP_SHARE`` (1%) of the baseline's
+        requests above ``b`` are pooled into one, capping a score at ``-ln 0.01 = 4.6``: one canary
+        request in a bucket the baseline reaches once an hour is not a verdict, and the baseline's
+        share of such a bucket is too uncertain to score by. The z is exact, not normal: the canary's
+        score sum has few large values (at 1,140 canary requests the normal approximation rejected
+        at 0.44% for a 0.27% boundary, 2.5x), so its upper tail (mid-p) is computed from the
+        distribution of a sum of ``m`` independent scores (:func:`score_sum_z`) and widened by the
+        baseline's and the nodes' variance as the pNN tests' z is.
+
+        Node heterogeneity: a node scaled by ``exp(nu)`` moves the mean score by ``slope x nu``
+        (slope from the baseline's survival, log-log interpolated between bounds and shifted by
+        +-5%), so the between-node variance is ``slope^2 tau^2`` with the location test's tau^2.
+        Raises NoData when the baseline has no bound near its p90 or the canary has no request
+        above ``b``; NotApplicable when the baseline's tail falls in one bucket group (a coarse
+        layout such as 0.1, 0.5, 2.5, 10 s: bench "A/A, coarse buckets", where a NoData here held
+        every healthy canary to the deadline)."""
+        j = tail_threshold(self.bounds, self.pb, TAIL_FROM)
+        if j < 0:
+            raise NoData("no bucket bound inside the baseline's distribution near its p90")
+        b = float(self.bounds[j])
+        pb_t = self.pb[j + 1:]
+        mb = float(pb_t.sum())
+        top = _tail_top_group(pb_t)
+        pooled_b = _pool_top(pb_t, top)
+        scores, v = _savage_scores(pooled_b)
+        if not v > 0:
+            raise NotApplicable(f"the baseline's requests above {b:g} fall in one bucket group (the layout "
+                                f"cannot resolve the tail's shape)")
+        xc = self.cc[:, j + 1:].sum(0)
+        xc = _pool_top(xc, top)
+        m = float(xc.sum())
+        if not m > 0:
+            raise NoData(f"no canary request above the baseline's p90 bound {b:g}")
+        mc_eff, mb_eff = m * self.Ec / self.Nc, mb * self.Eb / self.Nb
+        e = float((xc * scores).sum() / m) / v
+        v_c0 = 1.0 / (mc_eff * v)
+        v_req = v_c0 + 1.0 / (mb_eff * v)
+        full = np.concatenate((scores[:top], np.full(pb_t.size - top, scores[top])))
+        slope = self._tail_slope(j, full) / v
+        loc = self.location_stat()
+        tau2 = slope * slope * loc.tau2
+        var = v_req + tau2 * self.g
+        df = var * var / ((tau2 * self.g) ** 2 / loc.tau2_df) if tau2 > 0 and math.isfinite(loc.tau2_df) else math.inf
+        cl = Clustered(e, math.sqrt(var), df, tau2, loc.tau2_source, 1.0 / var, loc.tau2_df, loc.node_df)
+        # the canary's score sum is skewed (few, large scores at the top): its z is read from the exact
+        # null distribution of a sum of mc_eff scores, then widened like the quantile tests' z
+        pi = pooled_b / mb
+        z_exact = score_sum_z(scores, pi, xc, mc_eff)
+        z = z_exact * math.sqrt(v_c0) / cl.se if cl.se > 0 else z_exact
+        p_tail = mb / self.Nb
+        q_ref = min(1.0 - TAIL_REPORT_Q, 0.5 * p_tail)  # the share above the reported quantile
+        s_ref = q_ref / p_tail  # its survival within the tail
+        x_ref = self._bound_at(q_ref)
+
+        def qeff(log_stretch: float) -> float:
+            # Lehmann: canary tail survival = baseline's ^ exp(-log_stretch); the canary's p99 is the
+            # baseline's latency whose share above is p_tail * s_ref ^ exp(log_stretch)
+            ln_share = math.log(p_tail) + math.exp(min(log_stretch, 50.0)) * math.log(s_ref)
+            return self._bound_at(math.exp(max(ln_share, -700.0))) / x_ref - 1.0
+
+        def interval(c: float) -> tuple[float, float]:
+            return qeff(e - c * cl.se), qeff(e + c * cl.se)
+
+        def need(c1: float, allowed: float) -> float:
+            share = self._share_above(x_ref * (1 + allowed))
+            if not 0 < share < q_ref:  # beyond the layout's resolution: no prediction
+                return math.nan
+            margin = math.log(math.log(share / p_tail) / math.log(s_ref))
+            return self._needed(c1 * c1 * (1 + self.r) / (v * p_tail), margin, c1 * c1 * cl.tau2 * self.g)
+
+        return {"stat": cl, "n": self.Nc, "z": z, "effect": qeff(e), "interval": interval, "need": need,
+                "what": (f"tail shape above the baseline's p90 bound {b:g} (log-rank), as the p{TAIL_REPORT_Q * 100:g} "
+                         f"change it implies"),
+                "extra": {"threshold": b, "share_canary": m / self.Nc, "share_baseline": p_tail,
+                          "tail_hazard_ratio": math.exp(e)}}
+
+    def _tail_slope(self, j: int, scores: np.ndarray, delta: float = 0.05) -> float:
+        """d(mean tail score)/d(nu) for latencies scaled by exp(nu): the baseline's survival at the
+        bounds above ``j`` read at ``bound x exp(-+delta)`` (log-log interpolation, :meth:`_share_above`),
+        renormalised above bound ``j``, central difference."""
+        finite = self.bounds[j:]
+        pos = self.surv[j:] > 0
+
+        def mean_score(nu: float) -> float:
+            s = np.array([self._share_above(float(x) * math.exp(-nu)) if ok else 0.0 for x, ok in zip(finite, pos)])
+            if not s[0] > 0:
+                return 0.0
+            probs = -np.diff(np.concatenate((s, [0.0]))) / s[0]
+            return float((np.clip(probs, 0.0, None) * scores).sum())
+
+        return (mean_score(delta) - mean_score(-delta)) / (2 * delta)
+
+    def _log_surv(self) -> tuple[np.ndarray, np.ndarray]:
+        ok = self.surv > 0
+        return np.log(self.bounds[ok]), np.log(self.surv[ok])
+
+    def _bound_at(self, share: float) -> float:
+        """Baseline latency with ``share`` of requests above it (log-log interpolation of the survival
+        between bucket bounds). Below the smallest positive share the last segment's log-log slope is
+        extended (a Pareto tail; it overstates a lognormal's, which steepens), up to the layout's
+        largest bound: clamping there instead read every share beyond the baseline's last request as
+        that bound, so a tail test's interval collapsed to "no change" exactly when the canary's tail
+        went further than the baseline's (unit test ``test_tail_test_catches_...``). Above the largest
+        share it is clamped to the layout's range."""
+        lb, ls = self._log_surv()
+        ln_share = math.log(max(share, 1e-300))
+        if ls.size >= 2 and ln_share < ls[-1]:
+            slope = (ls[-1] - ls[-2]) / (lb[-1] - lb[-2]) if lb[-1] > lb[-2] else 0.0
+            if slope < 0:
+                # clamped in log space: a very small share over a shallow slope overflowed exp()
+                return float(math.exp(min(lb[-1] + (ln_share - ls[-1]) / slope, math.log(self.bounds[-1]))))
+        return float(np.exp(np.interp(ln_share, ls[::-1], lb[::-1])))
+
+    def _share_above(self, value: float) -> float:
+        lb, ls = self._log_surv()
+        return float(np.exp(np.interp(math.log(value), lb, ls)))
+
+    def _density_at(self, j: int) -> float:
+        """Density of the baseline's log latency at bound ``j`` (share of requests per unit of log
+        latency), ``-dS/dln x = S(b) h(b)`` with ``h`` the log-log hazard slope ``-dln S/dln x``,
+        averaged over the buckets on either side of ``b``.
+
+        A node whose latencies are scaled by ``exp(nu)`` moves the share above ``b`` by this density
+        times ``nu``, so the quantile tests' between-node variance is ``density^2 x tau^2``. The
+        secant of ``S`` across the neighbouring bounds (used before) underestimates the density at a
+        tail bound two to three-fold in variance on vLLM's TTFT buckets (lognormal sigma 0.6: 0.028
+        against 0.046 at the p99 bound 1.0 s, 0.51 against 0.67 at the median), which under-widened
+        the p50/p90/p99 tests: with a 3% node spread their z had sd 1.12-1.22 instead of 1 (A/A
+        false rollbacks 1.4%, bench "A/A, node spread 3%"). The averaged log-log slopes read 0.050
+        and 0.67 there (lognormal: 0.046, 0.665). Falls back to the secant when a side is empty."""
+        b, s = self.bounds, self.surv
+        js = s[j]
+        slopes = []
+        if j > 0 and s[j - 1] > 0 and js > 0:
+            slopes.append(math.log(s[j - 1] / js) / math.log(b[j] / b[j - 1]))
+        if j + 1 < b.size and s[j + 1] > 0 and js > 0:
+            slopes.append(math.log(js / s[j + 1]) / math.log(b[j + 1] / b[j]))
+        if slopes:
+            return float(js * max(0.0, sum(slopes) / len(slopes)))
+        lo_j, hi_j = max(j - 1, 0), min(j + 1, b.size - 1)
+        dlog = math.log(b[hi_j] / b[lo_j]) if hi_j > lo_j else 1.0
+        return abs(float(s[lo_j] - s[hi_j])) / dlog
+
+    def _quantile_mapping(self, j: int, q: float, pc: float) -> Callable[[float], float]:
+        """Map the canary's share above bound ``j`` to the change of its quantile ``q``: a function
+        ``share -> q_canary / q_baseline - 1`` (the test's effect) with ``.interval(lo, hi, c)``, the
+        interval's ends for the share interval ``[lo, hi]`` at ``c``. Raises NotApplicable when neither
+        bucket next to the bound has baseline requests on both its sides (no slope to read by).
+
+        Model: binormal tails (the two-parameter model of ROC analysis, Dorfman & Alf 1969, J. Math.
+        Psychol. 6; Metz 1978, Semin. Nucl. Med. 8): ``Phi^-1(S_canary(x)) = a + beta Phi^-1(S_base(x))``
+        near the quantile, with ``Phi^-1(S_base)`` linear in log latency (exact for a lognormal, and
+        for a lognormal scaled, spread or stretched above a point). ``beta`` comes from the canary's
+        and the baseline's shares above this bound and above a reference bound nearer the median
+        (the bound of quantile ``1 - sqrt(1 - q)``: p90's for p99, ~p68's for p90), clamped to
+        ``BETA_RANGE``; 1 (a uniform scale) for ``q <= 0.5`` or without a usable reference bound. The
+        baseline's probit slope per unit log latency is its secant over the bucket below ``j``
+        (hundreds of baseline requests there; the bucket above has a handful). The interval adds, on
+        each end, ``c`` times the sd that the reference share's sampling error gives the log
+        quantile ratio through ``beta`` (delta method at that end; it grows with the distance from
+        the canary's share at the end to the quantile's level).
+
+        Why not the baseline's survival read at the canary's share (the mapping before): that is
+        the change of the quantile at the canary's level, not at ``q``, and the log-log interpolation
+        it used across vLLM's 1.0-2.5 s bucket is far from a lognormal's. A tail stretched so that
+        p99 is +30% (bench "tail") moves the share above 1.0 s to 2.2%, which it read as +21%, inside
+        the +25% allowed: 10% of such canaries were PROMOTED. This mapping reads +28% on the same
+        shares (+30% with the exact lognormal survival); with ``beta``'s sampling error in the
+        interval, 1 of 80 was promoted (bench/README.md).
+        """
+        def share(x: np.ndarray, jj: int) -> float:
+            return float(x[:, jj + 1:].sum()) / max(float(x.sum()), 1e-300)
+
+        def probit(p: float) -> float:
+            return float(norm.isf(min(max(p, 1e-12), 1.0 - 1e-12)))
+
+        zb = probit(share(self.cb, j))
+        z_q = probit(1.0 - q)
+        b = float(self.bounds[j])
+        slope = math.nan
+        if j > 0:
+            zb_lo = probit(share(self.cb, j - 1))
+            if zb > zb_lo and 0 < share(self.cb, j - 1) < 1:
+                slope = (zb - zb_lo) / math.log(b / float(self.bounds[j - 1]))
+        if not math.isfinite(slope) and j + 1 < self.bounds.size and share(self.cb, j + 1) > 0:
+            zb_hi = probit(share(self.cb, j + 1))
+            if zb_hi > zb:
+                slope = (zb_hi - zb) / math.log(float(self.bounds[j + 1]) / b)
+        if not math.isfinite(slope):
+            # neither neighbouring bucket holds baseline requests on both sides (e.g. bounds 0.25, 100 s):
+            # the share's change cannot be read as a latency change (the old reading clamped it to 0, a
+            # vacuous pass)
+            raise NotApplicable(f"no baseline requests in the buckets next to the bound {b:g}: the layout "
+                                f"cannot turn a share change there into a latency change")
+        ref: tuple[float, float] | None = None  # (canary's probit at the reference bound, baseline's gap)
+        if q > 0.5:
+            jr = tail_threshold(self.bounds, self.pb, 1.0 - math.sqrt(1.0 - q))
+            zb_r = probit(share(self.cb, jr)) if 0 <= jr < j else math.inf
+            if zb - zb_r > 0:
+                ref = (probit(share(self.cc, jr)), zb - zb_r)
+
+        zc_obs = probit(pc)
+        beta = 1.0 if ref is None else min(max((zc_obs - ref[0]) / ref[1], BETA_RANGE[0]), BETA_RANGE[1])
+        ln_qb = (z_q - zb) / slope  # log(baseline's quantile / b)
+
+        def qeff(p: float) -> float:
+            ln_qc = (z_q - probit(p)) / (beta * slope)
+            return math.expm1(min(ln_qc - ln_qb, 700.0))
+
+        def beta_width(p: float, c: float) -> float:
+            """c x sd of log(quantile ratio) at the share ``p`` from the reference share's sampling error
+            (through beta; delta method, at ``p``)."""
+            if ref is None or not BETA_RANGE[0] < beta < BETA_RANGE[1]:
+                return 0.0
+            pr = share(self.cc, jr)
+            sd_r = math.sqrt(pr * (1 - pr) / self.Ec) / max(float(norm.pdf(ref[0])), 1e-300)
+            return c * abs(z_q - probit(p)) / (beta * beta * ref[1] * slope) * sd_r
+
+        def interval(lo: float, hi: float, c: float) -> tuple[float, float]:
+            a, b_ = math.log1p(qeff(lo)), math.log1p(qeff(hi))
+            return math.expm1(a - beta_width(lo, c)), math.expm1(min(b_ + beta_width(hi, c), 700.0))
+
+        qeff.beta = beta  # type: ignore[attr-defined]  # for diagnostics
+        qeff.interval = interval  # type: ignore[attr-defined]
+        return qeff
+
+    def _quantile(self, name: str, q: float) -> dict[str, Any]:
+        j = tail_threshold(self.bounds, self.pb, q)
+        if j < 0:
+            raise NoData(f"no bucket bound inside the baseline's distribution near its {name}")
+        b = float(self.bounds[j])
+        above = float(self.pb[j + 1:].sum() / max(float(self.pb.sum()), 1e-300))
+        if abs(float(norm.isf(above)) - float(norm.isf(1.0 - q))) > QUANTILE_BOUND_PROBIT:
+            raise NotApplicable(f"no bucket bound near the baseline's {name}: the nearest, {b:g}, has {above:.1%} "
+                                f"of requests above it, not {(1.0 - q) * 100:g}% (the layout cannot resolve this quantile)")
+        xb_u = self.cb[:, j + 1:].sum(-1)
+        xc = float(self.cc[:, j + 1:].sum())
+        p0 = float(xb_u.sum() / self.Nb)
+        pc = xc / self.Nc
+        v_c0 = p0 * (1 - p0) / self.Ec
+        v_b = p0 * (1 - p0) / self.Eb
+        # a node shifted by nu on the log scale moves the share above b by the density of log latency
+        # at b times nu (see _density_at)
+        slope = self._density_at(j)
+        loc = self.location_stat()
+        tau2 = (slope ** 2) * loc.tau2  # a node shifted by nu moves the share above b by slope * nu
+        var = v_c0 + v_b + tau2 * self.g
+        df = var * var / ((tau2 * self.g) ** 2 / loc.tau2_df) if tau2 > 0 and math.isfinite(loc.tau2_df) else math.inf
+        cl = Clustered(pc - p0, math.sqrt(var), df, tau2, loc.tau2_source, 1.0 / var, loc.tau2_df, loc.node_df)
+        z_exact = exceedance_z(xc * self.Ec / self.Nc, self.Ec, p0)
+        z = z_exact * math.sqrt(v_c0) / cl.se if cl.se > 0 else z_exact
+
+        qeff = self._quantile_mapping(j, q, pc)
+
+        def interval(c: float) -> tuple[float, float]:
+            # score-type: the lower end with the null variance (the test's), the upper end with the
+            # larger of the observed and null shares (never narrower than the test's own variance)
+            pm = max(pc, p0)
+            se_up = math.sqrt(pm * (1 - pm) / self.Ec + v_b + cl.tau2 * self.g)
+            return qeff.interval(pc - c * cl.se, pc + c * se_up, c)
+
+        def need(c1: float, allowed: float) -> float:
+            if b / (1 + allowed) < self.bounds[0]:  # below the layout's resolution: no prediction
+                return math.nan
+            margin = self._share_above(b / (1 + allowed)) - p0
+            return self._needed(c1 * c1 * p0 * (1 - p0) * (1 + self.r), margin, c1 * c1 * cl.tau2 * self.g)
+
+        return {"stat": cl, "n": self.Nc, "z": z, "effect": qeff(pc), "interval": interval, "need": need,
+                "what": f"share of requests above the baseline's {name} bucket bound {b:g}",
+                "extra": {"threshold": b, "share_canary": pc, "share_baseline": p0}}
