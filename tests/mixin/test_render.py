@@ -201,3 +201,43 @@ def test_kernel_log_xid_path_pages_once_with_the_gpus_identity(tmp_path):
     r = subprocess.run(["promtool", "test", "rules", "kernel.test.yml"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+#: Literals of the default fleet config that a render for another config must not contain: the identity
+#: label as a matcher, a by/on/without list member, an Alertmanager equal/group_by entry or a template
+#: variable; the default selectors; the default runbook base.
+_DEFAULT_LITERALS = (
+    re.compile(r'\bnode(!=|=~|!~|=)"'),                      # a matcher on node
+    re.compile(r"\b(by|on|without|ignoring) \(([^)]*\b)?node\b"),  # grouping / joining on node
+    re.compile(r"\$labels\.node\b"),                         # alert templates
+    re.compile(r"\{\{\s*node\s*\}\}|\$node\b"),               # dashboard legends and variables
+    re.compile(r"(equal|group_by):\s*\[[^\]]*\bnode\b"),      # Alertmanager (flow style)
+    re.compile(r"^\s*-\s*node\s*$", re.M),                   # Alertmanager (block style list item)
+    re.compile(re.escape('job=~"dcgm|.*dcgm-exporter.*"')),
+    re.compile(re.escape('job=~"vllm|.*vllm.*"')),
+    re.compile(re.escape("http://127.0.0.1:9097/runbooks")),
+)
+
+
+def test_a_non_default_fleet_config_reaches_every_generated_file():
+    """Every generated file (all rule files, alertmanager.yml, dashboards) is rendered from the fleet
+    config: with another identity label, selectors and runbook base, no default literal is left, and
+    each rule file and Alertmanager's config uses the new identity label."""
+    cfg = parse_fleet({"identity_label": "k8s_node",
+                       "selectors": {"dcgm": 'job="gpu-operator/nvidia-dcgm-exporter"', "vllm": 'service=~"llm-.*"'},
+                       "runbook_base": "https://runbooks.example"})
+    rendered = render_all(cfg)
+    rule_files = {p.name for p in (ROOT / "prometheus" / "rules").glob("*.yml")}
+    assert {Path(k).name for k in rendered if k.startswith("prometheus/rules/")} == rule_files
+    left = {}
+    for rel, text in rendered.items():
+        hits = [pat.pattern for pat in _DEFAULT_LITERALS if pat.search(text)]
+        if hits:
+            left[rel] = hits
+    assert left == {}, "default fleet-config literals in a non-default render"
+    for rel, text in rendered.items():
+        if rel.startswith("prometheus/rules/") and not rel.endswith("slo.yml"):  # slo: per model, no identity
+            assert "k8s_node" in text, rel
+        if rel.startswith("prometheus/rules/"):
+            assert "https://runbooks.example/runbooks/" in text, rel
+    assert "k8s_node" in rendered["alertmanager/alertmanager.yml"]
