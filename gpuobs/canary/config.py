@@ -21,7 +21,7 @@ import yaml
 from gpuobs.canary.sequential import Spending
 from gpuobs.core.durations import DurationError, parse_duration  # noqa: F401  (the canary CLI and serve parse durations here too)
 from gpuobs.core.errors import ConfigError, yaml_problem  # noqa: F401  (re-exported: the canary's input error)
-from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR
+from gpuobs.core.fleet import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR
 
 KINDS = ("histogram", "errors", "series")
 DIRECTIONS = ("increase", "decrease", "either")
@@ -39,7 +39,7 @@ _QUANTILE_TEST = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 DEFAULT_TESTS = (("location", 0.6), ("p50", 0.015), ("p90", 0.02), ("p99", 0.04), ("tail", 0.3), ("spread", 0.025))
 TEST_NAMES = ("location", "spread", "tail")
 # Named target selectors a metric's matchers, error_matchers and query use as $name. The defaults are
-# the fleet config's (prometheus/fleet.yaml, gpuobs.mixin.fleet): under kube-prometheus a
+# the fleet config's (prometheus/fleet.yaml, gpuobs.core.fleet): under kube-prometheus a
 # ServiceMonitor's job is the Service name (e.g. vllm-engine-service, nvidia-dcgm-exporter), so a
 # literal job="vllm" would select nothing on a real fleet and every look would HOLD on missing data.
 DEFAULT_SELECTORS = {"vllm": DEFAULT_VLLM_SELECTOR, "dcgm": DEFAULT_DCGM_SELECTOR}

@@ -169,7 +169,7 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     """The metrics config with ``--fleet``, ``--metric``, ``--horizon`` and ``--interval`` applied."""
     selectors = None
     if getattr(args, "fleet", None):
-        from gpuobs.mixin.fleet import FleetConfigError, load_fleet
+        from gpuobs.core.fleet import FleetConfigError, load_fleet
 
         try:
             fleet = load_fleet(Path(args.fleet))

@@ -12,7 +12,7 @@ from pathlib import Path
 from gpuobs.cli.common import env, pos_float
 from gpuobs.doctor import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, render, run
 from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL
-from gpuobs.mixin.fleet import load_fleet
+from gpuobs.core.fleet import load_fleet
 
 EPILOG = f"""examples:
   gpuobs doctor --prometheus http://127.0.0.1:9090

@@ -51,10 +51,9 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def _fleet(args: argparse.Namespace):
-    from gpuobs.mixin.fleet import load_fleet
-    from gpuobs.mixin.render import DEFAULT_FLEET
+    from gpuobs.core.fleet import load_fleet, shipped_fleet
 
-    return load_fleet(Path(args.fleet) if args.fleet else assets.path(DEFAULT_FLEET))
+    return load_fleet(Path(args.fleet)) if args.fleet else shipped_fleet()
 
 
 def _render(args: argparse.Namespace) -> int:

@@ -19,11 +19,11 @@ from typing import Iterable, Mapping
 from gpuobs.core.errors import InputError
 from gpuobs.doctor.fixes import LEGACY_NAMES
 from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL, Family
-from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR as FLEET_DCGM_SELECTOR
-from gpuobs.mixin.fleet import DEFAULT_VLLM_SELECTOR as FLEET_VLLM_SELECTOR
+from gpuobs.core.fleet import DEFAULT_DCGM_SELECTOR as FLEET_DCGM_SELECTOR
+from gpuobs.core.fleet import DEFAULT_VLLM_SELECTOR as FLEET_VLLM_SELECTOR
 from gpuobs.promapi.prometheus import PromClient
 
-# The targets the rules select (the fleet config's defaults, gpuobs.mixin.fleet): the doctor must check
+# The targets the rules select (the fleet config's defaults, gpuobs.core.fleet): the doctor must check
 # the same targets the rules see. A literal job="dcgm" missed the GPU Operator's ServiceMonitor job
 # (nvidia-dcgm-exporter) and reported "no targets" for a fleet whose rules were working.
 DEFAULT_DCGM_SELECTOR = FLEET_DCGM_SELECTOR

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR as DCGM_SELECTOR
-from gpuobs.mixin.fleet import DEFAULT_VLLM_SELECTOR as VLLM_SELECTOR
+from gpuobs.core.fleet import DEFAULT_DCGM_SELECTOR as DCGM_SELECTOR
+from gpuobs.core.fleet import DEFAULT_VLLM_SELECTOR as VLLM_SELECTOR
 from gpuobs.reference import xid as xidcat
 
 

@@ -1,4 +1,4 @@
-"""Everything generated from code and the fleet config (:mod:`.fleet`): the rule files
+"""Everything generated from code and the fleet config (:mod:`gpuobs.core.fleet`): the rule files
 (:mod:`.gpu_rules`, :mod:`.kernel_log_rules`, :mod:`.slo_rules`), the drill rule profile
 (:mod:`.profile`), Alertmanager's config (:mod:`.alertmanager`), the dashboards (:mod:`.dashboards`),
 runbook URLs (:mod:`.runbooks`), the alert families (:mod:`.families`), the HA rule placement

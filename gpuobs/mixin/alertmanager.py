@@ -10,7 +10,7 @@ identity, on any node. The identity itself comes from the scrape config, never f
 
 from __future__ import annotations
 
-from gpuobs.mixin.fleet import FleetConfig
+from gpuobs.core.fleet import FleetConfig
 from gpuobs.mixin.yamlout import dump
 
 HEADER = """\

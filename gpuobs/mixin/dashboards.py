@@ -26,7 +26,7 @@ from gpuobs.core.files import atomic_write
 from gpuobs.reference.dcgm_exporter import THROTTLE_BITS
 
 if TYPE_CHECKING:
-    from gpuobs.mixin.fleet import FleetConfig
+    from gpuobs.core.fleet import FleetConfig
 
 SCHEMA_VERSION = 39  # Grafana 11.0's dashboard schema; newer Grafanas (compose pins 11.6) migrate it on load
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -572,7 +572,7 @@ DASHBOARDS = {"fleet.json": fleet, "serving.json": serving, "memory.json": memor
 def render_all(cfg: "FleetConfig | None" = None) -> dict[str, str]:
     """File name -> the exact text the file must hold for the fleet config ``cfg`` (default: the
     default config, which the shipped prometheus/fleet.yaml equals)."""
-    from gpuobs.mixin.fleet import FleetConfig
+    from gpuobs.core.fleet import FleetConfig
 
     cfg = cfg or FleetConfig()
     subst = {ID: cfg.identity_label, DCGM: json.dumps(cfg.dcgm_selector)[1:-1],

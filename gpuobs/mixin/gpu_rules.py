@@ -1,4 +1,4 @@
-"""The GPU, serving, training and fleet rule files, generated from the fleet config (:mod:`gpuobs.mixin.fleet`).
+"""The GPU, serving, training and fleet rule files, generated from the fleet config (:mod:`gpuobs.core.fleet`).
 
 Why Python dicts and not text templates: every expression is composed from the same parts (the
 identity label, the configured selectors, a family's stock and enhanced paths and the combinator
@@ -22,7 +22,7 @@ Contract of every rule (design §4.6, §6; tests/mixin check it):
 
 from __future__ import annotations
 
-from gpuobs.mixin.fleet import FleetConfig
+from gpuobs.core.fleet import FleetConfig
 from gpuobs.mixin.runbooks import runbook_url
 from gpuobs.reference import xid
 from gpuobs.reference.dcgm_exporter import THROTTLE_BITS

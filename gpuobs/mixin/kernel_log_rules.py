@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import yaml
 
-from gpuobs.mixin.fleet import FleetConfig
+from gpuobs.core.fleet import FleetConfig
 from gpuobs.mixin.runbooks import runbook_url
 from gpuobs.reference import xid
 

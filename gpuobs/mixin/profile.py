@@ -10,10 +10,9 @@ from pathlib import Path
 
 from gpuobs.core import assets
 from gpuobs.core.durations import parse_duration
-from gpuobs.mixin.fleet import load_fleet
+from gpuobs.core.fleet import SHIPPED_FLEET, load_fleet
 from gpuobs.mixin.kernel_log_rules import RECENT_S
 from gpuobs.mixin.kernel_log_rules import render as render_kernel_log
-from gpuobs.mixin.render import DEFAULT_FLEET
 from gpuobs.mixin.slo_rules import render_slo_rules
 
 #: Stack profiles. ``default`` loads the repository's rule files as they are (realistic ``for:``
@@ -60,7 +59,7 @@ def profile_rules(runbook_base: str, profile: str = "default", repo: Path | None
     repo = repo or assets.root()
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
-    fleet = load_fleet(repo / DEFAULT_FLEET)
+    fleet = load_fleet(repo / SHIPPED_FLEET)
     out = {}
     for rule_file in sorted((repo / "prometheus" / "rules").glob("*.yml")):
         if profile == "drill" and rule_file.name == "slo.yml":

@@ -22,12 +22,9 @@ from pathlib import Path
 from gpuobs.core import assets
 from gpuobs.core.files import atomic_write
 from gpuobs.mixin.alertmanager import render_alertmanager
-from gpuobs.mixin.fleet import FleetConfig, load_fleet
+from gpuobs.core.fleet import SHIPPED_FLEET, FleetConfig, load_fleet
 from gpuobs.mixin.gpu_rules import FILES, Rules
 from gpuobs.mixin.yamlout import dump
-
-DEFAULT_FLEET = "prometheus/fleet.yaml"
-
 
 def rule_texts(cfg: FleetConfig) -> dict[str, str]:
     """``prometheus/rules/<file>`` -> text for every rule file gpu_rules generates."""
@@ -62,7 +59,7 @@ def render(fleet: Path | None = None, out: Path | None = None, check: bool = Fal
     """Render for the fleet config ``fleet`` (default: the shipped one) into ``out`` (default: the
     asset root). With ``check`` write nothing and list the files that differ or are missing.
     Returns ``(written paths, stale relative paths)``."""
-    cfg = load_fleet(fleet or assets.path(DEFAULT_FLEET))
+    cfg = load_fleet(fleet or assets.path(SHIPPED_FLEET))
     root = out or assets.root()
     written, stale = [], []
     for rel, text in render_all(cfg, slo_config).items():

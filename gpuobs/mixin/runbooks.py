@@ -1,14 +1,11 @@
 """Runbook URLs of the alerts: ``<base>/runbooks/<file>.md#<alertname-lowercase>`` (design §6).
 
 Every generated and hand-written rule links its runbook this way, ``<base>`` being the fleet config's
-``runbook_base`` (:class:`gpuobs.mixin.fleet.FleetConfig`); the stack rewrites the shipped files' base to
+``runbook_base`` (:class:`gpuobs.core.fleet.FleetConfig`); the stack rewrites the shipped files' base to
 the configured one when it renders the rules.
 """
 
 from __future__ import annotations
-
-#: The default runbook base: the local pager, which serves runbooks/ (the fleet config's default).
-RUNBOOK_BASE = "http://127.0.0.1:9097"
 
 
 def runbook_url(base: str, file: str, alertname: str) -> str:

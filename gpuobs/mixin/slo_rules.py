@@ -139,7 +139,7 @@ def min_requests(factor: float, budget: float) -> int:
 
 def slo_rules(cfg: dict, runbook_base: str, period: str | None = None, for_override: str | None = None) -> dict:
     """The rule groups for ``cfg`` (from :func:`load_config`); ``runbook_base``: the fleet config's
-    (:class:`gpuobs.mixin.fleet.FleetConfig`); ``period`` overrides cfg's period."""
+    (:class:`gpuobs.core.fleet.FleetConfig`); ``period`` overrides cfg's period."""
     period_text = period or cfg["period"]
     period_s = parse_period(period_text)
     wins = windows(period_s)

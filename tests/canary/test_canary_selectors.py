@@ -14,7 +14,7 @@ import pytest
 from gpuobs.canary.analyzer import Analyzer
 from gpuobs.canary.config import DEFAULT_SELECTORS, ConfigError, load_config, parse_config
 from gpuobs.exporter.sim.latency import sample_ttft
-from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, load_fleet
+from gpuobs.core.fleet import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, load_fleet
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.buckets import TTFT_BUCKETS
 from gpuobs.canary.stats import NODATA

@@ -197,7 +197,7 @@ def test_two_targets_with_one_node_and_a_node_with_two_hostnames():
 
 # ---- selectors and scrape shapes ------------------------------------------------------------------------
 def test_default_selectors_match_servicemonitor_job_names_like_the_rules():
-    """The defaults are the fleet config's (gpuobs.mixin.fleet), which the shipped rules use: a
+    """The defaults are the fleet config's (gpuobs.core.fleet), which the shipped rules use: a
     ServiceMonitor's Service-named jobs (nvidia-dcgm-exporter, vllm-engine) match, and what remains
     is the missing node label. (A literal job="dcgm" default reported such a fleet blind, "every rule
     that uses the selector is silent", while the shipped rules were selecting it.)"""

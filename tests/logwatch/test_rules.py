@@ -10,7 +10,7 @@ import pytest
 
 from gpuobs.cli import run as cli_run
 from gpuobs.mixin import kernel_log_rules as rules
-from gpuobs.mixin.fleet import FleetConfig
+from gpuobs.core.fleet import FleetConfig
 from gpuobs.reference import xid
 from tests.mixin.test_alertmanager import inhibit_rules, inhibits
 

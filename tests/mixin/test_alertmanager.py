@@ -280,7 +280,7 @@ IDENTITY = "node"
 
 def test_config_is_the_render_of_the_shipped_fleet_config():
     from gpuobs.mixin.alertmanager import render_alertmanager
-    from gpuobs.mixin.fleet import load_fleet
+    from gpuobs.core.fleet import load_fleet
 
     assert CONFIG.read_text() == render_alertmanager(load_fleet(ROOT / "prometheus" / "fleet.yaml"))
 

@@ -324,7 +324,7 @@ def test_dashboards_group_by_the_identity_label_never_by_hostname():
 
 def test_dashboards_follow_the_fleet_configs_identity_and_selectors():
     from gpuobs.mixin.dashboards import render_all
-    from gpuobs.mixin.fleet import parse_fleet
+    from gpuobs.core.fleet import parse_fleet
 
     cfg = parse_fleet({"identity_label": "k8s_node", "selectors": {"dcgm": 'job="gpu-telemetry"'}})
     fleet = json.loads(render_all(cfg)["fleet.json"])

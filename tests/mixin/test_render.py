@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpuobs.cli import run as cli_run
-from gpuobs.mixin.fleet import (
+from gpuobs.core.fleet import (
     PATH_FAMILIES,
     FleetConfig,
     FleetConfigError,

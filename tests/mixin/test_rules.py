@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from gpuobs.mixin.fleet import FleetConfig
+from gpuobs.core.fleet import FleetConfig
 from gpuobs.mixin.render import rule_texts
 from gpuobs.reference import xid
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from gpuobs.exporter.sim.identity import hostname
-from gpuobs.mixin.runbooks import RUNBOOK_BASE
+from gpuobs.core.fleet import RUNBOOK_BASE
 from gpuobs.stack.render import Ports, render_alertmanager, render_prometheus
 from gpuobs.stack.supervisor import StackConfig
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from gpuobs.canary.analyzer import Analyzer
 from gpuobs.canary.config import load_config
-from gpuobs.mixin.fleet import DEFAULT_DCGM_SELECTOR
+from gpuobs.core.fleet import DEFAULT_DCGM_SELECTOR
 from gpuobs.compat.inventory import InventoryRow, inventory
 from gpuobs.promapi.prometheus import PromClient, PrometheusError
 from gpuobs.rollout.interfaces import AnalyzerFactory, SignalsUnavailable

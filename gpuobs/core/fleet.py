@@ -1,7 +1,10 @@
-"""The fleet config ``gpuobs rules render --fleet FILE`` generates the mixin from (``prometheus/fleet.yaml``).
+"""The fleet config: the one type every renderer and runtime user of fleet facts receives
+(``prometheus/fleet.yaml``; ``--fleet FILE`` / ``GPUOBS_FLEET_CONFIG`` where a command takes another).
 
-A monitoring mixin's ``_config``: the few facts about a fleet that rules, the Alertmanager config's
-grouping and inhibitions, and the dashboards depend on (design §4.6, §6):
+A monitoring mixin's ``_config``: the few facts about a fleet that the rules, the Alertmanager config's
+grouping and inhibitions and the dashboards are rendered from (:mod:`gpuobs.mixin.render`), and that
+the runtime users read instead of keeping defaults of their own (doctor, the canary's selectors, the
+rollout's inventory and signals, compat's inventory, drills, reports) (design §4.6, §6):
 
 * ``identity_label``: the node-identity label the scrape config guarantees on every DCGM, vLLM and
   gpuobs series (default ``node``; see README "Pointing it at a real fleet" for the relabelling).
@@ -29,13 +32,17 @@ from pathlib import Path
 
 import yaml
 
+from gpuobs.core import assets
 from gpuobs.core.errors import InputError, yaml_problem
-from gpuobs.mixin.runbooks import RUNBOOK_BASE
 
 #: Families whose rules have a stock and an enhanced path (gpuobs.mixin.families).
 PATH_FAMILIES = ("xid", "gpu-missing", "ecc", "throttling", "collective-hang", "memory")
 PATH_CHOICES = ("both", "stock", "enhanced")
 
+#: The shipped fleet config, relative to the asset root (checkout or wheel).
+SHIPPED_FLEET = "prometheus/fleet.yaml"
+#: The default runbook base: the local pager, which serves runbooks/.
+RUNBOOK_BASE = "http://127.0.0.1:9097"
 DEFAULT_DCGM_SELECTOR = 'job=~"dcgm|.*dcgm-exporter.*"'
 DEFAULT_VLLM_SELECTOR = 'job=~"vllm|.*vllm.*"'
 
@@ -157,3 +164,9 @@ def load_fleet(path: Path) -> FleetConfig:
     except yaml.YAMLError as exc:
         raise FleetConfigError(f"--fleet {path}: not valid YAML ({yaml_problem(exc)})") from exc
     return parse_fleet(doc, str(path))
+
+
+def shipped_fleet() -> FleetConfig:
+    """The shipped fleet config (``prometheus/fleet.yaml``), what the repository's generated files and the
+    local stack use. Raises FleetConfigError if it was edited into an invalid one."""
+    return load_fleet(assets.path(SHIPPED_FLEET))
