@@ -10,9 +10,11 @@ import argparse
 from pathlib import Path
 
 from gpuobs.cli.common import env, pos_float
-from gpuobs.doctor import DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, render, run
-from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL
-from gpuobs.core.fleet import load_fleet
+from gpuobs.core.fleet import FleetConfig, load_fleet
+from gpuobs.doctor import render, run
+from gpuobs.mixin.families import FAMILIES
+
+DEFAULT = FleetConfig()
 
 EPILOG = f"""examples:
   gpuobs doctor --prometheus http://127.0.0.1:9090
@@ -36,12 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "rendered from, format of prometheus/fleet.yaml; env GPUOBS_FLEET_CONFIG); the flags below "
                         "override it")
     p.add_argument("--dcgm-selector", default=None,
-                   help=f"label matchers of the dcgm-exporter targets (default {DEFAULT_DCGM_SELECTOR}, the fleet "
+                   help=f"label matchers of the dcgm-exporter targets (default {DEFAULT.dcgm_selector}, the fleet "
                         "config's default)")
     p.add_argument("--vllm-selector", default=None,
-                   help=f"label matchers of the vLLM engine targets (default {DEFAULT_VLLM_SELECTOR})")
+                   help=f"label matchers of the vLLM engine targets (default {DEFAULT.vllm_selector})")
     p.add_argument("--identity-label", default=None,
-                   help=f"the node-identity label rules and dashboards group by (default {IDENTITY_LABEL})")
+                   help=f"the node-identity label rules and dashboards group by (default {DEFAULT.identity_label})")
     p.add_argument("--skip", action="append", default=[], metavar="FAMILY[,FAMILY]",
                    help="families this fleet does not run (e.g. kv-cache,slo on a training-only fleet); "
                         "reported as skipped, left out of the exit code")
@@ -53,11 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the checks and print the report; returns the exit code (errors raise and the CLI maps them)."""
-    dcgm, vllm, identity = DEFAULT_DCGM_SELECTOR, DEFAULT_VLLM_SELECTOR, IDENTITY_LABEL
-    if args.fleet:  # FleetConfigError is an InputError: the CLI prints it in one line, exit 2
-        fleet = load_fleet(Path(args.fleet))
-        dcgm, vllm, identity = fleet.dcgm_selector, fleet.vllm_selector, fleet.identity_label
-    report = run(args.prometheus, args.identity_label or identity, args.dcgm_selector or dcgm,
-                 args.vllm_selector or vllm, args.skip, timeout=args.timeout)
+    # FleetConfigError is an InputError: the CLI prints it in one line, exit 2
+    fleet = load_fleet(Path(args.fleet)) if args.fleet else DEFAULT
+    report = run(args.prometheus, fleet, identity_label=args.identity_label, dcgm_selector=args.dcgm_selector,
+                 vllm_selector=args.vllm_selector, skip=args.skip, timeout=args.timeout)
     print(render.as_json(report) if args.json else render.text(report, fixes=not args.no_fixes), end="")
     return report.exit_code

@@ -15,20 +15,18 @@ from __future__ import annotations
 from typing import Iterable
 
 from gpuobs.core.errors import InputError
+from gpuobs.core.fleet import FleetConfig
 from gpuobs.doctor.snapshot import (
-    DEFAULT_DCGM_SELECTOR,
-    DEFAULT_VLLM_SELECTOR,
     Snapshot,
     check_label_name,
     collect,
     parse_selector,
 )
 from gpuobs.doctor.verdict import STATUSES, FamilyVerdict, Finding, Report, diagnose
-from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL
+from gpuobs.mixin.families import FAMILIES
 from gpuobs.promapi.prometheus import PromClient
 
-__all__ = ["run", "diagnose", "collect", "Report", "FamilyVerdict", "Finding", "Snapshot", "STATUSES",
-           "DEFAULT_DCGM_SELECTOR", "DEFAULT_VLLM_SELECTOR", "parse_skip"]
+__all__ = ["run", "diagnose", "collect", "Report", "FamilyVerdict", "Finding", "Snapshot", "STATUSES", "parse_skip"]
 
 
 def parse_skip(values: Iterable[str]) -> list[str]:
@@ -44,18 +42,23 @@ def parse_skip(values: Iterable[str]) -> list[str]:
     return out
 
 
-def run(url: str, identity_label: str = IDENTITY_LABEL, dcgm_selector: str = DEFAULT_DCGM_SELECTOR,
-        vllm_selector: str = DEFAULT_VLLM_SELECTOR, skip: Iterable[str] = (), timeout: float = 10.0,
-        retries: int = 1, client: PromClient | None = None) -> Report:
+def run(url: str, fleet: FleetConfig | None = None, *, identity_label: str | None = None,
+        dcgm_selector: str | None = None, vllm_selector: str | None = None, skip: Iterable[str] = (),
+        timeout: float = 10.0, retries: int = 1, client: PromClient | None = None) -> Report:
     """Check the Prometheus at ``url`` and return the :class:`Report` (``report.exit_code``: 1 when a paging
     family is blind, else 0).
+
+    ``fleet``: the fleet config the rules were rendered from (default: the default fleet config), whose
+    identity label and selectors are checked; ``identity_label``, ``dcgm_selector``, ``vllm_selector``
+    override them (the CLI's flags).
 
     Raises :class:`InputError` (exit 2) for a bad URL, selector, label name or family, and the
     :class:`gpuobs.promapi.prometheus.PrometheusError` subclasses when Prometheus cannot be reached
     (exit 1) or rejects a query (exit 2)."""
-    ident = check_label_name(identity_label, "--identity-label")
-    dcgm = parse_selector(dcgm_selector, "--dcgm-selector")
-    vllm = parse_selector(vllm_selector, "--vllm-selector")
+    fleet = fleet or FleetConfig()
+    ident = check_label_name(fleet.identity_label if identity_label is None else identity_label, "--identity-label")
+    dcgm = parse_selector(fleet.dcgm_selector if dcgm_selector is None else dcgm_selector, "--dcgm-selector")
+    vllm = parse_selector(fleet.vllm_selector if vllm_selector is None else vllm_selector, "--vllm-selector")
     skipped = parse_skip(skip)
     if client is None:
         try:

@@ -18,16 +18,8 @@ from typing import Iterable, Mapping
 
 from gpuobs.core.errors import InputError
 from gpuobs.doctor.fixes import LEGACY_NAMES
-from gpuobs.mixin.families import FAMILIES, IDENTITY_LABEL, Family
-from gpuobs.core.fleet import DEFAULT_DCGM_SELECTOR as FLEET_DCGM_SELECTOR
-from gpuobs.core.fleet import DEFAULT_VLLM_SELECTOR as FLEET_VLLM_SELECTOR
+from gpuobs.mixin.families import FAMILIES, Family
 from gpuobs.promapi.prometheus import PromClient
-
-# The targets the rules select (the fleet config's defaults, gpuobs.core.fleet): the doctor must check
-# the same targets the rules see. A literal job="dcgm" missed the GPU Operator's ServiceMonitor job
-# (nvidia-dcgm-exporter) and reported "no targets" for a fleet whose rules were working.
-DEFAULT_DCGM_SELECTOR = FLEET_DCGM_SELECTOR
-DEFAULT_VLLM_SELECTOR = FLEET_VLLM_SELECTOR
 
 _LABEL = r"[a-zA-Z_][a-zA-Z0-9_]*"
 _MATCHER = re.compile(rf'\s*({_LABEL})\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
@@ -154,9 +146,11 @@ def _targets(client: PromClient, selector: str, ident: str) -> list[Target]:
     return sorted(out, key=lambda t: (t.job, t.identity, t.instance))
 
 
-def collect(client: PromClient, identity_label: str = IDENTITY_LABEL, dcgm_selector: str = DEFAULT_DCGM_SELECTOR,
-            vllm_selector: str = DEFAULT_VLLM_SELECTOR, families: tuple[Family, ...] = FAMILIES) -> Snapshot:
-    """Read everything doctor needs from ``client`` (instant queries only; 8 requests).
+def collect(client: PromClient, identity_label: str, dcgm_selector: str, vllm_selector: str,
+            families: tuple[Family, ...] = FAMILIES) -> Snapshot:
+    """Read everything doctor needs from ``client`` (instant queries only; 8 requests): the targets the
+    fleet config's selectors pick (the same targets its rules see; a literal job="dcgm" missed the GPU
+    Operator's ServiceMonitor job and reported a working fleet as blind) and its identity label.
 
     Selectors must already be normalised (:func:`parse_selector`). Raises the
     :class:`gpuobs.promapi.prometheus.PrometheusError` subclasses of the client (unreachable: exit 1;

@@ -122,9 +122,9 @@ def xid_drill(code: int) -> DrillSpec:
 @dataclass(frozen=True)
 class Panel:
     """One plot: title, y-axis unit, and ``(legend, expr)`` queries. Exprs are :class:`string.Template`
-    text: ``$gpu`` (identity and gpu matchers), ``$host`` and ``$node`` (the identity label ``node`` the scrape
-    config sets; dcgm-exporter's ``Hostname`` may be a pod name or ``localhost``), ``$w`` (rate window); a
-    fleet-wide drill substitutes empty selectors."""
+    text: ``$gpu`` (identity and gpu matchers), ``$host`` (the fleet config's identity label, which the
+    scrape config sets; dcgm-exporter's ``Hostname`` may be a pod name or ``localhost``), ``$w`` (rate
+    window); a fleet-wide drill substitutes empty selectors."""
 
     title: str
     unit: str
@@ -150,7 +150,7 @@ PANELS: dict[str, tuple[Panel, ...]] = {
            ("expected", "max(gpuobs_node_expected_gpus{$host})")),
         _p("Xids in the exporter's window (the GPU's series vanish with it)", "Xids",
            ("GPU {gpu} xid {xid}", "DCGM_EXP_XID_ERRORS_COUNT{$host}")),
-        _p("Serving engine scrape health", "up", ("vLLM engine", f'up{{{VLLM_SELECTOR},$node}}'))),
+        _p("Serving engine scrape health", "up", ("vLLM engine", f'up{{{VLLM_SELECTOR},$host}}'))),
     "thermal": (
         _p("GPU temperature", "degrees C", ("GPU {gpu}", "DCGM_FI_DEV_GPU_TEMP{$gpu}")),
         _SM_CLOCK,
@@ -200,8 +200,8 @@ PANELS: dict[str, tuple[Panel, ...]] = {
         _p("GPUs per driver version", "GPUs",
            ("{DCGM_FI_DRIVER_VERSION}", "count by (DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP)"))),
     "node-down": (
-        _p("Scrape health of the node", "up", ("dcgm exporter", f'up{{{DCGM_SELECTOR},$node}}'),
-           ("vLLM engine", f'up{{{VLLM_SELECTOR},$node}}')),),
+        _p("Scrape health of the node", "up", ("dcgm exporter", f'up{{{DCGM_SELECTOR},$host}}'),
+           ("vLLM engine", f'up{{{VLLM_SELECTOR},$host}}')),),
     "slo-burn": (
         _p("Request error ratio (all serving nodes)", "ratio",
            ("errors", 'sum(rate(vllm:request_success_total{finished_reason="error"}[$w])) '

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from gpuobs.mixin.families import IDENTITY_LABEL
+from gpuobs.core.fleet import FleetConfig
 from gpuobs.promapi.alertmanager import AlertApiError, PagerClient
 from gpuobs.drills.runner import alerts_client
 from gpuobs.stack.state import StackState
@@ -39,8 +39,12 @@ class SoakResult:
                 f"result: {'PASS' if self.ok else 'FAIL'}")
 
 
-def run_soak(state: StackState, minutes: float, poll_s: float = 5.0, progress=None) -> SoakResult:
-    """Poll Prometheus alerts and the pager every ``poll_s`` for ``minutes``; never injects anything."""
+def run_soak(state: StackState, minutes: float, poll_s: float = 5.0, progress=None,
+             fleet: FleetConfig | None = None) -> SoakResult:
+    """Poll Prometheus alerts and the pager every ``poll_s`` for ``minutes``; never injects anything.
+    Alerts are counted per alert name and the fleet config's identity label (``fleet``, default: the
+    default fleet config)."""
+    ident = (fleet or FleetConfig()).identity_label
     alerts_api, pager_api = alerts_client(state), PagerClient(state.urls.pager)
     res = SoakResult(minutes, time.time())
     end = res.started_at + minutes * 60
@@ -57,7 +61,7 @@ def run_soak(state: StackState, minutes: float, poll_s: float = 5.0, progress=No
         for a in alerts:
             name = a["labels"].get("alertname")
             if name != "Watchdog" and a["state"] == "firing":
-                key = f"{name}{{{IDENTITY_LABEL}={a['labels'].get(IDENTITY_LABEL, '')}}}"
+                key = f"{name}{{{ident}={a['labels'].get(ident, '')}}}"
                 if key not in res.fired and progress:
                     progress(f"ALERT {key} firing")
                 res.fired.setdefault(key, a["labels"])

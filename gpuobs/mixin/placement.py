@@ -2,9 +2,9 @@
 global view (vmalert over VictoriaMetrics), decided from the rules' PromQL syntax trees.
 
 A shard scrapes whole nodes (every target of a node lands on the same shard: the hashmod key is the
-``node`` target label, see :mod:`gpuobs.stack.ha`), so an expression is **node-local** when every
-aggregation and every vector match in it keeps an identity label (``node``, or ``instance`` for the
-series of one target that has no ``node``): its result for one node needs only that node's series.
+fleet config's identity label, ``node`` by default, see :mod:`gpuobs.stack.ha`), so an expression is
+**node-local** when every aggregation and every vector match in it keeps an identity label (that one, or
+``instance`` for the series of one target that has none): its result for one node needs only that node's series.
 It is **fleet-wide** when some aggregation or vector match drops all identity labels (``sum by
 (model_name)``, ``count by (modelName)``, ``sum without (node)``, ``sum(x)``, ``on (training_job)``,
 ``ignoring (node)``), because then one output series mixes nodes that live on different shards, and a
@@ -35,9 +35,9 @@ import yaml
 
 from gpuobs.core.durations import parse_duration
 
-#: Labels that identify where a series comes from: the node (file_sd and ServiceMonitor targets both
-#: carry it, design §4.1) and, for a target without one, the scrape target itself.
-IDENTITY_LABELS = frozenset({"node", "instance"})
+#: Besides the fleet config's identity label (the node, which file_sd and ServiceMonitor targets both
+#: carry, design §4.1), the label that identifies where a series comes from: the scrape target itself.
+TARGET_LABEL = "instance"
 
 SHARD = "shard"
 FLEET = "fleet"
@@ -83,18 +83,17 @@ class Placement:
         return [r.name for r in self.rules if r.placement == placement]
 
 
-def _keeps_identity(kind: str, labels: list[str]) -> bool:
-    """Whether a ``by``/``on`` (``kind`` include) or ``without``/``ignoring`` (exclude) list keeps an
-    identity label in the result."""
-    ids = IDENTITY_LABELS
+def _keeps_identity(kind: str, labels: list[str], ids: frozenset[str]) -> bool:
+    """Whether a ``by``/``on`` (``kind`` include) or ``without``/``ignoring`` (exclude) list keeps one of
+    the identity labels ``ids`` in the result."""
     if kind == "include":
         return bool(ids & set(labels))
     return not ids <= set(labels)  # without/ignoring keeps every label it does not name
 
 
-def _walk(node, found: list[str], reads: set[str]) -> None:
-    """Collect into ``found`` a description of each construct that drops the identity labels, and into
-    ``reads`` the metric names selected."""
+def _walk(node, found: list[str], reads: set[str], ids: frozenset[str]) -> None:
+    """Collect into ``found`` a description of each construct that drops the identity labels ``ids``, and
+    into ``reads`` the metric names selected."""
     if isinstance(node, pp.VectorSelector):
         if node.name:
             reads.add(node.name)
@@ -103,7 +102,7 @@ def _walk(node, found: list[str], reads: set[str]) -> None:
                 reads.add(m.value)
         return
     if isinstance(node, pp.MatrixSelector):
-        _walk(node.vector_selector, found, reads)
+        _walk(node.vector_selector, found, reads, ids)
         return
     if isinstance(node, pp.AggregateExpr):
         mod = node.modifier
@@ -112,12 +111,12 @@ def _walk(node, found: list[str], reads: set[str]) -> None:
             found.append(f"{op}(...) without by/without aggregates every series")
         else:
             kind = "include" if mod.type == pp.AggModifierType.By else "exclude"
-            if not _keeps_identity(kind, list(mod.labels)):
+            if not _keeps_identity(kind, list(mod.labels), ids):
                 word = "by" if kind == "include" else "without"
-                found.append(f"{op} {word} ({', '.join(mod.labels)}) drops {'/'.join(sorted(IDENTITY_LABELS))}")
-        _walk(node.expr, found, reads)
+                found.append(f"{op} {word} ({', '.join(mod.labels)}) drops {'/'.join(sorted(ids))}")
+        _walk(node.expr, found, reads, ids)
         if node.param is not None:
-            _walk(node.param, found, reads)
+            _walk(node.param, found, reads, ids)
         return
     if isinstance(node, pp.BinaryExpr):
         mod = node.modifier
@@ -125,32 +124,32 @@ def _walk(node, found: list[str], reads: set[str]) -> None:
         scalar_side = isinstance(node.lhs, pp.NumberLiteral) or isinstance(node.rhs, pp.NumberLiteral)
         if matching is not None and not scalar_side:
             kind = "include" if matching.type == pp.LabelModifierType.Include else "exclude"
-            if not _keeps_identity(kind, list(matching.labels)):
+            if not _keeps_identity(kind, list(matching.labels), ids):
                 word = "on" if kind == "include" else "ignoring"
                 found.append(f"vector match {word} ({', '.join(matching.labels)}) joins series of different nodes")
-        _walk(node.lhs, found, reads)
-        _walk(node.rhs, found, reads)
+        _walk(node.lhs, found, reads, ids)
+        _walk(node.rhs, found, reads, ids)
         return
     if isinstance(node, pp.Call):
         for arg in node.args:
-            _walk(arg, found, reads)
+            _walk(arg, found, reads, ids)
         return
     if isinstance(node, (pp.ParenExpr, pp.UnaryExpr, pp.SubqueryExpr)):
-        _walk(node.expr, found, reads)
+        _walk(node.expr, found, reads, ids)
         return
     # NumberLiteral, StringLiteral: nothing to look at.
 
 
-def classify(expr: str) -> Verdict:
-    """Placement of one PromQL expression (see the module docstring). Raises PlacementError if it
-    does not parse."""
+def classify(expr: str, identity_label: str) -> Verdict:
+    """Placement of one PromQL expression (see the module docstring) on a fleet whose identity label is
+    ``identity_label`` (the fleet config's). Raises PlacementError if it does not parse."""
     try:
         tree = pp.parse(expr)
     except Exception as exc:  # the binding raises ValueError/RuntimeError variants
         raise PlacementError(f"PromQL does not parse: {exc}") from None
     found: list[str] = []
     reads: set[str] = set()
-    _walk(tree, found, reads)
+    _walk(tree, found, reads, frozenset({identity_label, TARGET_LABEL}))
     return Verdict(FLEET if found else SHARD, "; ".join(found), frozenset(reads))
 
 
@@ -179,8 +178,9 @@ def for_metricsql(expr: str) -> str:
     return _COUNTER_FN.sub(sub, expr)
 
 
-def place(files: dict[str, str]) -> Placement:
-    """Split rule files into shard and fleet rule files (see the module docstring)."""
+def place(files: dict[str, str], identity_label: str) -> Placement:
+    """Split rule files into shard and fleet rule files (see the module docstring); ``identity_label``:
+    the fleet config's, the label the shards are split by."""
     docs: dict[str, dict] = {}
     verdicts: dict[tuple[str, int, int], Verdict] = {}
     out = Placement()
@@ -196,7 +196,7 @@ def place(files: dict[str, str]) -> Placement:
             for ri, rule in enumerate(group.get("rules", [])):
                 name = rule.get("record") or rule.get("alert") or f"rule {ri}"
                 try:
-                    verdicts[(fname, gi, ri)] = classify(str(rule.get("expr", "")))
+                    verdicts[(fname, gi, ri)] = classify(str(rule.get("expr", "")), identity_label)
                 except PlacementError as exc:
                     raise PlacementError(f"{fname}: group {group.get('name')!r}: {name}: {exc}") from None
     # Fixed point: a rule reading a series that only a fleet-wide rule records is fleet-wide.

@@ -18,8 +18,8 @@ from pathlib import Path
 from string import Template
 
 from gpuobs.core.files import atomic_write
+from gpuobs.core.fleet import FleetConfig
 from gpuobs.drills.catalogue import panels_for
-from gpuobs.mixin.families import IDENTITY_LABEL
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reports import html as h
 from gpuobs.reports.plots import Marker, timeseries_png
@@ -38,13 +38,14 @@ def _fault_gpu(result: dict) -> str | None:
     return None
 
 
-def selectors(result: dict, host_label: str = IDENTITY_LABEL) -> dict[str, str]:
-    """Template values scoping the queries to the drill's host (and GPU); empty for fleet drills."""
+def selectors(result: dict, identity_label: str) -> dict[str, str]:
+    """Template values scoping the queries to the drill's host (and GPU) by the fleet config's
+    ``identity_label``; empty for fleet drills."""
     host = result.get("hostname")
     if not host or host == "fleet":
-        return {"gpu": "", "host": "", "node": "", "w": RATE_WINDOW}
-    return {"gpu": matchers(**{host_label: host}, gpu=_fault_gpu(result)), "host": matchers(**{host_label: host}),
-            "node": matchers(node=host), "w": RATE_WINDOW}
+        return {"gpu": "", "host": "", "w": RATE_WINDOW}
+    return {"gpu": matchers(**{identity_label: host}, gpu=_fault_gpu(result)),
+            "host": matchers(**{identity_label: host}), "w": RATE_WINDOW}
 
 
 def window(result: dict, now: float | None = None) -> tuple[float, float]:
@@ -140,13 +141,15 @@ def _safe(name: str) -> str:
 
 
 def write_drill_report(result: dict, prometheus_url: str, out_dir: Path, *, client: PromClient | None = None,
-                       now: float | None = None, host_label: str = IDENTITY_LABEL) -> Path:
+                       now: float | None = None, fleet: FleetConfig | None = None) -> Path:
     """Write ``drill-<name>-<injected epoch>.html`` into ``out_dir`` and return its path.
 
     ``result`` is a saved ``DrillResult.to_json()``; missing optional keys are tolerated. Raises
     ValueError for a non-http(s) ``prometheus_url``, and PrometheusUnavailable /
     PrometheusResponseError when Prometheus cannot answer (nothing is written then); a query it
-    rejects only leaves a note under that panel. ``client`` and ``now`` are for tests.
+    rejects only leaves a note under that panel. ``fleet``: the fleet config of the stack the drill ran
+    on (default: the default one), whose identity label scopes the queries. ``client`` and ``now`` are
+    for tests.
     """
     if not isinstance(result, dict):
         raise ValueError("a drill result must be a JSON object")
@@ -154,7 +157,7 @@ def write_drill_report(result: dict, prometheus_url: str, out_dir: Path, *, clie
     start, end = window(result, now)
     t0 = float(result.get("injected_at") or start + BEFORE_S)
     step = step_for(end - start)
-    values = selectors(result, host_label)
+    values = selectors(result, (fleet or FleetConfig()).identity_label)
     markers = _markers(result)
     figures: list[h.Raw] = []
     for panel in panels_for(result):

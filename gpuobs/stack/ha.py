@@ -48,6 +48,7 @@ import yaml
 
 from gpuobs.core.durations import format_duration
 from gpuobs.core.files import atomic_write
+from gpuobs.core.fleet import shipped_fleet
 from gpuobs.mixin.placement import place
 from gpuobs.mixin.profile import profile_rules
 from gpuobs.stack import alert_timing
@@ -171,7 +172,7 @@ def render_replica(run: Path, base_cfg: Path, name: str, shard: int, replica: in
 def render_rules_placed(run: Path, runbook_base: str, profile: str) -> tuple[Path, Path]:
     """Write the profile's rules split by :func:`gpuobs.mixin.placement.place`: node-local ones under
     ``run/prometheus/rules-shard``, fleet-wide ones under ``run/vmalert/rules``; returns both folders."""
-    placed = place(profile_rules(runbook_base, profile))
+    placed = place(profile_rules(runbook_base, profile), shipped_fleet().identity_label)
     shard_dir, fleet_dir = run / "prometheus" / "rules-shard", run / "vmalert" / "rules"
     for folder, files in ((shard_dir, placed.shard), (fleet_dir, placed.fleet)):
         folder.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from gpuobs.mixin.profile import PROFILES, profile_rules
     "x > on () 3",  # a scalar side: no vector match
 ])
 def test_node_local_expressions_go_to_the_shards(expr):
-    v = classify(expr)
+    v = classify(expr, "node")
     assert (v.placement, v.reason) == (SHARD, "")
 
 
@@ -42,14 +42,14 @@ def test_node_local_expressions_go_to_the_shards(expr):
     ("max_over_time(sum by (model_name) (x)[10m:1m])", "sum by (model_name)"),
 ])
 def test_aggregating_away_the_identity_makes_a_rule_fleet_wide(expr, why):
-    v = classify(expr)
+    v = classify(expr, "node")
     assert v.placement == FLEET and why in v.reason
 
 
 def test_a_bad_expression_is_an_error_naming_the_rule():
     text = "groups:\n- name: g\n  rules:\n  - alert: Broken\n    expr: sum by (node (x)\n"
     with pytest.raises(PlacementError, match=r"f\.yml: group 'g': Broken: PromQL does not parse"):
-        place({"f.yml": text})
+        place({"f.yml": text}, "node")
 
 
 def test_dependencies_and_constants_follow_the_fleet_rules():
@@ -59,7 +59,7 @@ def test_dependencies_and_constants_follow_the_fleet_rules():
         {"alert": "PoolLow", "expr": "pool:x:sum < 3"},
         {"alert": "NodeHot", "expr": "max by (node) (t) > 90"},
     ]}, {"name": "meta", "rules": [{"alert": "Watchdog", "expr": "vector(1)"}]}]})
-    p = place({"r.yml": text})
+    p = place({"r.yml": text}, "node")
     assert p.names(FLEET) == ["pool:x:sum", "pool:objective", "PoolLow"]
     assert p.names(SHARD) == ["NodeHot", "Watchdog"]
     fleet = yaml.safe_load(p.fleet["r.yml"])["groups"]
@@ -70,7 +70,7 @@ def test_dependencies_and_constants_follow_the_fleet_rules():
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_shipped_rules_split_where_the_design_needs_them(profile):
-    p = place(profile_rules("http://127.0.0.1:9097", profile))
+    p = place(profile_rules("http://127.0.0.1:9097", profile), "node")
     fleet, shard = set(p.names(FLEET)), set(p.names(SHARD))
     # Fleet-wide: driver skew across a pool, SLO burn across serving nodes, training-job medians.
     assert {"GpuDriverSkew", "ServingErrorBudgetBurn", "TrainingStraggler", "training_job:training_mfu:avg",
@@ -88,7 +88,7 @@ def test_shipped_rules_split_where_the_design_needs_them(profile):
 
 
 def test_split_files_load_in_promtool_and_vmalert(tmp_path):
-    p = place(profile_rules("http://127.0.0.1:9097", "drill"))
+    p = place(profile_rules("http://127.0.0.1:9097", "drill"), "node")
     for where, files in (("shard", p.shard), ("fleet", p.fleet)):
         (tmp_path / where).mkdir()
         for name, text in files.items():
@@ -117,8 +117,17 @@ def test_fleet_rules_count_counters_as_promql_does_on_victoriametrics():
     assert for_metricsql("increase(y[1h]) / rate(z[3d])") == (
         "increase_prometheus(y[1h]) / (increase_prometheus(z[3d]) / 259200)")
     assert for_metricsql("irate(x[5m]) + rate(x[5m:1m])") == "irate(x[5m]) + rate(x[5m:1m])"  # left as written
-    p = place(profile_rules("http://127.0.0.1:9097", "drill"))
+    p = place(profile_rules("http://127.0.0.1:9097", "drill"), "node")
     fleet_text, shard_text = "".join(p.fleet.values()), "".join(p.shard.values())
     assert "increase_prometheus(" in fleet_text
     assert not re.search(r"\b(rate|increase)\((?![^()]*:)", fleet_text), "a fleet rule still uses MetricsQL's rate/increase"
     assert "increase_prometheus" not in shard_text  # the shards run PromQL as written
+
+
+def test_placement_follows_the_fleet_config_identity_label():
+    """On a fleet whose identity label is k8s_node, keeping k8s_node is node-local and keeping only node is
+    not (the hashmod key is the fleet config's identity label)."""
+    assert classify("sum by (k8s_node, gpu) (DCGM_FI_DEV_GPU_UTIL)", "k8s_node").placement == SHARD
+    assert classify("sum by (node, gpu) (DCGM_FI_DEV_GPU_UTIL)", "k8s_node").placement == FLEET
+    assert classify("sum by (node, gpu) (DCGM_FI_DEV_GPU_UTIL)", "node").placement == SHARD
+    assert classify("sum by (instance) (up)", "k8s_node").placement == SHARD

@@ -118,7 +118,7 @@ def test_the_blind_alert_runs_on_the_shards_and_its_runbook_exists(tmp_path):
     from gpuobs.mixin.placement import SHARD, place
 
     text = ha.blind_rule("http://127.0.0.1:9097")
-    assert place({"ha-topology.yml": text}).names(SHARD) == ["FleetRulesBlind"]
+    assert place({"ha-topology.yml": text}, "node").names(SHARD) == ["FleetRulesBlind"]
     (tmp_path / "ha.yml").write_text(text)
     res = subprocess.run(["promtool", "check", "rules", str(tmp_path / "ha.yml")], capture_output=True, text=True,
                          timeout=60)
