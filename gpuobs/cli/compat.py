@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 from gpuobs.cli.common import fail  # noqa: E402
 from gpuobs.compat.inventory import inventory, judge_fleet
@@ -26,6 +27,8 @@ from gpuobs.compat.gate import (
 )
 from gpuobs.compat.upgrade_plan import UpgradePlan, load_inventory, plan_driver_upgrade
 from gpuobs.core.errors import EXIT_USAGE as EXIT_BAD_INPUT  # noqa: E402
+from gpuobs.core.errors import InputError
+from gpuobs.core.fleet import FleetConfig, check_label_name, load_fleet
 from gpuobs.promapi.prometheus import PromClient, PrometheusError
 from gpuobs.reference.compat import parse_driver
 from gpuobs.reference.releases import CatalogueError, load
@@ -166,17 +169,21 @@ def add_fleet_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``fleet`` to the ``compat`` sub-parsers; its ``func`` returns the exit code."""
     f = sub.add_parser("fleet", help="judge a catalogue release on every node found in Prometheus",
                        epilog=FLEET_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Inventory from dcgm-exporter labels (Hostname, modelName, "
-                                   "DCGM_FI_DRIVER_VERSION) in Prometheus; one verdict per node.")
+                       description="Inventory from dcgm-exporter's labels (modelName, DCGM_FI_DRIVER_VERSION) per "
+                                   "node (the fleet config's identity label) in Prometheus; one verdict per node.")
     f.add_argument("--prometheus", default=os.environ.get("GPUOBS_PROMETHEUS_URL", "http://127.0.0.1:9090"),
                    metavar="URL", help="Prometheus-API base URL (env GPUOBS_PROMETHEUS_URL)")
     f.add_argument("--release", required=True, metavar="NAME", help="release version in the catalogue, e.g. 1.5.0")
     f.add_argument("--releases", default=os.environ.get("GPUOBS_RELEASES"), metavar="FILE",
                    help="release catalogue YAML (env GPUOBS_RELEASES; default: the packaged one)")
-    f.add_argument("--selector", default="", metavar="MATCHERS",
-                   help="extra label matchers for the inventory series, e.g. 'job=\"dcgm\"'")
-    f.add_argument("--hostname-label", default="Hostname", choices=["Hostname", "hostname"],
-                   help="dcgm-exporter's host label (default Hostname)")
+    f.add_argument("--fleet", default=os.environ.get("GPUOBS_FLEET_CONFIG"), metavar="FILE",
+                   help="fleet config the rules were rendered from (format of prometheus/fleet.yaml; env "
+                        "GPUOBS_FLEET_CONFIG): its DCGM selector and identity label (default: the default config's)")
+    f.add_argument("--selector", default=None, metavar="MATCHERS",
+                   help="label matchers of the inventory series, e.g. 'job=\"dcgm\"' (default: the fleet config's "
+                        "DCGM selector)")
+    f.add_argument("--identity-label", default=None, metavar="LABEL",
+                   help="the label that names a node (default: the fleet config's identity label)")
     f.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-request timeout, s (default 10)")
     f.add_argument("--retries", type=int, default=3, metavar="N",
                    help="retries on connection errors and 5xx, exponential backoff (default 3)")
@@ -194,8 +201,14 @@ def run_fleet(args: argparse.Namespace) -> int:
     except (CatalogueError, KeyError, OSError, ValueError) as err:
         msg = err.args[0] if isinstance(err, KeyError) else err  # KeyError's str() adds quotes
         return fail(f"fleet: --release/--releases/--prometheus: {msg}", EXIT_BAD_INPUT)
+    try:  # FleetConfigError and a bad --identity-label are input errors: one line, exit 2
+        fleet = load_fleet(Path(args.fleet)) if args.fleet else FleetConfig()
+        ident = check_label_name(fleet.identity_label if args.identity_label is None else args.identity_label,
+                                 "--identity-label")
+    except InputError as err:
+        return fail(f"fleet: {err}", EXIT_BAD_INPUT)
     try:
-        rows = inventory(client, args.selector, hostname_label=args.hostname_label)
+        rows = inventory(client, fleet.dcgm_selector if args.selector is None else args.selector, ident)
     except PrometheusError as err:  # a rejected query is the user's (2), an unreachable backend a failure (1)
         return fail(f"fleet: {err}", err.exit_code)
     report = judge_fleet(rows, release, ptx_jit=args.ptx_jit, cuda_compat=args.cuda_compat)

@@ -1,9 +1,11 @@
 """Fleet judgement (``gpuobs compat fleet``, the rollout's first gate): judge one catalogue release on every node the fleet's Prometheus knows.
 
 Inventory source: dcgm-exporter's own labels on one per-GPU series (default ``DCGM_FI_DEV_GPU_TEMP``,
-in dcgm-exporter's default counter set), read with one instant query::
+in dcgm-exporter's default counter set), keyed by the fleet config's identity label (the one the rules
+group by; dcgm-exporter's ``Hostname`` may be a pod name, ``localhost`` or absent, design §4.1) and
+read through its DCGM selector with one instant query::
 
-    count by (Hostname, modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{<selector>})
+    count by (<identity>, modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{<selector>})
 
 so each result row is one (node, GPU model, driver) combination and its GPU count. Release source:
 the release catalogue (:mod:`gpuobs.reference.releases`; ``engine`` such as ``vllm==0.11.0`` and the
@@ -132,16 +134,17 @@ class FleetReport:
         return "\n".join(lines)
 
 
-def inventory(client: PromClient, selector: str = "", metric: str = DEFAULT_METRIC,
-              hostname_label: str = "Hostname") -> list[InventoryRow]:
-    """Read the (hostname, modelName, driver) inventory from Prometheus; sorted by hostname.
+def inventory(client: PromClient, selector: str, identity_label: str, metric: str = DEFAULT_METRIC) -> list[InventoryRow]:
+    """Read the (node, modelName, driver) inventory from Prometheus, sorted by node: ``selector`` and
+    ``identity_label`` are the fleet config's (:class:`gpuobs.core.fleet.FleetConfig`), ``hostname`` of a
+    row is the node's identity label value.
 
     Raises :class:`~gpuobs.promapi.prometheus.PrometheusError` subclasses when the query fails.
     Label values missing on a series come back as empty strings.
     """
-    q = f"count by ({hostname_label}, {MODEL_LABEL}, {DRIVER_LABEL}) ({metric}{{{selector}}})"
+    q = f"count by ({identity_label}, {MODEL_LABEL}, {DRIVER_LABEL}) ({metric}{{{selector}}})"
     res = client.query(q)
-    rows = [InventoryRow(s.labels.get(hostname_label, ""), s.labels.get(MODEL_LABEL, ""),
+    rows = [InventoryRow(s.labels.get(identity_label, ""), s.labels.get(MODEL_LABEL, ""),
                          s.labels.get(DRIVER_LABEL, ""), int(s.value)) for s in res.samples]
     return sorted(rows, key=lambda r: (r.hostname, r.gpu_model, r.driver))
 

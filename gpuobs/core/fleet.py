@@ -73,6 +73,14 @@ class FleetConfig:
         return self.paths[family] in ("both", "enhanced")
 
 
+def check_label_name(text: str, flag: str) -> str:
+    """A Prometheus label name (``[a-zA-Z_][a-zA-Z0-9_]*``, not ``__``-prefixed) given for an identity
+    label by ``flag``, or InputError naming ``flag``."""
+    if not isinstance(text, str) or not _LABEL.fullmatch(text) or text.startswith("__"):
+        raise InputError(f"{flag}: expected a Prometheus label name such as node, got {text!r}")
+    return text
+
+
 def _selector(value: object, name: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise FleetConfigError(f"selectors.{name}: expected PromQL label matchers like 'job=~\"dcgm|.*dcgm-exporter.*\"'; "

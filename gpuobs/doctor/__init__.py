@@ -15,10 +15,9 @@ from __future__ import annotations
 from typing import Iterable
 
 from gpuobs.core.errors import InputError
-from gpuobs.core.fleet import FleetConfig
+from gpuobs.core.fleet import FleetConfig, check_label_name
 from gpuobs.doctor.snapshot import (
     Snapshot,
-    check_label_name,
     collect,
     parse_selector,
 )

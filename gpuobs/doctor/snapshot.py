@@ -23,7 +23,6 @@ from gpuobs.promapi.prometheus import PromClient
 
 _LABEL = r"[a-zA-Z_][a-zA-Z0-9_]*"
 _MATCHER = re.compile(rf'\s*({_LABEL})\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
-_LABEL_NAME = re.compile(rf"^{_LABEL}$")
 #: Label names of dcgm-exporter's host label: capital H in every release, lowercase on master after PR #655.
 HOST_LABELS = ("Hostname", "hostname")
 DRIVER_LABEL = "DCGM_FI_DRIVER_VERSION"
@@ -57,13 +56,6 @@ def parse_selector(text: str, flag: str) -> str:
         raise InputError(f'{flag}: expected label matchers such as job="dcgm" or {{job=~"a|b",namespace="gpu"}} '
                          f'(operators =, !=, =~, !~; values in double quotes), got {text!r}')
     return ",".join(parts)
-
-
-def check_label_name(text: str, flag: str) -> str:
-    """A Prometheus label name (``[a-zA-Z_][a-zA-Z0-9_]*``, not ``__``-prefixed), or InputError naming ``flag``."""
-    if not _LABEL_NAME.match(text) or text.startswith("__"):
-        raise InputError(f"{flag}: expected a Prometheus label name such as node, got {text!r}")
-    return text
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,12 @@ from tests.fakes.prometheus import FakePrometheus, ok, vector
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def inventory_responder(rows):
+def inventory_responder(rows, identity="node"):
     def respond(endpoint, params):
         respond.queries.append(params["query"][0])
-        return ok(vector([({"Hostname": h, "modelName": m, "DCGM_FI_DRIVER_VERSION": d}, n) for h, m, d, n in rows]))
-    respond.queries = []
+        ident = respond.identity
+        return ok(vector([({ident: h, "modelName": m, "DCGM_FI_DRIVER_VERSION": d}, n) for h, m, d, n in rows]))
+    respond.queries, respond.identity = [], identity
     return respond
 
 
@@ -31,8 +32,9 @@ def test_fleet_table_and_exit_codes(capsys):
         out = capsys.readouterr().out
         assert cli(["compat", "fleet", "--prometheus", prom.url, "--release", "1.5.0"]) == 0
         ok_out = capsys.readouterr().out
-    assert prom.responder.queries[0] == ("count by (Hostname, modelName, DCGM_FI_DRIVER_VERSION) "
-                                         "(DCGM_FI_DEV_GPU_TEMP{})")
+    # keyed by the fleet config's identity label through its DCGM selector (not dcgm-exporter's Hostname)
+    assert prom.responder.queries[0] == ("count by (node, modelName, DCGM_FI_DRIVER_VERSION) "
+                                         '(DCGM_FI_DEV_GPU_TEMP{job=~"dcgm|.*dcgm-exporter.*"})')
     lines = out.splitlines()
     assert lines[0] == "Release 2.0.0 (vllm==0.26.0, CUDA 13.0): INCOMPATIBLE, 1 of 2 node row(s) blocking"
     assert lines[2].split()[:4] == ["gpu-node-00", "8", "NVIDIA", "H100"] and "INCOMPATIBLE" in lines[2]
@@ -80,3 +82,23 @@ def test_judge_fleet_restricts_to_hosts_and_reports_missing():
     assert rep.verdict == "INCOMPATIBLE"
     assert rep.blockers() == ["c: no modelName/DCGM_FI_DRIVER_VERSION series in Prometheus"]
     assert judge_fleet(rows, rel, hosts=["a", "b"]).exit_code == 0
+
+
+def test_fleet_inventory_follows_the_fleet_config(tmp_path, capsys):
+    """--fleet FILE: the inventory is keyed by its identity label and read through its DCGM selector; a bad
+    identity label or fleet file is one line, exit 2, and no query is sent."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text('identity_label: k8s_node\nselectors:\n  dcgm: \'job="gpu-operator/nvidia-dcgm-exporter"\'\n')
+    rows = [("gpu-node-00", H100, "580.95.05", 8)]
+    with FakePrometheus(inventory_responder(rows, "k8s_node")) as prom:
+        assert cli(["compat", "fleet", "--prometheus", prom.url, "--release", "1.5.0", "--fleet", str(fleet)]) == 0
+        assert "gpu-node-00" in capsys.readouterr().out
+        assert prom.responder.queries == ["count by (k8s_node, modelName, DCGM_FI_DRIVER_VERSION) "
+                                          '(DCGM_FI_DEV_GPU_TEMP{job="gpu-operator/nvidia-dcgm-exporter"})']
+        assert cli(["compat", "fleet", "--prometheus", prom.url, "--release", "1.5.0", "--identity-label", "a b"]) == 2
+        assert "--identity-label" in capsys.readouterr().err
+        fleet.write_text("identity_label: Hostname\n")
+        assert cli(["compat", "fleet", "--prometheus", prom.url, "--release", "1.5.0", "--fleet", str(fleet)]) == 2
+        err = capsys.readouterr().err
+        assert "identity_label" in err and "Traceback" not in err
+        assert len(prom.responder.queries) == 1
