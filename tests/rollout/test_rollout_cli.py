@@ -86,7 +86,8 @@ def test_prom_signals_budget_pages_and_inventory():
         if q.startswith("ALERTS{"):
             return ok(vector([({"__name__": "ALERTS", "alertname": "ServingErrorBudgetBurn", "alertstate": "firing",
                                 "severity": "critical", "slo": "ttft"}, 1.0)]))
-        labels = {"Hostname": "gpu-node-00", "modelName": "NVIDIA L4", "DCGM_FI_DRIVER_VERSION": "550.54.15"}
+        assert q == 'count by (node, modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{job=~"dcgm|.*dcgm-exporter.*"})'
+        labels = {"node": "gpu-node-00", "modelName": "NVIDIA L4", "DCGM_FI_DRIVER_VERSION": "550.54.15"}
         return ok(vector([(labels, 4)]))
     with FakePrometheus(respond) as prom:
         sig = PromSignals(PromClient(prom.url, retries=0))
@@ -99,7 +100,7 @@ def test_prom_signals_budget_pages_and_inventory():
     sent = [r["params"]["query"][0] for r in prom.requests]
     assert sent[1] == "sum by (model_name) (increase(vllm:request_success_total[30d]))"
     assert sent[2] == 'ALERTS{alertname="ServingErrorBudgetBurn",severity="critical",alertstate="firing"}'
-    assert sent[3] == 'count by (Hostname, modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{job=~"dcgm|.*dcgm-exporter.*"})'
+    assert sent[3] == 'count by (node, modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{job=~"dcgm|.*dcgm-exporter.*"})'
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from gpuobs.canary.analyzer import Analyzer
 from gpuobs.canary.config import load_config
-from gpuobs.core.fleet import DEFAULT_DCGM_SELECTOR
+from gpuobs.core.fleet import FleetConfig
 from gpuobs.compat.inventory import InventoryRow, inventory
 from gpuobs.promapi.prometheus import PromClient, PrometheusError
 from gpuobs.rollout.interfaces import AnalyzerFactory, SignalsUnavailable
@@ -49,17 +49,19 @@ def _insulated(fn: Callable[..., Any]) -> Callable[..., Any]:
 class PromSignals:
     """Inventory, error budget and SLO-burn pages read from Prometheus through ``client``."""
 
-    def __init__(self, client: PromClient, inventory_selector: str = DEFAULT_DCGM_SELECTOR, budget_query: str = BUDGET_QUERY,
+    def __init__(self, client: PromClient, fleet: FleetConfig | None = None, budget_query: str = BUDGET_QUERY,
                  page_selector: str = PAGE_SELECTOR, requests_query: str = REQUESTS_QUERY,
                  min_requests: float = MIN_BUDGET_REQUESTS):
-        self.client, self.inventory_selector = client, inventory_selector
+        """``fleet``: the fleet config of the Prometheus's rules (default: the default one), whose DCGM
+        selector and identity label the inventory reads."""
+        self.client, self.fleet = client, fleet or FleetConfig()
         self.budget_query, self.page_selector = budget_query, page_selector
         self.requests_query, self.min_requests = requests_query, min_requests
 
     @_insulated
     def inventory(self) -> list[InventoryRow]:
-        """(Hostname, modelName, driver) rows of the dcgm job."""
-        return inventory(self.client, self.inventory_selector)
+        """(node, modelName, driver) rows of the fleet config's DCGM targets, by its identity label."""
+        return inventory(self.client, self.fleet.dcgm_selector, self.fleet.identity_label)
 
     @_insulated
     def budget(self) -> list[BudgetRow]:
