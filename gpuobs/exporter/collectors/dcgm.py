@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from gpuobs.core import log
 from gpuobs.exporter.collectors.training import training_families
-from gpuobs.exporter.exposition import Family, Prerendered, Template, label_string
+from gpuobs.exporter.exposition import Family, Prerendered, Template, label_string, render
 from gpuobs.exporter.sim import profiles
 from gpuobs.exporter.sim.gpu import GpuState
 from gpuobs.exporter.sim.mig import MigProfile
@@ -183,12 +183,31 @@ class DcgmCollector:
         self._dcgm_tmpl: Template | None = None
         self._alloc_tmpl: Template | None = None
         self._sample: tuple | None = None  # (sim time, layout key, DCGM values, Xid state): collect interval
+        self._getters = [f[4] for f in self._fields]
+        self._host: tuple = (None, [])  # ((mode, hostname, exporter generation), host pairs)
+        self._xid_text: tuple = (None, None)  # (layout key + Xid state, rendered Xid section)
+        self._ls: dict[tuple, str] = {}  # host-level label strings (collector success, expected GPUs)
 
     @property
     def host_pairs(self) -> list[tuple[str, str]]:
         """The page's host label as ``[(name, value)]``, or ``[]`` in mode ``none``."""
-        pair = profiles.host_label(self.host_label_mode, self.node.hostname, self.node.exporter_pod)
-        return [pair] if pair else []
+        node = self.node
+        # the pod name (mode ``pod``) is a function of the exporter generation: hash it only when that changes
+        key = (self.host_label_mode, node.hostname, node.exporter_generation)
+        if key != self._host[0]:
+            pair = profiles.host_label(self.host_label_mode, node.hostname, node.exporter_pod)
+            self._host = (key, [pair] if pair else [])
+        return list(self._host[1])
+
+    def _label_string(self, pairs: list[tuple[str, str]]) -> str:
+        """:func:`label_string` of host-level pairs, remembered (a handful per node)."""
+        key = tuple(pairs)
+        ls = self._ls.get(key)
+        if ls is None:
+            if len(self._ls) > 64:
+                self._ls.clear()
+            ls = self._ls[key] = label_string(pairs)
+        return ls
 
     def identity_labels(self, g: GpuState, mig: tuple[str, int] | None = None,
                         attributes: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
@@ -242,7 +261,7 @@ class DcgmCollector:
         """Every DCGM sample's value in page order: per field (counters-file order), the series reporting it."""
         if not self.mig:
             gpus = [g for g, _ in series]
-            return [get(g) for *_, get in self._fields for g in gpus]
+            return [get(g) for get in self._getters for g in gpus]
         return [get(g) if m is None else self._mig_value(name, get, g, m[0], m[1])
                 for name, *_, get in self._fields for g, m in series if self._reports(name, g, m)]
 
@@ -276,6 +295,16 @@ class DcgmCollector:
         xids = [(g.last_xid, sorted(g.xid_counts().items())) for g in present]
         self._sample = (now, key, values, xids)
         return values, xids
+
+    def _xid_section(self, present: list[GpuState], xids: list[tuple]) -> list[Family | Prerendered]:
+        """:meth:`_xid`, rendered once per label layout and Xid state (last code, counts in the window)."""
+        if not self.cache:
+            return self._xid(present, xids)
+        key = (self._key, self.node.cfg.xid_window_ms,
+               tuple((last.code if last is not None else None, tuple(counts)) for last, counts in xids))
+        if key != self._xid_text[0]:
+            self._xid_text = (key, render(self._xid(present, xids)))
+        return [Prerendered(self._xid_text[1])]
 
     def _xid(self, present: list[GpuState], xids: list[tuple]) -> list[Family]:
         """dcgm-exporter 4.4+/4.5.x Xid series. DCGM_FI_DEV_XID_ERRORS: only GPUs that had an Xid since
@@ -337,7 +366,7 @@ class DcgmCollector:
             values, xids = self._sampled(present)
             sections: list[tuple[str, Callable[[], list[Family]]]] = [
                 ("dcgm", lambda: self._dcgm_families(present, values)),
-                ("xid", lambda: self._xid(present, xids)),
+                ("xid", lambda: self._xid_section(present, xids)),
             ]
             if self.profile.gpuobs_extras:
                 sections.append(("allocator", lambda: self._allocator(present)))
@@ -349,11 +378,11 @@ class DcgmCollector:
                 except Exception:  # a broken collector must not break the page (node_exporter semantics)
                     _log.exception("collector failed", extra={"fields": {"collector": name, "hostname": node.hostname}})
                     ok = 0
-                success.samples.append((label_string(host + [("collector", name)]), ok))
+                success.samples.append((self._label_string(host + [("collector", name)]), ok))
             if self.profile.gpuobs_extras:
                 out.append(Family("gpuobs_node_expected_gpus", "gauge",
                                   "Number of GPUs the node should have (GPUs that fell off the bus vanish from the DCGM page).",
-                                  True, [(label_string(host), len(node.gpus))]))
+                                  True, [(self._label_string(host), len(node.gpus))]))
         if self.self_metrics:
             out.append(success)
         return out
