@@ -13,14 +13,18 @@ is, with the same headers and no body.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import re
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 #: Returned by :meth:`Handler.read_json` when it has already answered the error.
 INVALID = object()
+#: (second, its Date header text): the header is formatted once per second, not per answer.
+_date: tuple[int, str] = (-1, "")
 #: An HTTP method is a token (RFC 9110 section 9.1, tchar of section 5.6.2).
 _METHOD = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}")
 
@@ -54,6 +58,18 @@ class Handler(BaseHTTPRequestHandler):
         if self.logger.isEnabledFor(logging.DEBUG):  # skip formatting the access line on every scrape
             super().log_request(code, size)
 
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The ``Date`` header's text (RFC 7231 IMF-fixdate), formatted once per second for "now"."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        global _date
+        now = int(time.time())
+        second, text = _date
+        if second != now:
+            text = email.utils.formatdate(now, usegmt=True)
+            _date = (now, text)
+        return text
+
     # ---- answers ------------------------------------------------------------------------------
     def send_body(self, code: int, body: bytes, ctype: str = "application/json",
                   headers: dict[str, str] | None = None) -> None:
@@ -63,9 +79,18 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)
-        self.end_headers()
+        buffered = getattr(self, "_headers_buffer", None)
+        if buffered is None or self.request_version == "HTTP/0.9":  # not reached: HTTP/0.9 is refused
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            return
+        # Status line, headers and body in one write (http.server's end_headers() writes the headers,
+        # then the body would be a second write): one syscall, and the client reads one answer.
+        buffered.append(b"\r\n")
         if self.command != "HEAD":
-            self.wfile.write(body)
+            buffered.append(body)
+        self.flush_headers()
 
     def send_json(self, code: int, doc: Any, headers: dict[str, str] | None = None) -> None:
         """Answer ``code`` with ``doc`` as one JSON line."""
