@@ -132,6 +132,8 @@ ALLOCATOR_FIELDS = [
      lambda g: g.alloc.ooms),
 ]
 
+_ALLOCATOR_GETTERS = [get for *_, get in ALLOCATOR_FIELDS]
+
 K8sMap = dict[str, dict[int, dict[str, str]]]
 
 
@@ -336,8 +338,8 @@ class DcgmCollector:
         return sum(1 for k in ("container", "namespace", "pod") if pod.get(k))
 
     def _allocator(self, present: list[GpuState]) -> list[Family | Prerendered]:
-        self._refresh_labels(present)
-        values = [get(g) for *_, get in ALLOCATOR_FIELDS for g in present]
+        """The allocator gauges (labels refreshed by :meth:`collect`)."""
+        values = [get(g) for get in _ALLOCATOR_GETTERS for g in present]
         if self._alloc_tmpl is None:
             fams = [Family(n, t, h, None, list(zip(self._gpu_ls, values[k * len(present):])))
                     for k, (n, t, h, _) in enumerate(ALLOCATOR_FIELDS)]
@@ -389,11 +391,10 @@ class DcgmCollector:
 
     def _dcgm_families(self, present: list[GpuState], values: list[float]) -> list[Family | Prerendered]:
         """The DCGM fields: from the cached template when the label values are unchanged (one
-        ``%``-format per scrape), else rendered from families (``cache=False``: always)."""
-        self._refresh_labels(present)
-        series = self._series(present)
+        ``%``-format per scrape), else rendered from families (``cache=False``: always). Labels
+        refreshed by :meth:`collect`."""
         if self._dcgm_tmpl is None:
-            fams = self._dcgm_fams(series, values)
+            fams = self._dcgm_fams(self._series(present), values)
             if not self.cache:
                 return fams
             self._dcgm_tmpl = Template(fams)
