@@ -1,5 +1,7 @@
-"""The human-decision commands ``gpuobs rollout`` and ``gpuobs flag`` share: ``pause``, ``promote``,
-``resume``'s pause-lifting and ``abort``'s hand-off to a running controller.
+"""What ``gpuobs rollout`` and ``gpuobs flag`` share: the human-decision commands (``pause``,
+``promote``, ``resume``'s pause-lifting and ``abort``'s hand-off to a running controller), the
+``--operator`` default (:func:`default_operator`) and the running stack both drive
+(:func:`running_stack`). Their report is :func:`gpuobs.rollout.report.report`.
 
 Both groups keep a rollout store (SQLite, :class:`gpuobs.rollout.store.RolloutStore`) and one
 controller lock (:class:`gpuobs.rollout.store.RunLock`) in the run directory, and record decisions
@@ -14,6 +16,8 @@ recorded, unknown ``--id``) or ``KeyError`` from the store; the group modules pr
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +29,8 @@ from gpuobs.cli.common import fail
 from gpuobs.rollout import decisions
 from gpuobs.rollout.model import EXIT_CODES, TERMINAL, UsageError
 from gpuobs.rollout.store import RolloutStore, RunLock
+from gpuobs.stack.state import StackState
+from gpuobs.stack.supervisor import load_state
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,24 @@ class Kind:
 
 RELEASE = Kind("rollout", "rollout", "rollout.sqlite", "rollout.lock", "controller", "roll back")
 FLAG = Kind("flag rollout", "flag", "flag.sqlite", "flag.lock", "flag controller", "pull the kill switch")
+
+
+def default_operator() -> str:
+    """Who decides when ``--operator`` is not given: env GPUOBS_OPERATOR, else the login name, else ``unknown``."""
+    try:
+        return os.environ.get("GPUOBS_OPERATOR") or getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def running_stack(args: argparse.Namespace) -> StackState:
+    """The running native stack of ``args.run_dir`` (its ``stack.json``), which both groups drive.
+
+    Raises UsageError when there is none (no state file, or the stack is down)."""
+    state = load_state(Path(args.run_dir))
+    if not state or not state.running:
+        raise UsageError(f"no running stack in {args.run_dir}; start one with `make up` (or pass --run-dir)")
+    return state
 
 
 @contextmanager

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuobs.canary.config import ConfigError, parse_duration
-from gpuobs.cli.common import env as _env
 from gpuobs.cli import decide
-from gpuobs.cli.rollout import _operator, _stack, _usage, report
+from gpuobs.cli.common import env as _env
+from gpuobs.cli.common import fail
 from gpuobs.core import activity
 from gpuobs.flags.flagd import FILE_NAME, FlagFile, FlagFileError
 from gpuobs.promapi.prometheus import PromClient
@@ -32,6 +32,7 @@ from gpuobs.rollout.flag import FlagController, flag_spec, parse_variant
 from gpuobs.rollout.interfaces import FleetError
 from gpuobs.rollout.model import EXIT_CODES, TERMINAL, UsageError, parse_stages
 from gpuobs.rollout.notices import send as send_notice
+from gpuobs.rollout.report import report
 from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.stack.supervisor import load_state
 
@@ -85,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         if name in ("pause", "promote", "resume"):
             p.add_argument("--reason", required=name != "resume", default="",
                            help="why (recorded with the decision" + (", required)" if name != "resume" else ")"))
-            p.add_argument("--operator", default=_operator(),
+            p.add_argument("--operator", default=decide.default_operator(),
                            help="who decides (recorded; default env GPUOBS_OPERATOR or the login name: %(default)s)")
         p.set_defaults(func={"status": run_status, "resume": run_resume, "abort": run_abort, "pause": run_pause,
                              "promote": run_promote}[name])
@@ -116,14 +117,14 @@ def _release_rollout_active(run_dir: str) -> str | None:
 def _drive(args: argparse.Namespace, flag: str | None, fn: Any, rid: str | None = None, spec: Any = None) -> int:
     """Build the flag controller under the flag lock, call ``fn(controller, rid)``, notice, report."""
     try:
-        stack = _stack(args)
+        stack = decide.running_stack(args)
     except UsageError as err:
-        return _usage(err)
+        return fail(err)
     lock, tr = RunLock(args.run_dir, LOCK), tracing.setup(service_name=SERVICE_NAME)
     store = _store(args)
     try:
         if not lock.acquire():
-            return _usage(f"another flag controller holds {lock.path}; use `gpuobs flag status` or `abort`")
+            return fail(f"another flag controller holds {lock.path}; use `gpuobs flag status` or `abort`")
         if flag is None:
             flag = parse_variant(store.get(rid).version)[0]
         client = PromClient(args.prometheus or stack.urls.prometheus)
@@ -143,7 +144,7 @@ def _drive(args: argparse.Namespace, flag: str | None, fn: Any, rid: str | None 
         print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus), flush=True)
         return EXIT_CODES[rec.state]
     except (UsageError, ConfigError, FleetError, KeyError) as err:
-        return _usage(err.args[0] if isinstance(err, KeyError) else err)
+        return fail(err.args[0] if isinstance(err, KeyError) else err)
     finally:
         lock.release()
         store.close()
@@ -174,7 +175,7 @@ def run_rollout(args: argparse.Namespace) -> int:
             raise UsageError(f"--error-limit must be >= 1, got {args.error_limit}")
         interval = parse_duration(args.interval, "--interval")
         flag = load(Path(args.releases) if args.releases else None).flag(args.name).name
-        stack = _stack(args)
+        stack = decide.running_stack(args)
         busy = _release_rollout_active(args.run_dir)
         if busy:
             raise UsageError(f"release rollout {busy} is unfinished and owns the canary labels; "
@@ -194,9 +195,9 @@ def run_rollout(args: argparse.Namespace) -> int:
                          error_limit=args.error_limit,
                          override_reason=(args.reason or "").strip() if args.override_freeze else "")
     except (UsageError, ConfigError, CatalogueError, FleetError, OSError) as err:
-        return _usage(err)
+        return fail(err)
     except KeyError as err:
-        return _usage(f"NAME: {err.args[0]}")
+        return fail(f"NAME: {err.args[0]}")
     return _drive(args, flag, lambda ctl, rid: ctl.run(rid), spec=spec)
 
 
@@ -206,7 +207,7 @@ def run_resume(args: argparse.Namespace) -> int:
     try:
         rec, handled = decide.lift_pause(args, decide.FLAG, decisions.resume)
     except (UsageError, KeyError) as err:
-        return _usage(err.args[0] if isinstance(err, KeyError) else err)
+        return fail(err.args[0] if isinstance(err, KeyError) else err)
     if handled:
         return 0
     return _drive(args, None, lambda ctl, rid: ctl.run(rid), rid=rec.id)
@@ -233,7 +234,7 @@ def run_abort(args: argparse.Namespace) -> int:
                                  f"(`gpuobs flag kill {parse_variant(rec.version)[0]}` turns the flag off)")
             code = _ask_controller(args, store, rec.id, args.reason, wait_s)
     except (UsageError, ConfigError, KeyError) as err:
-        return _usage(err)
+        return fail(err)
     if code is not None:
         return code
     return _drive(args, None, lambda ctl, rid: ctl.abort(rid, args.reason), rid=rec.id)
@@ -244,13 +245,13 @@ def run_kill(args: argparse.Namespace) -> int:
     Prometheus needed), the engines' confirmation, then the active rollout of it (if any) aborted."""
     try:
         wait_s = parse_duration(args.wait, "--wait")
-        stack = _stack(args)
+        stack = decide.running_stack(args)
         fleet = StackFlagFleet(stack, args.name)
         t0 = time.monotonic()
         was_on, unconfirmed = fleet.kill(f"gpuobs flag kill: {args.reason}")
         took = time.monotonic() - t0
     except (UsageError, ConfigError, FleetError) as err:
-        return _usage(err)
+        return fail(err)
     print(f"kill switch: {args.name} off on every node in {fleet.file.path} (was on for "
           f"{', '.join(was_on) or 'none'}); " + (f"every engine confirmed off in {took:.2f}s" if not unconfirmed
                                                   else "not confirmed by " + "; ".join(unconfirmed)), flush=True)
@@ -284,15 +285,15 @@ def run_status(args: argparse.Namespace) -> int:
                 print(report(store, rec.id, None, args.json, prometheus))
                 printed = True
         except (UsageError, KeyError) as err:
-            return _usage(err)
+            return fail(err)
     if args.json:
-        return 0 if printed else _usage(f"no flag rollout recorded in {args.run_dir}")
+        return 0 if printed else fail(f"no flag rollout recorded in {args.run_dir}")
     ff = FlagFile(Path(args.run_dir) / FILE_NAME)
     try:
         doc = ff.read()
     except FlagFileError as err:
         if not printed:
-            return _usage(err)
+            return fail(err)
         return 0
     hosts = list(stack.serving_hosts) if stack else []
     print(f"flags in {ff.path}:")

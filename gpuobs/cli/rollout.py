@@ -15,39 +15,23 @@ controller is running, drives the rollout on. Both exit 0 once recorded.
 from __future__ import annotations
 
 import argparse
-import getpass
-import json
-import os
-import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from gpuobs.canary.config import ConfigError, parse_duration
 from gpuobs.cli import decide
 from gpuobs.cli.common import env as _env
-from gpuobs.cli.common import fail as _common_fail
+from gpuobs.cli.common import fail
 from gpuobs.core import activity
-from gpuobs.core.errors import EXIT_USAGE
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError, load
 from gpuobs.rollout import decisions, tracing
 from gpuobs.rollout.adapters.native import StackFleet
-from gpuobs.rollout.adapters.prometheus import (
-    BASELINE_SELECTOR,
-    CANARY_SELECTOR,
-    PromSignals,
-    analyzer_factory,
-)
+from gpuobs.rollout.adapters.prometheus import PromSignals, analyzer_factory
 from gpuobs.rollout.controller import Controller
 from gpuobs.rollout.interfaces import FleetError
-from gpuobs.rollout.model import (
-    EXIT_CODES,
-    TERMINAL,
-    RolloutSpec,
-    UsageError,
-    parse_stages,
-)
+from gpuobs.rollout.model import EXIT_CODES, TERMINAL, RolloutSpec, UsageError, parse_stages
+from gpuobs.rollout.report import report
 from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.stack.supervisor import load_state
 
@@ -102,29 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         if name in ("pause", "promote", "resume"):
             p.add_argument("--reason", required=name != "resume", default="",
                            help="why (recorded with the decision" + (", required)" if name != "resume" else ")"))
-            p.add_argument("--operator", default=_operator(),
+            p.add_argument("--operator", default=decide.default_operator(),
                            help="who decides (recorded; default env GPUOBS_OPERATOR or the login name: %(default)s)")
         p.set_defaults(func={"status": run_status, "resume": run_resume, "abort": run_abort, "pause": run_pause,
                              "promote": run_promote}[name])
-
-
-def _operator() -> str:
-    """The default operator name: env GPUOBS_OPERATOR, else the login name, else ``unknown``."""
-    try:
-        return os.environ.get("GPUOBS_OPERATOR") or getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
-
-
-def _usage(err: object) -> int:
-    return _common_fail(err, EXIT_USAGE)
-
-
-def _stack(args: argparse.Namespace) -> dict[str, Any]:
-    state = load_state(Path(args.run_dir))
-    if not state or not state.running:
-        raise UsageError(f"no running stack in {args.run_dir}; start one with `make up` (or pass --run-dir)")
-    return state
 
 
 def _controller(args: argparse.Namespace, stack: dict[str, Any], store: RolloutStore,
@@ -139,13 +104,13 @@ def _controller(args: argparse.Namespace, stack: dict[str, Any], store: RolloutS
 def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: RolloutSpec | None = None) -> int:
     """Build the controller under the run lock, call ``fn(controller, rid or spec)``, print the report."""
     try:
-        stack = _stack(args)
+        stack = decide.running_stack(args)
     except UsageError as err:
-        return _usage(err)
+        return fail(err)
     lock, store, tr = RunLock(args.run_dir), RolloutStore(Path(args.run_dir) / "rollout.sqlite"), tracing.setup()
     try:
         if not lock.acquire():
-            return _usage(f"another rollout controller holds {lock.path}; use `gpuobs rollout status` or `abort`")
+            return fail(f"another rollout controller holds {lock.path}; use `gpuobs rollout status` or `abort`")
         ctl, fleet = _controller(args, stack, store, tr)
         rid = rid if spec is None else ctl.create(spec).id
         _note(args, store, rid)
@@ -162,7 +127,7 @@ def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: Roll
         print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus), flush=True)
         return EXIT_CODES[rec.state]
     except (UsageError, ConfigError, FleetError, KeyError) as err:
-        return _usage(err.args[0] if isinstance(err, KeyError) else err)
+        return fail(err.args[0] if isinstance(err, KeyError) else err)
     finally:
         lock.release()
         store.close()
@@ -194,7 +159,7 @@ def run_start(args: argparse.Namespace) -> int:
             raise UsageError(f"--error-limit must be >= 1, got {args.error_limit}")
         interval = parse_duration(args.interval, "--interval")
         release = load(Path(args.releases) if args.releases else None).get(args.version)
-        stack = _stack(args)
+        stack = decide.running_stack(args)
         if (Path(args.run_dir) / "flag.sqlite").exists():  # a flag rollout owns the canary labels meanwhile
             flags = RolloutStore(Path(args.run_dir) / "flag.sqlite")
             busy = flags.latest(active_only=True, terminal=TERMINAL)
@@ -211,9 +176,9 @@ def run_start(args: argparse.Namespace) -> int:
                            else parse_duration(args.bake, "--bake"),
                            args.error_limit, (args.reason or "").strip() if args.override_freeze else "")
     except (UsageError, ConfigError, CatalogueError, FleetError, OSError) as err:
-        return _usage(err)
+        return fail(err)
     except KeyError as err:
-        return _usage(f"--version: {err.args[0]}")
+        return fail(f"--version: {err.args[0]}")
     return _drive(args, lambda ctl, rid: ctl.run(rid), spec=spec)
 
 
@@ -223,7 +188,7 @@ def run_resume(args: argparse.Namespace) -> int:
     try:
         rec, handled = decide.lift_pause(args, decide.RELEASE, decisions.resume)
     except (UsageError, KeyError) as err:
-        return _usage(err)
+        return fail(err)
     if handled:
         return 0
     return _drive(args, lambda ctl, rid: ctl.run(rid), rid=rec.id)
@@ -244,7 +209,7 @@ def run_abort(args: argparse.Namespace) -> int:
             code = decide.hand_abort(args.run_dir, decide.RELEASE, store, rec.id, args.reason, wait_s,
                                      lambda st, rid: report(st, rid, None, as_json=args.json))
     except (UsageError, ConfigError, KeyError) as err:
-        return _usage(err)
+        return fail(err)
     if code is not None:
         return code
     return _drive(args, lambda ctl, rid: ctl.abort(rid, args.reason), rid=rec.id)
@@ -268,86 +233,5 @@ def run_status(args: argparse.Namespace) -> int:
                     for line in lines:
                         print(f"  {line}", flush=True)
     except (UsageError, KeyError) as err:
-        return _usage(err)
+        return fail(err)
     return 0
-
-
-def _ts(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%H:%M:%SZ", time.gmtime(t))
-
-
-def _json_doc(store: RolloutStore, rid: str, versions: dict[str, str], prometheus: str | None) -> dict[str, Any]:
-    """Everything stored about the rollout, shaped so that ``gpuobs report rollout --file`` reads it
-    too (gpuobs/reports/rollout.py: rollout_id, baseline_version, started_at/ended_at, stages
-    with index/share/nodes, final_verdict, selectors, prometheus)."""
-    rec = store.get(rid)
-    spec = RolloutSpec.from_dict(rec.spec)
-    stages, transitions = store.stages(rid), store.transitions(rid)
-    previous = [n.previous for n in store.nodes(rid) if n.previous != rec.version]
-    judged = [s for s in stages if s.verdict_doc]
-    doc = {k: v for k, v in asdict(rec).items() if k != "spec"}
-    return {**doc, "exit_code": EXIT_CODES.get(rec.state), "spec": spec.to_dict(),
-            "stages": [{**asdict(s), "index": s.idx, "share": f"{len(s.hosts) / len(spec.hosts):.0%}",
-                        "nodes": s.hosts} for s in stages],
-            "transitions": transitions, "deploys": store.deploys(rid), "gates": store.gates(rid),
-            "events": store.events(rid),
-            "fleet_versions": versions, "rollout_id": rec.id,
-            "baseline_version": (max(sorted(set(previous)), key=previous.count) if previous
-                                 else _majority(rec.spec.get("versions_before"), rec.version)),
-            "versions_before": rec.spec.get("versions_before") or {}, "stage_count": len(spec.stages),
-            "started_at": rec.created_at, "ended_at": transitions[-1]["ts"] if rec.state in TERMINAL else None,
-            "final_verdict": judged[-1].verdict_doc if judged else None, "prometheus": prometheus,
-            "canary_selector": CANARY_SELECTOR, "baseline_selector": BASELINE_SELECTOR}
-
-
-def _majority(versions: Any, exclude: str) -> str | None:
-    """The most common version in ``{host: version}`` other than ``exclude`` (None if none)."""
-    vals = [str(v) for v in (versions or {}).values() if v and v != exclude] if isinstance(versions, dict) else []
-    return max(sorted(set(vals)), key=vals.count) if vals else None
-
-
-def report(store: RolloutStore, rid: str, fleet: StackFleet | None = None, as_json: bool = False,
-           prometheus: str | None = None) -> str:
-    """The rollout's report: state, reason, stage table, deploy log, live fleet versions (when a
-    fleet is given) and the deciding canary verdict table; or, with ``as_json``, all of it as JSON
-    (:func:`_json_doc`; ``prometheus`` is recorded there for the HTML report)."""
-    rec = store.get(rid)
-    spec = RolloutSpec.from_dict(rec.spec)
-    stages = store.stages(rid)
-    versions: dict[str, str] = {}
-    if fleet is not None:
-        for h in spec.hosts:
-            try:
-                versions[h] = fleet.version(h)
-            except FleetError as err:
-                versions[h] = f"unknown ({err})"
-    if as_json:
-        return json.dumps(_json_doc(store, rid, versions, prometheus))
-    n = len(spec.hosts)
-    lines = [f"Rollout {rec.id}: {rec.state}" + (f" (exit {EXIT_CODES[rec.state]})" if rec.state in EXIT_CODES else ""),
-             f"reason: {rec.reason or '-'}"]
-    if rec.paused and rec.state not in TERMINAL:
-        lines.append(f"PAUSED by {rec.paused.get('operator')} at {_ts(rec.paused.get('ts'))}: "
-                     f"{rec.paused.get('reason')} (`gpuobs rollout resume` or `promote`)")
-    if rec.promote_request and rec.state not in TERMINAL:
-        lines.append(f"promote pending, by {rec.promote_request.get('operator')} at "
-                     f"{_ts(rec.promote_request.get('ts'))}: {rec.promote_request.get('reason')}")
-    rows = [("stage", "kind", "nodes", "hosts", "status", "looks", "verdict", "started", "window", "ended")]
-    rows += [(f"{s.idx + 1}/{len(spec.stages)}", s.kind, f"{len(s.hosts)}/{n}", ",".join(s.hosts), s.status,
-              str(s.looks), s.verdict or "-", _ts(s.started_at), _ts(s.analysis_start), _ts(s.ended_at))
-             for s in stages]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    calls = [f"{d['hostname']} {d['previous']} -> {d['version']} ({d['purpose']})" for d in store.deploys(rid)]
-    lines.append("deploys: " + ("; ".join(calls) if calls else "none"))
-    if versions:
-        lines.append("fleet now: " + ", ".join(f"{h} {v}" for h, v in versions.items()))
-    for e in store.events(rid):
-        stage = f" (stage {e['stage'] + 1}/{len(spec.stages)})" if e["stage"] >= 0 else ""
-        lines.append(f"decision {_ts(e['ts'])}: {e['kind']} by {e['operator']}{stage}"
-                     + (f": {e['reason']}" if e["reason"] else ""))
-    judged = [s for s in stages if s.verdict_table]
-    if judged:
-        lines += [f"Deciding canary verdict (stage {judged[-1].idx + 1}/{len(spec.stages)}, "
-                  f"look {judged[-1].looks}):", judged[-1].verdict_table]
-    return "\n".join(lines)
