@@ -1,19 +1,26 @@
-"""The human-decision commands ``gpuobs rollout`` and ``gpuobs flag`` share: ``pause``, ``promote``,
-``resume``'s pause-lifting and ``abort``'s hand-off to a running controller.
+"""What ``gpuobs rollout`` and ``gpuobs flag`` share: their common options, the ``status`` /
+``resume`` / ``abort`` / ``pause`` / ``promote`` subcommands, the human decisions (``pause``,
+``promote``, ``resume``'s pause-lifting and ``abort``'s hand-off to a running controller) and
+driving a controller in this process (:func:`drive`: the run lock, the activity record, the notice,
+the report of :func:`gpuobs.rollout.report.report`).
 
 Both groups keep a rollout store (SQLite, :class:`gpuobs.rollout.store.RolloutStore`) and one
 controller lock (:class:`gpuobs.rollout.store.RunLock`) in the run directory, and record decisions
-through :mod:`gpuobs.rollout.decisions`; they differ only in file names and nouns, which a
-:class:`Kind` carries. A busy lock means a live controller: decisions are recorded for it to act on
-at its next wait, and an abort is written to the store for it to carry out (the caller waits). A
-free lock means nobody drives the rollout: the caller acts itself (``resume`` / ``abort`` drive the
-controller in this process). Errors are :class:`gpuobs.rollout.model.UsageError` (no rollout
-recorded, unknown ``--id``) or ``KeyError`` from the store; the group modules print them.
+through :mod:`gpuobs.rollout.decisions`; they differ in file names, nouns and help texts, which a
+:class:`Kind` carries, and in the controller and fleet they build, which a :class:`Driver` adds. A
+busy lock means a live controller: decisions are recorded for it to act on at its next wait, and an
+abort is written to the store for it to carry out (the caller waits). A free lock means nobody
+drives the rollout: the caller acts itself (``resume`` / ``abort`` drive the controller in this
+process). Errors are :class:`gpuobs.rollout.model.UsageError` (no rollout recorded, unknown
+``--id``, no running stack) or ``KeyError`` from the store; handlers print them as one error line
+(exit 2), helpers raise them for the group modules to print.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,20 +28,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuobs.cli.common import fail
-from gpuobs.rollout import decisions
+from gpuobs.canary.config import ConfigError, parse_duration
+from gpuobs.cli.common import env, fail
+from gpuobs.core import activity
+from gpuobs.promapi.prometheus import PromClient
+from gpuobs.reference.releases import CatalogueError
+from gpuobs.rollout import decisions, tracing
+from gpuobs.rollout.adapters.prometheus import PromSignals, analyzer_factory
+from gpuobs.rollout.flag import parse_variant
+from gpuobs.rollout.interfaces import Fleet, FleetError
 from gpuobs.rollout.model import EXIT_CODES, TERMINAL, UsageError
+from gpuobs.rollout.notices import send as send_notice
+from gpuobs.rollout.report import report
 from gpuobs.rollout.store import RolloutStore, RunLock
+from gpuobs.stack.state import StackState
+from gpuobs.stack.supervisor import load_state
 
 
 @dataclass(frozen=True)
 class Kind:
-    """What differs between release and flag rollouts in the decision commands.
+    """What differs between release and flag rollouts in the commands both groups have.
 
     ``noun`` starts the printed lines ("rollout", "flag rollout"), ``group`` is the CLI group in
     hints (``gpuobs <group> resume``), ``db`` / ``lock`` are file names in the run directory,
     ``controller`` names the process that drives it, ``abort_action`` says what that process does on
-    an abort."""
+    an abort, ``service`` is its traces' OpenTelemetry service name. ``flags``: the rollouts are flag
+    rollouts, whose record's version is the flag's variant (``<flag>=on``) and whose ``abort`` of an
+    ended one hints at the kill switch. ``*_help``: the help lines of ``status``, ``resume``,
+    ``abort`` and ``pause`` (``promote``'s is :data:`PROMOTE_HELP`)."""
 
     noun: str
     group: str
@@ -42,10 +63,238 @@ class Kind:
     lock: str
     controller: str
     abort_action: str
+    service: str
+    flags: bool
+    status_help: str
+    resume_help: str
+    abort_help: str
+    pause_help: str
 
 
-RELEASE = Kind("rollout", "rollout", "rollout.sqlite", "rollout.lock", "controller", "roll back")
-FLAG = Kind("flag rollout", "flag", "flag.sqlite", "flag.lock", "flag controller", "pull the kill switch")
+RELEASE = Kind("rollout", "rollout", "rollout.sqlite", "rollout.lock", "controller", "roll back",
+               service=tracing.SERVICE_NAME, flags=False,
+               status_help="show the latest (or --id) rollout",
+               resume_help="lift a pause; continue an unfinished rollout from its last persisted state",
+               abort_help="abort the active rollout: roll back every touched node",
+               pause_help="hold the rollout for a human decision: no look, no verdict acted on, no stage advance "
+                          "(recorded)")
+FLAG = Kind("flag rollout", "flag", "flag.sqlite", "flag.lock", "flag controller", "pull the kill switch",
+            service="gpuobs-flag-rollout", flags=True,
+            status_help="show the latest (or --id) flag rollout and where each flag is on",
+            resume_help="lift a pause; continue an unfinished flag rollout from its persisted state",
+            abort_help="abort the active flag rollout: kill switch, flag off everywhere",
+            pause_help="hold the flag rollout for a human decision (no look acted on, no stage advance)")
+PROMOTE_HELP = "pass the current stage now, whatever the analysis says (recorded)"
+
+
+@dataclass(frozen=True)
+class Driver:
+    """How a group drives its rollouts in this process (:func:`drive`): its :class:`Kind`, its
+    controller class, called as ``controller(store, fleet, signals, analyzers, out=, tracer=)``
+    (:class:`gpuobs.rollout.controller.Controller` or :class:`gpuobs.rollout.flag.FlagController`),
+    and ``fleet(stack, flag)``, the fleet it acts on in the running stack (``flag`` is None for
+    release rollouts)."""
+
+    kind: Kind
+    controller: Callable[..., Any]
+    fleet: Callable[[StackState, str | None], Fleet]
+
+
+# -- options and subcommands ------------------------------------------------------------------------
+
+def group_options() -> argparse.ArgumentParser:
+    """The parent parser of every subcommand of both groups: ``--run-dir``, ``--prometheus``,
+    ``--config`` (each with its ``GPUOBS_*`` environment default) and ``--json``."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--run-dir", default=env("RUN_DIR", ".run"), help="stack run directory (env GPUOBS_RUN_DIR)")
+    common.add_argument("--prometheus", default=env("PROMETHEUS_URL"), metavar="URL",
+                        help="Prometheus URL (env GPUOBS_PROMETHEUS_URL; default: the stack's)")
+    common.add_argument("--config", default=env("CANARY_CONFIG"), metavar="FILE",
+                        help="canary metrics YAML (env GPUOBS_CANARY_CONFIG; default: packaged metrics.yaml)")
+    common.add_argument("--json", action="store_true", help="final report as one JSON object")
+    return common
+
+
+def add_drive_options(p: argparse.ArgumentParser, bake_help: str) -> None:
+    """The options of the commands that start a rollout (``rollout start``, ``flag rollout``): stages,
+    timings, error limit, release catalogue, freeze override; read back by :func:`start`
+    (:func:`checked_interval`) and :func:`timings`. ``bake_help``: ``--bake``'s help line."""
+    p.add_argument("--stages", default="1,25%,50%,100%",
+                   help="cumulative node counts (1) or shares (25%%) of the serving nodes (default 1,25%%,50%%,100%%)")
+    p.add_argument("--interval", default="30s", help="analysis look interval (default 30s)")
+    p.add_argument("--stage-timeout", default="5m", help="analysis deadline per canary stage = analysis horizon (5m)")
+    p.add_argument("--settle", default="10s", help="wait after relabelling before the analysis window opens (10s)")
+    p.add_argument("--bake", default=None, help=bake_help)
+    p.add_argument("--error-limit", type=int, default=3, help="consecutive Prometheus errors before abort (3)")
+    p.add_argument("--releases", default=env("RELEASES"), metavar="FILE",
+                   help="release catalogue (env GPUOBS_RELEASES)")
+    p.add_argument("--override-freeze", action="store_true", help="start/continue despite an exhausted error budget")
+    p.add_argument("--reason", help="why the freeze is overridden (required with --override-freeze; recorded)")
+
+
+def add_decision_commands(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser, driver: Driver,
+                          status: Callable[[argparse.Namespace], int], bare_key_errors: bool = False) -> None:
+    """Add ``status``, ``resume``, ``abort``, ``pause`` and ``promote`` to ``sub``, each with
+    ``parent``'s options and ``--id``; ``abort`` with ``--reason`` and ``--wait``, the decisions
+    (``pause``, ``promote``, ``resume``) with ``--reason`` (required but for ``resume``) and
+    ``--operator``. Help lines from ``driver.kind``. Handlers (``func(args) -> int``): ``status``
+    as given, the others :func:`resume_handler` (with ``bare_key_errors``), :func:`abort_handler`,
+    :func:`pause_handler` and :func:`promote_handler` of ``driver``."""
+    kind = driver.kind
+    handlers = {"status": status, "resume": resume_handler(driver, bare_key_errors), "abort": abort_handler(driver),
+                "pause": pause_handler(kind), "promote": promote_handler(kind)}
+    for name, helptext in (("status", kind.status_help), ("resume", kind.resume_help), ("abort", kind.abort_help),
+                           ("pause", kind.pause_help), ("promote", PROMOTE_HELP)):
+        p = sub.add_parser(name, parents=[parent], help=helptext)
+        p.add_argument("--id", help=f"{kind.noun} id (default: the latest)")
+        if name == "abort":
+            p.add_argument("--reason", default="aborted from the command line", help="recorded abort reason")
+            p.add_argument("--wait", default="120s", help="how long to wait for a running controller to finish")
+        if name in ("pause", "promote", "resume"):
+            p.add_argument("--reason", required=name != "resume", default="",
+                           help="why (recorded with the decision" + (", required)" if name != "resume" else ")"))
+            p.add_argument("--operator", default=default_operator(),
+                           help="who decides (recorded; default env GPUOBS_OPERATOR or the login name: %(default)s)")
+        p.set_defaults(func=handlers[name])
+
+
+def checked_interval(args: argparse.Namespace) -> float:
+    """The first checks of ``rollout start`` / ``flag rollout``: ``--override-freeze`` goes with a
+    non-blank ``--reason`` (and only with it), ``--error-limit`` >= 1. Returns ``--interval`` in
+    seconds. Raises UsageError, or ConfigError for a malformed duration."""
+    if args.override_freeze != bool(args.reason and args.reason.strip()):
+        raise UsageError("--override-freeze needs --reason TEXT (and --reason is only for --override-freeze)")
+    if args.error_limit < 1:
+        raise UsageError(f"--error-limit must be >= 1, got {args.error_limit}")
+    return parse_duration(args.interval, "--interval")
+
+
+def timings(args: argparse.Namespace, interval: float) -> dict[str, Any]:
+    """:class:`gpuobs.rollout.model.RolloutSpec`'s timing keywords from the options, seconds:
+    ``interval_s`` (given, from :func:`checked_interval`), ``stage_timeout_s``, ``settle_s`` (0 for
+    ``0`` / ``0s``), ``bake_s`` (default one interval; 0 for ``0`` / ``0s``), ``error_limit`` and
+    ``override_reason`` (stripped; empty without ``--override-freeze``). Raises ConfigError for a
+    malformed duration."""
+    return {"interval_s": interval, "stage_timeout_s": parse_duration(args.stage_timeout, "--stage-timeout"),
+            "settle_s": 0.0 if args.settle in ("0", "0s") else parse_duration(args.settle, "--settle"),
+            "bake_s": interval if args.bake is None else 0.0 if args.bake in ("0", "0s")
+            else parse_duration(args.bake, "--bake"),
+            "error_limit": args.error_limit,
+            "override_reason": (args.reason or "").strip() if args.override_freeze else ""}
+
+
+def refuse_if_unfinished(run_dir: str | Path, kind: Kind, noun: str) -> None:
+    """Raise UsageError when the run directory's ``kind`` store holds an unfinished rollout (it owns
+    the canary labels: a release and a flag rollout never run at once); ``noun`` names it in the
+    message. Nothing when that store does not exist."""
+    path = Path(run_dir) / kind.db
+    if not path.exists():
+        return
+    store = RolloutStore(path)
+    try:
+        busy = store.latest(active_only=True, terminal=TERMINAL)
+    finally:
+        store.close()
+    if busy:
+        raise UsageError(f"{noun} {busy.id} ({busy.state}) is unfinished and owns the canary labels; "
+                         f"finish or abort it first (`gpuobs {kind.group} status`)")
+
+
+def default_operator() -> str:
+    """Who decides when ``--operator`` is not given: env GPUOBS_OPERATOR, else the login name, else ``unknown``."""
+    try:
+        return os.environ.get("GPUOBS_OPERATOR") or getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def running_stack(args: argparse.Namespace) -> StackState:
+    """The running native stack of ``args.run_dir`` (its ``stack.json``), which both groups drive.
+
+    Raises UsageError when there is none (no state file, or the stack is down)."""
+    state = load_state(Path(args.run_dir))
+    if not state or not state.running:
+        raise UsageError(f"no running stack in {args.run_dir}; start one with `make up` (or pass --run-dir)")
+    return state
+
+
+def start(driver: Driver, args: argparse.Namespace, plan: Callable[[argparse.Namespace, float], Any],
+          unknown: str) -> int:
+    """``rollout start`` / ``flag rollout``: :func:`checked_interval`, then ``plan(args, interval)``
+    -> the :class:`gpuobs.rollout.model.RolloutSpec` to run (it reads the catalogue and the running
+    stack), then :func:`drive` it to the end. Returns the exit code of its final state, or 2 with
+    one error line for a usage, config, catalogue, fleet or file error; a KeyError (not in the
+    catalogue) is said to be about option ``unknown`` (``--version``, ``NAME``)."""
+    try:
+        spec = plan(args, checked_interval(args))
+    except (UsageError, ConfigError, CatalogueError, FleetError, OSError) as err:
+        return fail(err)
+    except KeyError as err:
+        return fail(f"{unknown}: {err.args[0]}")
+    return drive(driver, args, lambda ctl, rid: ctl.run(rid), spec=spec)
+
+
+def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any], rid: str | None = None,
+          spec: Any = None) -> int:
+    """Drive a rollout in this process: under ``driver.kind``'s run lock, build the controller over
+    the running stack's fleet and Prometheus (``--prometheus``, else the stack's), create ``spec`` (a
+    :class:`gpuobs.rollout.model.RolloutSpec`) or take rollout ``rid``, call ``fn(controller, rid)``
+    (``run`` or ``abort``; it returns the final record), record the rollout in the activity file
+    before and after (:func:`note`), post its notice (:func:`gpuobs.rollout.notices.send`) and print
+    the report. Returns the exit code of its final state (:data:`gpuobs.rollout.model.EXIT_CODES`),
+    or 2 with one error line: no running stack, the lock held by another controller, a usage,
+    config, fleet or store error."""
+    kind = driver.kind
+    try:
+        stack = running_stack(args)
+    except UsageError as err:
+        return fail(err)
+    lock, store = RunLock(args.run_dir, kind.lock), RolloutStore(Path(args.run_dir) / kind.db)
+    tr = tracing.setup(service_name=kind.service)
+    try:
+        if not lock.acquire():
+            return fail(f"another {kind.group} controller holds {lock.path}; use `gpuobs {kind.group} status` or "
+                        "`abort`")
+        flag = parse_variant(spec.version if spec is not None else store.get(rid).version)[0] if kind.flags else None
+        client = PromClient(args.prometheus or stack.urls.prometheus)
+        fleet = driver.fleet(stack, flag)
+        ctl = driver.controller(store, fleet, PromSignals(client), analyzer_factory(client, args.config),
+                                out=lambda line: print(line, flush=True), tracer=tr)
+        rid = rid if spec is None else ctl.create(spec).id
+        note(args, kind, store, rid, flag)
+        try:
+            rec = fn(ctl, rid)
+        finally:
+            note(args, kind, store, rid, flag)
+        tr.shutdown()
+        line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir), flag=flag)  # RolledBack/... -> Alertmanager
+        if line:
+            print(line, flush=True)
+        print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus), flush=True)
+        return EXIT_CODES[rec.state]
+    except (UsageError, ConfigError, FleetError, KeyError) as err:
+        return fail(err.args[0] if isinstance(err, KeyError) else err)
+    finally:
+        lock.release()
+        store.close()
+
+
+def note(args: argparse.Namespace, kind: Kind, store: RolloutStore, rid: str, flag: str | None = None) -> None:
+    """Record rollout ``rid`` in the run directory's activity file (:mod:`gpuobs.core.activity`) as a
+    ``rollout``, so the incident console links incidents on its nodes (and its notice) to it: its
+    start, and its end once terminal. ``flag``: a flag rollout's flag (its title, and in the detail).
+    A failure to write is a warning line, never fatal."""
+    try:
+        rec = store.get(rid)
+        ended = store.transitions(rid)[-1]["ts"] if rec.state in TERMINAL else None
+        run_dir = str(args.run_dir)
+        activity.record(run_dir, "rollout", rec.id, title=f"{kind.noun} {flag or rec.version}",
+                        nodes=rec.spec.get("hosts") or [], started_at=rec.created_at, ended_at=ended,
+                        detail={"version": rec.version, **({"flag": flag} if flag else {}),
+                                "report": f"gpuobs {kind.group} status --run-dir {run_dir} --id {rec.id}",
+                                **({"outcome": f"{rec.state}: {rec.reason}"[:300]} if ended else {})})
+    except (OSError, KeyError, ValueError) as err:
+        print(f"warning: could not record {kind.noun} {rid} in {activity.path_in(args.run_dir)}: {err}", flush=True)
 
 
 @contextmanager
@@ -152,3 +401,59 @@ def hand_abort(run_dir: str | Path, kind: Kind, store: RolloutStore, rid: str, r
     rec = store.get(rid)
     print(show(store, rid))
     return EXIT_CODES[rec.state] if rec.state in TERMINAL else 3
+
+
+def resume_handler(driver: Driver, bare_key_errors: bool = False) -> Callable[[argparse.Namespace], int]:
+    """The handler of ``<group> resume``: lift the pause of the ``--id`` or latest rollout (recorded);
+    when no controller of its kind runs, continue it from its persisted state in this process
+    (:func:`drive`). Returns the exit code; 2 with one error line when there is no such rollout.
+    ``bare_key_errors``: an unknown ``--id`` prints the store's message bare (``flag resume``), not
+    quoted as ``str(KeyError)`` has it (``rollout resume``, like both groups' ``status`` and ``abort``)."""
+    kind = driver.kind
+
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            rec, handled = lift_pause(args, kind, decisions.resume)
+        except (UsageError, KeyError) as err:
+            return fail(err.args[0] if bare_key_errors and isinstance(err, KeyError) else err)
+        if handled:
+            return 0
+        return drive(driver, args, lambda ctl, rid: ctl.run(rid), rid=rec.id)
+    handler.__doc__ = (f"Handler of ``{kind.group} resume``: lift a pause (recorded); if no {kind.controller} runs, "
+                       f"continue the latest (or --id) {kind.noun} from its persisted state.")
+    return handler
+
+
+def ask_controller(args: argparse.Namespace, kind: Kind, store: RolloutStore, rid: str, reason: str,
+                   wait_s: float) -> int | None:
+    """:func:`hand_abort` showing the rollout's report (JSON with ``--json``) once it ended; None
+    when no controller of ``kind`` runs."""
+    return hand_abort(args.run_dir, kind, store, rid, reason, wait_s,
+                      lambda st, r: report(st, r, None, as_json=args.json))
+
+
+def abort_handler(driver: Driver) -> Callable[[argparse.Namespace], int]:
+    """The handler of ``<group> abort``: the ``--id`` or latest rollout, unless it already ended (2),
+    handed to its running controller (:func:`ask_controller`, waiting up to ``--wait``), else
+    aborted in this process (:func:`drive`: roll back every touched node / the flag off everywhere).
+    Returns the exit code of its final state; 2 with one error line for a usage error."""
+    kind = driver.kind
+
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            wait_s = parse_duration(args.wait, "--wait")
+            with open_store(args.run_dir, kind) as store:
+                rec = pick(args, store, kind)
+                if rec.state in TERMINAL:
+                    hint = f" (`gpuobs {kind.group} kill {parse_variant(rec.version)[0]}` turns the flag off)" \
+                        if kind.flags else ""
+                    raise UsageError(f"{kind.noun} {rec.id} already ended {rec.state}; nothing to abort{hint}")
+                code = ask_controller(args, kind, store, rec.id, args.reason, wait_s)
+        except (UsageError, ConfigError, KeyError) as err:
+            return fail(err)
+        if code is not None:
+            return code
+        return drive(driver, args, lambda ctl, rid: ctl.abort(rid, args.reason), rid=rec.id)
+    handler.__doc__ = (f"Handler of ``{kind.group} abort``: {kind.abort_action} itself if no {kind.controller} "
+                       "runs, else ask it and wait.")
+    return handler

@@ -9,53 +9,30 @@ Prometheus errors, freeze mid-rollout), 2 usage or input error (one ``error:`` l
 
 ``pause`` / ``promote`` record a human decision (operator name, reason) that the running controller
 acts on at its next wait (:mod:`gpuobs.rollout.decisions`); ``resume`` lifts a pause and, when no
-controller is running, drives the rollout on. Both exit 0 once recorded.
+controller is running, drives the rollout on. Both exit 0 once recorded. What this group shares with
+``gpuobs flag`` (options, the decision subcommands, driving the controller) is :mod:`gpuobs.cli.decide`;
+the report is :func:`gpuobs.rollout.report.report`.
 """
 
 from __future__ import annotations
 
 import argparse
-import getpass
-import json
-import os
-import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-from gpuobs.canary.config import ConfigError, parse_duration
 from gpuobs.cli import decide
-from gpuobs.cli.common import env as _env
-from gpuobs.cli.common import fail as _common_fail
-from gpuobs.core import activity
-from gpuobs.core.errors import EXIT_USAGE
-from gpuobs.promapi.prometheus import PromClient
-from gpuobs.reference.releases import CatalogueError, load
-from gpuobs.rollout import decisions, tracing
+from gpuobs.cli.common import fail
+from gpuobs.reference.releases import load
 from gpuobs.rollout.adapters.native import StackFleet
-from gpuobs.rollout.adapters.prometheus import (
-    BASELINE_SELECTOR,
-    CANARY_SELECTOR,
-    PromSignals,
-    analyzer_factory,
-)
 from gpuobs.rollout.controller import Controller
-from gpuobs.rollout.interfaces import FleetError
-from gpuobs.rollout.model import (
-    EXIT_CODES,
-    TERMINAL,
-    RolloutSpec,
-    UsageError,
-    parse_stages,
-)
-from gpuobs.rollout.store import RolloutStore, RunLock
+from gpuobs.rollout.model import RolloutSpec, UsageError, parse_stages
+from gpuobs.rollout.report import report
+from gpuobs.stack.state import StackState
 from gpuobs.stack.supervisor import load_state
 
 START_EPILOG = """examples:
   gpuobs rollout start --version 1.5.0 --stages 1,50%,100% --interval 15s --stage-timeout 4m
   gpuobs rollout start --version 1.6.0 --override-freeze --reason "INC-123 hotfix, approved by SRE on call"
 exit codes: 0 Succeeded, 1 RolledBack or Rejected, 3 Aborted (inconclusive, aborted, Prometheus errors), 2 usage"""
-
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,188 +43,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                            "analysed over Prometheus, automatic rollback (docs/rollout.md).")
     sub = ro.add_subparsers(dest="rollout_command", metavar="{start,status,abort,resume,pause,promote}",
                             required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--run-dir", default=_env("RUN_DIR", ".run"), help="stack run directory (env GPUOBS_RUN_DIR)")
-    common.add_argument("--prometheus", default=_env("PROMETHEUS_URL"), metavar="URL",
-                        help="Prometheus URL (env GPUOBS_PROMETHEUS_URL; default: the stack's)")
-    common.add_argument("--config", default=_env("CANARY_CONFIG"), metavar="FILE",
-                        help="canary metrics YAML (env GPUOBS_CANARY_CONFIG; default: packaged metrics.yaml)")
-    common.add_argument("--json", action="store_true", help="final report as one JSON object")
+    common = decide.group_options()
     s = sub.add_parser("start", parents=[common], help="start a rollout and drive it to the end", epilog=START_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--version", required=True, help="release version from the catalogue, e.g. 1.5.0")
-    s.add_argument("--stages", default="1,25%,50%,100%",
-                   help="cumulative node counts (1) or shares (25%%) of the serving nodes (default 1,25%%,50%%,100%%)")
-    s.add_argument("--interval", default="30s", help="analysis look interval (default 30s)")
-    s.add_argument("--stage-timeout", default="5m", help="analysis deadline per canary stage = analysis horizon (5m)")
-    s.add_argument("--settle", default="10s", help="wait after relabelling before the analysis window opens (10s)")
-    s.add_argument("--bake", default=None, help="SLO-page watch after deploying 100%% (default: one interval)")
-    s.add_argument("--error-limit", type=int, default=3, help="consecutive Prometheus errors before abort (3)")
-    s.add_argument("--releases", default=_env("RELEASES"), metavar="FILE",
-                   help="release catalogue (env GPUOBS_RELEASES)")
-    s.add_argument("--override-freeze", action="store_true", help="start/continue despite an exhausted error budget")
-    s.add_argument("--reason", help="why the freeze is overridden (required with --override-freeze; recorded)")
+    decide.add_drive_options(s, bake_help="SLO-page watch after deploying 100%% (default: one interval)")
     s.set_defaults(func=run_start)
-    for name, helptext in (("status", "show the latest (or --id) rollout"),
-                           ("resume", "lift a pause; continue an unfinished rollout from its last persisted state"),
-                           ("abort", "abort the active rollout: roll back every touched node"),
-                           ("pause", "hold the rollout for a human decision: no look, no verdict acted on, "
-                                     "no stage advance (recorded)"),
-                           ("promote", "pass the current stage now, whatever the analysis says (recorded)")):
-        p = sub.add_parser(name, parents=[common], help=helptext)
-        p.add_argument("--id", help="rollout id (default: the latest)")
-        if name == "abort":
-            p.add_argument("--reason", default="aborted from the command line", help="recorded abort reason")
-            p.add_argument("--wait", default="120s", help="how long to wait for a running controller to finish")
-        if name in ("pause", "promote", "resume"):
-            p.add_argument("--reason", required=name != "resume", default="",
-                           help="why (recorded with the decision" + (", required)" if name != "resume" else ")"))
-            p.add_argument("--operator", default=_operator(),
-                           help="who decides (recorded; default env GPUOBS_OPERATOR or the login name: %(default)s)")
-        p.set_defaults(func={"status": run_status, "resume": run_resume, "abort": run_abort, "pause": run_pause,
-                             "promote": run_promote}[name])
+    decide.add_decision_commands(sub, common, DRIVER, run_status)
 
 
-def _operator() -> str:
-    """The default operator name: env GPUOBS_OPERATOR, else the login name, else ``unknown``."""
-    try:
-        return os.environ.get("GPUOBS_OPERATOR") or getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
+def _fleet(stack: StackState, flag: None = None) -> StackFleet:
+    """The release rollout's fleet: the stack's serving nodes (``flag`` is always None)."""
+    return StackFleet(stack)
 
 
-def _usage(err: object) -> int:
-    return _common_fail(err, EXIT_USAGE)
-
-
-def _stack(args: argparse.Namespace) -> dict[str, Any]:
-    state = load_state(Path(args.run_dir))
-    if not state or not state.running:
-        raise UsageError(f"no running stack in {args.run_dir}; start one with `make up` (or pass --run-dir)")
-    return state
-
-
-def _controller(args: argparse.Namespace, stack: dict[str, Any], store: RolloutStore,
-                tr: tracing.Tracing) -> tuple[Controller, StackFleet]:
-    client = PromClient(args.prometheus or stack.urls.prometheus)
-    fleet = StackFleet(stack)
-    ctl = Controller(store, fleet, PromSignals(client), analyzer_factory(client, args.config),
-                     out=lambda line: print(line, flush=True), tracer=tr)
-    return ctl, fleet
-
-
-def _drive(args: argparse.Namespace, fn: Any, rid: str | None = None, spec: RolloutSpec | None = None) -> int:
-    """Build the controller under the run lock, call ``fn(controller, rid or spec)``, print the report."""
-    try:
-        stack = _stack(args)
-    except UsageError as err:
-        return _usage(err)
-    lock, store, tr = RunLock(args.run_dir), RolloutStore(Path(args.run_dir) / "rollout.sqlite"), tracing.setup()
-    try:
-        if not lock.acquire():
-            return _usage(f"another rollout controller holds {lock.path}; use `gpuobs rollout status` or `abort`")
-        ctl, fleet = _controller(args, stack, store, tr)
-        rid = rid if spec is None else ctl.create(spec).id
-        _note(args, store, rid)
-        try:
-            rec = fn(ctl, rid)
-        finally:
-            _note(args, store, rid)
-        tr.shutdown()
-        from gpuobs.rollout.notices import send as send_notice  # RolledBack/Rejected/Aborted -> Alertmanager
-
-        line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir))
-        if line:
-            print(line, flush=True)
-        print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus), flush=True)
-        return EXIT_CODES[rec.state]
-    except (UsageError, ConfigError, FleetError, KeyError) as err:
-        return _usage(err.args[0] if isinstance(err, KeyError) else err)
-    finally:
-        lock.release()
-        store.close()
-
-
-def _note(args: argparse.Namespace, store: RolloutStore, rid: str) -> None:
-    """Record the rollout in the run directory's activity file (:mod:`gpuobs.core.activity`), so the
-    incident console links incidents on its nodes to it: its start, and its end once terminal. A
-    failure to write is a warning line, never fatal."""
-    try:
-        rec = store.get(rid)
-        ended = store.transitions(rid)[-1]["ts"] if rec.state in TERMINAL else None
-        run_dir = str(args.run_dir)
-        activity.record(run_dir, "rollout", rec.id, title=f"rollout {rec.version}",
-                        nodes=rec.spec.get("hosts") or [], started_at=rec.created_at, ended_at=ended,
-                        detail={"version": rec.version, "report": f"gpuobs rollout status --run-dir {run_dir} --id "
-                                                                  f"{rec.id}",
-                                **({"outcome": f"{rec.state}: {rec.reason}"[:300]} if ended else {})})
-    except (OSError, KeyError, ValueError) as err:
-        print(f"warning: could not record rollout {rid} in {activity.path_in(args.run_dir)}: {err}", flush=True)
+DRIVER = decide.Driver(decide.RELEASE, Controller, _fleet)
 
 
 def run_start(args: argparse.Namespace) -> int:
     """Handler of ``rollout start``."""
-    try:
-        if args.override_freeze != bool(args.reason and args.reason.strip()):
-            raise UsageError("--override-freeze needs --reason TEXT (and --reason is only for --override-freeze)")
-        if args.error_limit < 1:
-            raise UsageError(f"--error-limit must be >= 1, got {args.error_limit}")
-        interval = parse_duration(args.interval, "--interval")
-        release = load(Path(args.releases) if args.releases else None).get(args.version)
-        stack = _stack(args)
-        if (Path(args.run_dir) / "flag.sqlite").exists():  # a flag rollout owns the canary labels meanwhile
-            flags = RolloutStore(Path(args.run_dir) / "flag.sqlite")
-            busy = flags.latest(active_only=True, terminal=TERMINAL)
-            flags.close()
-            if busy:
-                raise UsageError(f"flag rollout {busy.id} ({busy.state}) is unfinished and owns the canary labels; "
-                                 "finish or abort it first (`gpuobs flag status`)")
-        hosts = StackFleet(stack).hosts
-        spec = RolloutSpec(release.version, release.engine, release.cuda, tuple(hosts),
-                           tuple(parse_stages(args.stages, len(hosts))), interval,
-                           parse_duration(args.stage_timeout, "--stage-timeout"),
-                           0.0 if args.settle in ("0", "0s") else parse_duration(args.settle, "--settle"),
-                           interval if args.bake is None else 0.0 if args.bake in ("0", "0s")
-                           else parse_duration(args.bake, "--bake"),
-                           args.error_limit, (args.reason or "").strip() if args.override_freeze else "")
-    except (UsageError, ConfigError, CatalogueError, FleetError, OSError) as err:
-        return _usage(err)
-    except KeyError as err:
-        return _usage(f"--version: {err.args[0]}")
-    return _drive(args, lambda ctl, rid: ctl.run(rid), spec=spec)
+    return decide.start(DRIVER, args, _plan, "--version")
 
 
-def run_resume(args: argparse.Namespace) -> int:
-    """Handler of ``rollout resume``: lift a pause (recorded); if no controller is running, continue
-    the latest (or --id) rollout from its persisted state."""
-    try:
-        rec, handled = decide.lift_pause(args, decide.RELEASE, decisions.resume)
-    except (UsageError, KeyError) as err:
-        return _usage(err)
-    if handled:
-        return 0
-    return _drive(args, lambda ctl, rid: ctl.run(rid), rid=rec.id)
-
-
-run_pause = decide.pause_handler(decide.RELEASE)
-run_promote = decide.promote_handler(decide.RELEASE)
-
-
-def run_abort(args: argparse.Namespace) -> int:
-    """Handler of ``rollout abort``: roll back itself if no controller runs, else ask it and wait."""
-    try:
-        wait_s = parse_duration(args.wait, "--wait")
-        with decide.open_store(args.run_dir, decide.RELEASE) as store:
-            rec = decide.pick(args, store)
-            if rec.state in TERMINAL:
-                raise UsageError(f"rollout {rec.id} already ended {rec.state}; nothing to abort")
-            code = decide.hand_abort(args.run_dir, decide.RELEASE, store, rec.id, args.reason, wait_s,
-                                     lambda st, rid: report(st, rid, None, as_json=args.json))
-    except (UsageError, ConfigError, KeyError) as err:
-        return _usage(err)
-    if code is not None:
-        return code
-    return _drive(args, lambda ctl, rid: ctl.abort(rid, args.reason), rid=rec.id)
+def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
+    """``rollout start``'s spec: release ``--version`` from the catalogue over the running stack's
+    serving nodes in ``--stages``. Raises UsageError (no running stack, a flag rollout unfinished,
+    bad stages), CatalogueError, KeyError (no such version), ConfigError (a bad duration)."""
+    release = load(Path(args.releases) if args.releases else None).get(args.version)
+    stack = decide.running_stack(args)
+    decide.refuse_if_unfinished(args.run_dir, decide.FLAG, "flag rollout")  # it owns the canary labels
+    hosts = StackFleet(stack).hosts
+    return RolloutSpec(release.version, release.engine, release.cuda, tuple(hosts),
+                       tuple(parse_stages(args.stages, len(hosts))), **decide.timings(args, interval))
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -268,86 +95,5 @@ def run_status(args: argparse.Namespace) -> int:
                     for line in lines:
                         print(f"  {line}", flush=True)
     except (UsageError, KeyError) as err:
-        return _usage(err)
+        return fail(err)
     return 0
-
-
-def _ts(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%H:%M:%SZ", time.gmtime(t))
-
-
-def _json_doc(store: RolloutStore, rid: str, versions: dict[str, str], prometheus: str | None) -> dict[str, Any]:
-    """Everything stored about the rollout, shaped so that ``gpuobs report rollout --file`` reads it
-    too (gpuobs/reports/rollout.py: rollout_id, baseline_version, started_at/ended_at, stages
-    with index/share/nodes, final_verdict, selectors, prometheus)."""
-    rec = store.get(rid)
-    spec = RolloutSpec.from_dict(rec.spec)
-    stages, transitions = store.stages(rid), store.transitions(rid)
-    previous = [n.previous for n in store.nodes(rid) if n.previous != rec.version]
-    judged = [s for s in stages if s.verdict_doc]
-    doc = {k: v for k, v in asdict(rec).items() if k != "spec"}
-    return {**doc, "exit_code": EXIT_CODES.get(rec.state), "spec": spec.to_dict(),
-            "stages": [{**asdict(s), "index": s.idx, "share": f"{len(s.hosts) / len(spec.hosts):.0%}",
-                        "nodes": s.hosts} for s in stages],
-            "transitions": transitions, "deploys": store.deploys(rid), "gates": store.gates(rid),
-            "events": store.events(rid),
-            "fleet_versions": versions, "rollout_id": rec.id,
-            "baseline_version": (max(sorted(set(previous)), key=previous.count) if previous
-                                 else _majority(rec.spec.get("versions_before"), rec.version)),
-            "versions_before": rec.spec.get("versions_before") or {}, "stage_count": len(spec.stages),
-            "started_at": rec.created_at, "ended_at": transitions[-1]["ts"] if rec.state in TERMINAL else None,
-            "final_verdict": judged[-1].verdict_doc if judged else None, "prometheus": prometheus,
-            "canary_selector": CANARY_SELECTOR, "baseline_selector": BASELINE_SELECTOR}
-
-
-def _majority(versions: Any, exclude: str) -> str | None:
-    """The most common version in ``{host: version}`` other than ``exclude`` (None if none)."""
-    vals = [str(v) for v in (versions or {}).values() if v and v != exclude] if isinstance(versions, dict) else []
-    return max(sorted(set(vals)), key=vals.count) if vals else None
-
-
-def report(store: RolloutStore, rid: str, fleet: StackFleet | None = None, as_json: bool = False,
-           prometheus: str | None = None) -> str:
-    """The rollout's report: state, reason, stage table, deploy log, live fleet versions (when a
-    fleet is given) and the deciding canary verdict table; or, with ``as_json``, all of it as JSON
-    (:func:`_json_doc`; ``prometheus`` is recorded there for the HTML report)."""
-    rec = store.get(rid)
-    spec = RolloutSpec.from_dict(rec.spec)
-    stages = store.stages(rid)
-    versions: dict[str, str] = {}
-    if fleet is not None:
-        for h in spec.hosts:
-            try:
-                versions[h] = fleet.version(h)
-            except FleetError as err:
-                versions[h] = f"unknown ({err})"
-    if as_json:
-        return json.dumps(_json_doc(store, rid, versions, prometheus))
-    n = len(spec.hosts)
-    lines = [f"Rollout {rec.id}: {rec.state}" + (f" (exit {EXIT_CODES[rec.state]})" if rec.state in EXIT_CODES else ""),
-             f"reason: {rec.reason or '-'}"]
-    if rec.paused and rec.state not in TERMINAL:
-        lines.append(f"PAUSED by {rec.paused.get('operator')} at {_ts(rec.paused.get('ts'))}: "
-                     f"{rec.paused.get('reason')} (`gpuobs rollout resume` or `promote`)")
-    if rec.promote_request and rec.state not in TERMINAL:
-        lines.append(f"promote pending, by {rec.promote_request.get('operator')} at "
-                     f"{_ts(rec.promote_request.get('ts'))}: {rec.promote_request.get('reason')}")
-    rows = [("stage", "kind", "nodes", "hosts", "status", "looks", "verdict", "started", "window", "ended")]
-    rows += [(f"{s.idx + 1}/{len(spec.stages)}", s.kind, f"{len(s.hosts)}/{n}", ",".join(s.hosts), s.status,
-              str(s.looks), s.verdict or "-", _ts(s.started_at), _ts(s.analysis_start), _ts(s.ended_at))
-             for s in stages]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    calls = [f"{d['hostname']} {d['previous']} -> {d['version']} ({d['purpose']})" for d in store.deploys(rid)]
-    lines.append("deploys: " + ("; ".join(calls) if calls else "none"))
-    if versions:
-        lines.append("fleet now: " + ", ".join(f"{h} {v}" for h, v in versions.items()))
-    for e in store.events(rid):
-        stage = f" (stage {e['stage'] + 1}/{len(spec.stages)})" if e["stage"] >= 0 else ""
-        lines.append(f"decision {_ts(e['ts'])}: {e['kind']} by {e['operator']}{stage}"
-                     + (f": {e['reason']}" if e["reason"] else ""))
-    judged = [s for s in stages if s.verdict_table]
-    if judged:
-        lines += [f"Deciding canary verdict (stage {judged[-1].idx + 1}/{len(spec.stages)}, "
-                  f"look {judged[-1].looks}):", judged[-1].verdict_table]
-    return "\n".join(lines)

@@ -15,6 +15,9 @@ resolution is not awaited (nor checked), which on the default profile saves up t
 
 Each drill is recorded in the run directory's activity file (:mod:`gpuobs.core.activity`) when its
 fault is injected and when it ends, so the incident console links the incidents it causes to it.
+
+:func:`run_drill` reads the time and waits only through the ``clock`` and ``sleep`` it is given (the
+real ones by default), as the rollout controller does, so it runs on a simulated clock in tests.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import datetime as dt
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from gpuobs.core import activity
 from gpuobs.core.errors import Failure
@@ -229,53 +232,162 @@ class _Session:
 
 
 def run_drill(state: StackState, name: str, claims: Claims | None = None, progress=None,
-              spec: DrillSpec | None = None, wait_resolve: bool = True) -> DrillResult:
+              spec: DrillSpec | None = None, wait_resolve: bool = True,
+              clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> DrillResult:
     """Run drill ``name`` (or the given ``spec``) on the stack described by ``state`` (stack.json).
     Misses, wrong receivers, false alerts and missing resolutions are reported in the result, never
     raised. ``progress(line)`` gets the events and, every :data:`PROGRESS_EVERY_S` while waiting, a
     :func:`waiting_line`. ``wait_resolve=False``: return once the fault is cleared (resolution
-    neither awaited nor checked; ``resolve_waited`` is False). Raises DrillError for an unknown
-    drill or a stack too small for it."""
+    neither awaited nor checked; ``resolve_waited`` is False). ``clock()`` (epoch seconds) and
+    ``sleep(seconds)`` are every time read and every wait of the drill (default the real ones; the
+    tests run it on a simulated clock); the result's times are seconds since the injection. Raises
+    DrillError for an unknown drill or a stack too small for it."""
     if spec is None:
         if name not in DRILLS:
             raise DrillError(f"unknown drill {name!r}; drills: {', '.join(DRILLS)}")
         spec = DRILLS[name]
     if state.logwatch:  # the nodes run logwatch: kernel-log alerts page, DCGM's are inhibited
         spec = kernel_log_variant(spec)
-    idx = _nodes_for(state, spec)
-    host = state.hostnames[idx[0]] if spec.role != "fleet" else None
-    profile = state.profile
-    # The default profile keeps production `for:` durations (up to 10 min) and windows (the 1h SLO
-    # window): its deadlines stretch accordingly.
-    scale_fire = 1.0 if profile == "drill" else 6.0
-    say = progress or (lambda msg: None)
-    s = _Session(state)
-    claims = claims or Claims()
-    mine = {(e.alertname, host if e.scoped else None) for e in spec.expect}
-    mine |= {(a, host) for a in spec.allowed}
-    claims.add(name, mine)
-    res = DrillResult(name, host or "fleet", profile)
-    res.alerts = [AlertOutcome(e.alertname, e.receiver) for e in spec.expect]
-    res.observed = {name: None for name in spec.observe}
-    seen_unexpected: set[str] = set()
+    drill = _Drill(state, name, spec, claims or Claims(), progress or (lambda msg: None), clock, sleep)
+    res = drill.res
+    drill.wait_for_history()
+    drill.fire_phase()
+    if not wait_resolve:
+        drill.say(f"{name}: cleared after {res.cleared_s:.1f}s; not waiting for the resolution (--no-wait-resolve)")
+        res.resolve_waited = False
+    else:
+        drill.say(f"{name}: cleared after {res.cleared_s:.1f}s, waiting for resolution")
+        drill.poll(clock() + spec.resolve_deadline_s * drill.scale, drill.resolved, drill.pending_resolve, "resolve")
+    drill.claims.remove(name, at=clock())
+    _finish_problems(res, wait_resolve)
+    _note(state, res, drill.say, drill.nodes, ended_at=clock(),
+          outcome="PASS" if res.ok else "FAIL: " + "; ".join([*res.problems, *res.unexpected])[:300])
+    return res
 
-    def check_false(alerts: list[dict], pages: list[dict], t0: float) -> None:
+
+class _Drill:
+    """One run of a drill: its spec, node(s), stack session and result so far.
+
+    Every time read and wait goes through ``clock`` (epoch seconds) and ``sleep`` (seconds); the
+    result's times are seconds since :attr:`t0`, the injection (epoch s, set by :meth:`fire_phase`).
+    ``scale`` stretches the deadlines on the default profile. Constructing it registers the drill's
+    expected and allowed alerts in ``claims``; raises DrillError for a stack too small for ``spec``."""
+
+    def __init__(self, state: StackState, name: str, spec: DrillSpec, claims: Claims, say: Callable[[str], None],
+                 clock: Callable[[], float], sleep: Callable[[float], None]):
+        self.state, self.name, self.spec, self.claims, self.say = state, name, spec, claims, say
+        self.clock, self.sleep = clock, sleep
+        idx = _nodes_for(state, spec)
+        self.idx, self.nodes = idx, [state.hostnames[i] for i in idx]
+        self.host = state.hostnames[idx[0]] if spec.role != "fleet" else None
+        # The default profile keeps production `for:` durations (up to 10 min) and windows (the 1h SLO
+        # window): its deadlines stretch accordingly.
+        self.scale = 1.0 if state.profile == "drill" else 6.0
+        self.session = _Session(state)
+        host = self.host
+        mine = {(e.alertname, host if e.scoped else None) for e in spec.expect}
+        mine |= {(a, host) for a in spec.allowed}
+        claims.add(name, mine)
+        self.res = DrillResult(name, host or "fleet", state.profile)
+        self.res.alerts = [AlertOutcome(e.alertname, e.receiver) for e in spec.expect]
+        self.res.observed = {other: None for other in spec.observe}
+        self.seen_unexpected: set[str] = set()
+        self.t0 = 0.0
+        self.previous: dict[int, str] = {}  # node index -> version before a deploy fault
+        self.injected: list[tuple[int, str]] = []  # (node index, fault id)
+
+    def wait_for_history(self) -> None:
+        """Wait up to :data:`HISTORY_WAIT_S` for Prometheus to hold the node's first scrapes (polled
+        every second); past that, say so and go on. Nothing for a fleet-wide drill."""
+        if self.host is None:
+            return
+        waited = self.clock()
+        while not self.session.has_history(self.host) and self.clock() - waited < HISTORY_WAIT_S:
+            self.sleep(1.0)
+        if self.clock() - waited >= HISTORY_WAIT_S:
+            self.say(f"{self.name}: {self.host} has fewer than {HISTORY_SAMPLES} scrapes of its GPUs after "
+                     f"{HISTORY_WAIT_S:.0f}s; injecting anyway")
+
+    def fire_phase(self) -> None:
+        """Inject the fault(s) (``t0`` = now), poll until every expected alert fired and paged or the
+        fire deadline passed, then clear the fault(s), also when anything raised (``cleared_s``)."""
+        self.t0 = self.res.injected_at = self.clock()
+        try:
+            self.inject()
+            self.poll(self.t0 + self.spec.fire_deadline_s * self.scale, self.fired_and_paged, self.pending_fire,
+                      "fire")
+        finally:
+            self.clear()
+
+    def inject(self) -> None:
+        """Deploy the spec's release and inject its faults on the drill's node(s); say it and record
+        the drill in the activity file."""
+        spec, res, admin = self.spec, self.res, self.session.admin
+        if spec.deploy:
+            for i in self.idx:
+                self.previous[i] = admin[i].deploy(spec.deploy)["previous"]
+            res.faults.append({"deploy": spec.deploy, "nodes": self.nodes})
+        for body in spec.faults:
+            f = admin[self.idx[0]].inject(body)
+            self.injected.append((self.idx[0], f["id"]))
+            res.faults.append({**body, "id": f["id"]})
+        self.say(f"{self.name}: injected " + "; ".join(", ".join(f"{k}={v}" for k, v in f.items()) for f in res.faults)
+                 + f" on {res.hostname}")
+        # until: the latest the drill can end (both deadlines), in case it dies before recording its end
+        _note(self.state, res, self.say, self.nodes, started_at=self.t0,
+              until=self.t0 + (spec.fire_deadline_s + spec.resolve_deadline_s) * self.scale + 60.0)
+
+    def clear(self) -> None:
+        """Clear the injected faults, redeploy the previous versions, note ``cleared_s``."""
+        for i, fid in self.injected:
+            self.session.admin[i].clear(fid)
+        for i, version in self.previous.items():
+            self.session.admin[i].deploy(version)
+        self.res.cleared_s = self.clock() - self.t0
+
+    def poll(self, until: float, done: Callable[[list[dict], list[dict]], bool], pending: Callable[[], list[str]],
+             phase: str) -> bool:
+        """Read the alerts and the pages since ``t0`` every second until ``done(alerts, pages)`` or the
+        clock reaches ``until`` (epoch s; False then), checking for false alerts each time and saying
+        a :func:`waiting_line` every :data:`PROGRESS_EVERY_S`. An unreadable alerts API is retried."""
+        said = self.clock()
+        while self.clock() < until:
+            try:
+                alerts, pages = self.session.alerts(), self.session.pages(self.t0)
+            except AlertApiError:
+                self.sleep(1)
+                continue
+            self.check_false(alerts, pages)
+            if done(alerts, pages):
+                return True
+            now = self.clock()
+            if now - said >= PROGRESS_EVERY_S:
+                said = now
+                self.say(waiting_line(self.name, now - self.t0, until - self.t0, pending(), phase))
+            self.sleep(1.0)
+        return False
+
+    def check_false(self, alerts: list[dict], pages: list[dict]) -> None:
+        """Record alerts that started firing since ``t0`` and are neither this drill's (expected or
+        allowed) nor claimed by another drill (``unexpected``), and allowed alerts that reached the
+        pager although they should be inhibited (``problems``)."""
+        spec, host, res = self.spec, self.host, self.res
         for a in alerts:
             labels = a["labels"]
             an, ah = labels.get("alertname"), labels.get(IDENTITY_LABEL)
             # Meta alerts fire all the time (GpuKernelLogWatching: logwatch reads the node's log).
             active_at = _parse_ts(a["activeAt"])
-            if a["state"] != "firing" or an in ("Watchdog", "GpuKernelLogWatching") or active_at < t0 - 1:
+            if a["state"] != "firing" or an in ("Watchdog", "GpuKernelLogWatching") or active_at < self.t0 - 1:
                 continue
             own = any(e.alertname == an and (not e.scoped or host is None or ah == host) for e in spec.expect)
             allowed = an in spec.allowed and (host is None or ah in (host, None))
-            if own or allowed or claims.allows(an, ah, name, active_at):
+            if own or allowed or self.claims.allows(an, ah, self.name, active_at):
                 continue
             key = f"{an}{{{IDENTITY_LABEL}={ah}}}" if ah else an
-            if key not in seen_unexpected:
-                seen_unexpected.add(key)
+            if key not in self.seen_unexpected:
+                self.seen_unexpected.add(key)
                 res.unexpected.append(key)
-                say(f"{name}: FALSE ALERT {key}")
+                self.say(f"{self.name}: FALSE ALERT {key}")
         for p in pages:
             for a in p["alerts"]:
                 an = a["labels"]["alertname"]
@@ -285,115 +397,58 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
                     if msg not in res.problems:
                         res.problems.append(msg)
 
-    def poll(until: float, done, t0: float, pending, phase: str) -> bool:
-        said = time.time()
-        while time.time() < until:
-            try:
-                alerts, pages = s.alerts(), s.pages(t0)
-            except AlertApiError:
-                time.sleep(1)
-                continue
-            check_false(alerts, pages, t0)
-            if done(alerts, pages):
-                return True
-            now = time.time()
-            if now - said >= PROGRESS_EVERY_S:
-                said = now
-                say(waiting_line(name, now - t0, until - t0, pending(), phase))
-            time.sleep(1.0)
-        return False
+    def fired_and_paged(self, alerts: list[dict], pages: list[dict]) -> bool:
+        """The fire phase's check: note when each expected alert fires and reaches the pager, and when
+        the other detection path's alerts fire; True once all of them have."""
+        now = self.clock() - self.t0
+        name, host, res = self.name, self.host, self.res
+        for out, exp in zip(res.alerts, self.spec.expect):
+            if out.fired_s is None and any(a["state"] == "firing" and _matches(a["labels"], exp, host)
+                                           for a in alerts):
+                out.fired_s = now
+                self.say(f"{name}: {exp.alertname} firing after {now:.1f}s")
+            if out.paged_s is None:
+                for p in pages:
+                    hit = next((a for a in p["alerts"] if a["status"] == "firing"
+                                and _matches({**a["labels"]}, exp, host)), None)
+                    if hit:
+                        out.paged_s, out.receiver = p["received_at"] - self.t0, p["channel"]
+                        out.runbook_url = hit["annotations"].get("runbook_url")
+                        self.say(f"{name}: {exp.alertname} reached '{p['channel']}' after {out.paged_s:.1f}s")
+                        break
+        for other in res.observed:
+            if res.observed[other] is None and any(
+                    a["state"] == "firing" and a["labels"].get("alertname") == other
+                    and (host is None or a["labels"].get(IDENTITY_LABEL) == host) for a in alerts):
+                res.observed[other] = now
+                self.say(f"{name}: {other} firing after {now:.1f}s (other detection path, inhibited)")
+        return (all(o.fired_s is not None and o.paged_s is not None for o in res.alerts)
+                and all(v is not None for v in res.observed.values()))
 
-    def pending_fire() -> list[str]:
-        out = [f"{o.alertname} to fire" if o.fired_s is None else f"{o.alertname} to reach '{o.expected_receiver}'"
-               for o in res.alerts if o.paged_s is None]
-        return out + [f"{k} to fire (other detection path)" for k, v in res.observed.items() if v is None]
-
-    def pending_resolve() -> list[str]:
-        return [f"{o.alertname} to resolve" for o in res.alerts if o.paged_s is not None and o.resolved_s is None]
-
-    if host is not None:
-        waited = time.time()
-        while not s.has_history(host) and time.time() - waited < HISTORY_WAIT_S:
-            time.sleep(1.0)
-        if time.time() - waited >= HISTORY_WAIT_S:
-            say(f"{name}: {host} has fewer than {HISTORY_SAMPLES} scrapes of its GPUs after "
-                f"{HISTORY_WAIT_S:.0f}s; injecting anyway")
-    t0 = time.time()
-    res.injected_at = t0
-    previous: dict[int, str] = {}
-    injected: list[tuple[int, str]] = []
-    try:
-        if spec.deploy:
-            for i in idx:
-                previous[i] = s.admin[i].deploy(spec.deploy)["previous"]
-            res.faults.append({"deploy": spec.deploy, "nodes": [state.hostnames[i] for i in idx]})
-        for body in spec.faults:
-            f = s.admin[idx[0]].inject(body)
-            injected.append((idx[0], f["id"]))
-            res.faults.append({**body, "id": f["id"]})
-        say(f"{name}: injected " + "; ".join(", ".join(f"{k}={v}" for k, v in f.items()) for f in res.faults)
-            + f" on {res.hostname}")
-        # until: the latest the drill can end (both deadlines), in case it dies before recording its end
-        _note(state, res, say, [state.hostnames[i] for i in idx], started_at=t0,
-              until=t0 + (spec.fire_deadline_s + spec.resolve_deadline_s) * scale_fire + 60.0)
-
-        def fired_and_paged(alerts, pages):
-            now = time.time() - t0
-            for out, exp in zip(res.alerts, spec.expect):
-                if out.fired_s is None and any(a["state"] == "firing" and _matches(a["labels"], exp, host)
-                                               for a in alerts):
-                    out.fired_s = now
-                    say(f"{name}: {exp.alertname} firing after {now:.1f}s")
-                if out.paged_s is None:
-                    for p in pages:
-                        hit = next((a for a in p["alerts"] if a["status"] == "firing"
-                                    and _matches({**a["labels"]}, exp, host)), None)
-                        if hit:
-                            out.paged_s, out.receiver = p["received_at"] - t0, p["channel"]
-                            out.runbook_url = hit["annotations"].get("runbook_url")
-                            say(f"{name}: {exp.alertname} reached '{p['channel']}' after {out.paged_s:.1f}s")
-                            break
-            for other in res.observed:
-                if res.observed[other] is None and any(
-                        a["state"] == "firing" and a["labels"].get("alertname") == other
-                        and (host is None or a["labels"].get(IDENTITY_LABEL) == host) for a in alerts):
-                    res.observed[other] = now
-                    say(f"{name}: {other} firing after {now:.1f}s (other detection path, inhibited)")
-            return (all(o.fired_s is not None and o.paged_s is not None for o in res.alerts)
-                    and all(v is not None for v in res.observed.values()))
-
-        poll(t0 + spec.fire_deadline_s * scale_fire, fired_and_paged, t0, pending_fire, "fire")
-    finally:
-        for i, fid in injected:
-            s.admin[i].clear(fid)
-        for i, version in previous.items():
-            s.admin[i].deploy(version)
-        res.cleared_s = time.time() - t0
-    if not wait_resolve:
-        say(f"{name}: cleared after {res.cleared_s:.1f}s; not waiting for the resolution (--no-wait-resolve)")
-        res.resolve_waited = False
-    else:
-        say(f"{name}: cleared after {res.cleared_s:.1f}s, waiting for resolution")
-
-    def resolved(alerts, pages):
-        now = time.time() - t0
-        for out, exp in zip(res.alerts, spec.expect):
+    def resolved(self, alerts: list[dict], pages: list[dict]) -> bool:
+        """The resolve phase's check: note when each paged alert has stopped firing and the pager has
+        its resolved notification; True once every paged alert has."""
+        now = self.clock() - self.t0
+        for out, exp in zip(self.res.alerts, self.spec.expect):
             if out.paged_s is None or out.resolved_s is not None:
                 continue
-            still = any(a["state"] == "firing" and _matches(a["labels"], exp, host) for a in alerts)
-            got = any(a["status"] == "resolved" and _matches(a["labels"], exp, host)
+            still = any(a["state"] == "firing" and _matches(a["labels"], exp, self.host) for a in alerts)
+            got = any(a["status"] == "resolved" and _matches(a["labels"], exp, self.host)
                       for p in pages if p["status"] == "resolved" for a in p["alerts"])
             if not still and got:
                 out.resolved_s = now
-        return all(o.resolved_s is not None or o.paged_s is None for o in res.alerts)
+        return all(o.resolved_s is not None or o.paged_s is None for o in self.res.alerts)
 
-    if wait_resolve:
-        poll(time.time() + spec.resolve_deadline_s * scale_fire, resolved, t0, pending_resolve, "resolve")
-    claims.remove(name)
-    _finish_problems(res, wait_resolve)
-    _note(state, res, say, [state.hostnames[i] for i in idx], ended_at=time.time(),
-          outcome="PASS" if res.ok else "FAIL: " + "; ".join([*res.problems, *res.unexpected])[:300])
-    return res
+    def pending_fire(self) -> list[str]:
+        """What the fire phase still waits for, for :func:`waiting_line`."""
+        out = [f"{o.alertname} to fire" if o.fired_s is None else f"{o.alertname} to reach '{o.expected_receiver}'"
+               for o in self.res.alerts if o.paged_s is None]
+        return out + [f"{k} to fire (other detection path)" for k, v in self.res.observed.items() if v is None]
+
+    def pending_resolve(self) -> list[str]:
+        """What the resolve phase still waits for."""
+        return [f"{o.alertname} to resolve" for o in self.res.alerts
+                if o.paged_s is not None and o.resolved_s is None]
 
 
 def _note(state: StackState, res: DrillResult, say, nodes: list[str], **when: Any) -> None:

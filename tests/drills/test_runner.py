@@ -1,5 +1,7 @@
-"""The drill runner over a fake stack and a fake clock: progress lines while it waits, and
-``--no-wait-resolve`` returning once the fault is cleared. (The real stack: tests/live/test_stack_drill.py.)"""
+"""The drill runner over a fake stack and a simulated clock (``run_drill(clock=, sleep=)``; the real
+``time`` is barred from the runner, so nothing sleeps): progress lines while it waits,
+``--no-wait-resolve`` returning once the fault is cleared, the fault-to-page timeline and the
+deadlines in simulated seconds. (The real stack: tests/live/test_stack_drill.py.)"""
 
 from __future__ import annotations
 
@@ -15,8 +17,18 @@ HOST = HOSTS[1]  # ecc-dbe runs on serving slot 1
 T0 = 1_800_000_000.0
 
 
+class NoRealClock:
+    """Stands in for the runner's ``time`` module: a drill reads and waits only through its clock."""
+
+    def time(self):
+        raise AssertionError("the drill read the real clock")
+
+    def sleep(self, s):
+        raise AssertionError("the drill slept for real")
+
+
 class World:
-    """Fake clock plus what Prometheus and the pager show: GpuEccDoubleBitError fires ``fire_after``
+    """Simulated clock plus what Prometheus and the pager show: GpuEccDoubleBitError fires ``fire_after``
     seconds after the injection, pages 5 s later, and resolves ``resolve_after`` seconds after the clear."""
 
     def __init__(self, fire_after=40.0, resolve_after=50.0):
@@ -24,12 +36,14 @@ class World:
         self.injected = self.cleared = None
         self.polls = 0
         self.history_at, self.history_checks = T0, []  # when Prometheus holds the node's first scrapes
+        self.sleeps = []
 
-    # time module stand-in
+    # the drill's clock and sleep
     def time(self):
         return self.t
 
     def sleep(self, s):
+        self.sleeps.append(s)
         self.t += s
 
     def _labels(self):
@@ -74,7 +88,7 @@ class Admin:
 @pytest.fixture
 def world(monkeypatch):
     w = World()
-    monkeypatch.setattr(runner, "time", w)
+    monkeypatch.setattr(runner, "time", NoRealClock())
 
     class Session:
         def __init__(self, state):
@@ -92,9 +106,14 @@ def world(monkeypatch):
 STATE = SimpleNamespace(nodes=4, training_nodes=1, hostnames=HOSTS, logwatch=False, profile="drill")
 
 
+def drill(world, state=STATE, **kw):
+    """``ecc-dbe`` on ``world``'s simulated clock."""
+    return runner.run_drill(state, "ecc-dbe", clock=world.time, sleep=world.sleep, **kw)
+
+
 def test_progress_lines_say_how_long_and_what_is_awaited(world):
     lines = []
-    res = runner.run_drill(STATE, "ecc-dbe", progress=lines.append)
+    res = drill(world, progress=lines.append)
     assert res.ok and res.paged_s == 45.0 and res.resolved and res.resolve_waited
     waiting = [line for line in lines if "since injection, waiting for" in line]
     # fires at 40 s: lines at ~15 s and ~30 s (every PROGRESS_EVERY_S) while nothing had fired yet
@@ -108,7 +127,7 @@ def test_progress_lines_say_how_long_and_what_is_awaited(world):
 
 def test_no_wait_resolve_returns_once_cleared(world):
     lines = []
-    res = runner.run_drill(STATE, "ecc-dbe", progress=lines.append, wait_resolve=False)
+    res = drill(world, progress=lines.append, wait_resolve=False)
     assert res.ok and not res.resolve_waited and res.alerts[0].resolved_s is None
     assert world.t - T0 == pytest.approx(res.cleared_s)  # nothing awaited after the clear
     assert "not waiting for the resolution (--no-wait-resolve)" in lines[-1]
@@ -140,7 +159,7 @@ def test_the_drill_is_recorded_for_the_incident_console(world, tmp_path):
     from gpuobs.core import activity
 
     state = SimpleNamespace(**vars(STATE), run_dir=str(tmp_path))
-    res = runner.run_drill(state, "ecc-dbe", wait_resolve=False)
+    res = drill(world, state, wait_resolve=False)
     (act,) = activity.load(activity.path_in(tmp_path))
     assert (act.kind, act.id, act.title, act.nodes) == ("drill", f"ecc-dbe-{int(T0)}", "drill ecc-dbe", [HOST])
     assert act.started_at == res.injected_at and act.ended_at == pytest.approx(res.injected_at + res.cleared_s)
@@ -152,7 +171,7 @@ def test_a_drill_injects_only_once_prometheus_holds_the_nodes_history(world):
     """Stock GPUThrottling compares a GPU with its own last hour: a fault injected before the node's
     first scrapes would be its whole history, and the drill would miss (make drills, power-brake)."""
     world.history_at = T0 + 12
-    res = runner.run_drill(STATE, "ecc-dbe", wait_resolve=False)
+    res = drill(world, wait_resolve=False)
     assert world.injected == T0 + 12 and res.ok, res.problems
     assert {h for _t, h in world.history_checks} == {HOSTS[1]}
 
@@ -160,6 +179,33 @@ def test_a_drill_injects_only_once_prometheus_holds_the_nodes_history(world):
 def test_a_node_without_history_is_injected_after_the_wait_and_said(world):
     world.history_at = float("inf")
     lines = []
-    runner.run_drill(STATE, "ecc-dbe", progress=lines.append, wait_resolve=False)
+    drill(world, progress=lines.append, wait_resolve=False)
     assert world.injected == T0 + runner.HISTORY_WAIT_S
     assert any("fewer than 3 scrapes" in line and "injecting anyway" in line for line in lines), lines
+
+
+def test_fault_to_page_timeline_in_simulated_seconds(world):
+    """Fires 40 s after the injection, pages 5 s later, resolves 50 s after the clear: the result says
+    exactly that in simulated seconds, every wait was the runner's 1 s poll on the given clock."""
+    res = drill(world)
+    a = res.alerts[0]
+    assert (res.injected_at, a.fired_s, a.paged_s, res.cleared_s, a.resolved_s) == (T0, 40.0, 45.0, 45.0, 95.0)
+    assert (a.receiver, a.runbook_url) == ("page", "http://127.0.0.1:9097/runbooks/ecc.md#x")
+    assert res.ok and res.firing_s == 40.0 and res.paged_s == 45.0 and res.resolved
+    assert set(world.sleeps) == {1.0} and world.t - T0 == sum(world.sleeps) == 95.0
+    assert "fault-to-page: 45.0s" in runner.format_timeline(res)
+
+
+@pytest.mark.parametrize("profile, deadline_s", [("drill", 150.0), ("default", 900.0)])
+def test_fire_deadline_expires_in_simulated_time(world, profile, deadline_s):
+    """An alert that never fires: the drill gives up at the fire deadline (stretched 6x on the default
+    profile), clears the fault then and reports the miss; the resolve phase has nothing to wait for."""
+    world.fire_after = float("inf")
+    lines = []
+    res = drill(world, SimpleNamespace(**{**vars(STATE), "profile": profile}), progress=lines.append)
+    assert res.cleared_s == deadline_s and world.cleared == T0 + deadline_s
+    assert res.alerts[0].fired_s is None and res.alerts[0].paged_s is None and not res.ok
+    assert res.problems == ["GpuEccDoubleBitError did not fire", "GpuEccDoubleBitError did not reach the pager"]
+    waiting = [line for line in lines if "since injection, waiting for" in line]
+    assert waiting[-1].endswith(f"waiting for GpuEccDoubleBitError to fire (give up at {deadline_s:.0f}s)")
+    assert world.t - T0 == deadline_s  # nothing awaited after the clear: no alert was paged

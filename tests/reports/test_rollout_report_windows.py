@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from gpuobs.cli.rollout import report
+from gpuobs.rollout.report import report
 from gpuobs.reports import plots
 from gpuobs.reports import rollout as rr
 from tests.fakes.prometheus import FakePrometheus, matrix, ok, vector

@@ -249,16 +249,16 @@ def test_cli_pause_promote_resume_and_status(tmp_path, capsys):
 def test_rollout_is_recorded_for_the_incident_console(tmp_path):
     import argparse
 
-    from gpuobs.cli.rollout import _note
+    from gpuobs.cli.decide import RELEASE, note
     from gpuobs.core import activity
 
     r, clock, rid = setup(tmp_path, {1: ["ROLLBACK"]})
     args = argparse.Namespace(run_dir=str(tmp_path))
-    _note(args, r.store, rid)  # as `gpuobs rollout start` does before driving it
+    note(args, RELEASE, r.store, rid)  # as `gpuobs rollout start` does before driving it
     (act,) = activity.load(activity.path_in(tmp_path))
     assert (act.kind, act.id, act.nodes, act.started_at, act.ended_at) == ("rollout", rid, list(HOSTS), T0, None)
     rec = r.controller.run(rid)
-    _note(args, r.store, rid)  # and after
+    note(args, RELEASE, r.store, rid)  # and after
     (act,) = activity.load(activity.path_in(tmp_path))
     assert act.ended_at == r.store.transitions(rid)[-1]["ts"] and act.detail["outcome"].startswith(rec.state)
 
