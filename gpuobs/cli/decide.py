@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuobs.canary.config import ConfigError, parse_duration
 from gpuobs.cli.common import env, fail
 from gpuobs.core import activity
+from gpuobs.core.durations import parse_duration
+from gpuobs.core.errors import ConfigError
+from gpuobs.core.fleet import shipped_fleet
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError
 from gpuobs.rollout import decisions, tracing
@@ -258,7 +260,7 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
         flag = parse_variant(spec.version if spec is not None else store.get(rid).version)[0] if kind.flags else None
         client = PromClient(args.prometheus or stack.urls.prometheus)
         fleet = driver.fleet(stack, flag)
-        ctl = driver.controller(store, fleet, PromSignals(client), analyzer_factory(client, args.config),
+        ctl = driver.controller(store, fleet, PromSignals(client, shipped_fleet()), analyzer_factory(client, args.config),
                                 out=lambda line: print(line, flush=True), tracer=tr)
         rid = rid if spec is None else ctl.create(spec).id
         note(args, kind, store, rid, flag)

@@ -26,7 +26,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         from gpuobs.drills.soak import run_soak
 
         res = run_soak(state, args.minutes, progress=progress)
-        print(json.dumps(res.to_json(), indent=2) if args.json else res.summary())
+        print(json.dumps(res.to_dict(), indent=2) if args.json else res.summary())
         return 0 if res.ok else 1
     try:
         if args.drill == "all":
@@ -43,9 +43,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
     for r in results:  # kept for `gpuobs report drill <name>`
         atomic_write(Path(state.run_dir) / "drills" / f"{r.drill}-{int(r.injected_at)}.json",
-                     json.dumps(r.to_json(), indent=2))
+                     json.dumps(r.to_dict(), indent=2))
     if args.json:
-        print(json.dumps([r.to_json() for r in results] if args.drill == "all" else results[0].to_json(), indent=2))
+        print(json.dumps([r.to_dict() for r in results] if args.drill == "all" else results[0].to_dict(), indent=2))
     else:
         for r in results:
             print(drill.format_timeline(r))

@@ -17,7 +17,8 @@ import argparse
 import time
 from pathlib import Path
 
-from gpuobs.canary.config import ConfigError, parse_duration
+from gpuobs.core.durations import parse_duration
+from gpuobs.core.errors import ConfigError
 from gpuobs.cli import decide
 from gpuobs.cli.common import fail
 from gpuobs.flags.flagd import FILE_NAME, FlagFile, FlagFileError

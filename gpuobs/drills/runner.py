@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from gpuobs.core import activity
 from gpuobs.core.errors import Failure
+from gpuobs.core.fleet import FleetConfig, shipped_fleet
 from gpuobs.drills.catalogue import (
     DRILLS,
     FINAL,
@@ -39,7 +40,6 @@ from gpuobs.drills.catalogue import (
     Expect,
     kernel_log_variant,
 )
-from gpuobs.mixin.families import IDENTITY_LABEL
 from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient, UnionAlertsClient
 from gpuobs.promapi.exporter_admin import AdminClient
 from gpuobs.promapi.prometheus import PromClient, PrometheusError
@@ -149,7 +149,7 @@ class DrillResult:
     def resolved(self) -> bool:
         return bool(self.alerts) and all(a.resolved_s is not None for a in self.alerts)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         doc = asdict(self)
         doc.update(ok=self.ok, firing_s=self.firing_s, paged_s=self.paged_s, resolved=self.resolved)
         return doc
@@ -175,10 +175,12 @@ def _nodes_for(state: StackState, spec: DrillSpec) -> list[int]:
     return [pool[spec.slot]]
 
 
-def _matches(labels: dict, exp: Expect, host: str | None) -> bool:
+def _matches(labels: dict, exp: Expect, host: str | None, ident: str) -> bool:
+    """Whether an alert's ``labels`` are ``exp``'s on ``host`` (its ``ident`` label: the fleet config's
+    identity label) where ``exp`` is scoped to the drill's node."""
     if labels.get("alertname") != exp.alertname:
         return False
-    if exp.scoped and host is not None and labels.get(IDENTITY_LABEL) != host:
+    if exp.scoped and host is not None and labels.get(ident) != host:
         return False
     return all(labels.get(k) == v for k, v in exp.labels.items())
 
@@ -203,8 +205,8 @@ HISTORY_WAIT_S = 60.0
 class _Session:
     """HTTP access to the stack for one drill."""
 
-    def __init__(self, state: StackState):
-        self.urls = state.urls
+    def __init__(self, state: StackState, ident: str):
+        self.urls, self.ident = state.urls, ident
         self._alerts, self._pager = alerts_client(state), PagerClient(self.urls.pager)
         if state.mode == "compose":  # node admin APIs are inside the containers
             from gpuobs.stack.compose import ComposeAdmin
@@ -216,7 +218,7 @@ class _Session:
 
     def has_history(self, host: str) -> bool:
         """Whether Prometheus holds :data:`HISTORY_SAMPLES` scrapes of every GPU of ``host`` in the last 5 min."""
-        expr = (f'min(count_over_time(DCGM_FI_DEV_GPU_TEMP{{{IDENTITY_LABEL}="{host}"}}[5m])) '
+        expr = (f'min(count_over_time(DCGM_FI_DEV_GPU_TEMP{{{self.ident}="{host}"}}[5m])) '
                 f">= {HISTORY_SAMPLES}")
         try:
             return not PromClient(self.urls.prometheus).query(expr).empty
@@ -233,22 +235,26 @@ class _Session:
 
 def run_drill(state: StackState, name: str, claims: Claims | None = None, progress=None,
               spec: DrillSpec | None = None, wait_resolve: bool = True,
-              clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> DrillResult:
+              clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+              fleet: FleetConfig | None = None) -> DrillResult:
     """Run drill ``name`` (or the given ``spec``) on the stack described by ``state`` (stack.json).
     Misses, wrong receivers, false alerts and missing resolutions are reported in the result, never
     raised. ``progress(line)`` gets the events and, every :data:`PROGRESS_EVERY_S` while waiting, a
     :func:`waiting_line`. ``wait_resolve=False``: return once the fault is cleared (resolution
     neither awaited nor checked; ``resolve_waited`` is False). ``clock()`` (epoch seconds) and
     ``sleep(seconds)`` are every time read and every wait of the drill (default the real ones; the
-    tests run it on a simulated clock); the result's times are seconds since the injection. Raises
-    DrillError for an unknown drill or a stack too small for it."""
+    tests run it on a simulated clock); the result's times are seconds since the injection. ``fleet``:
+    the fleet config the stack's rules were rendered from (default: the shipped one), whose identity
+    label names the drill's node in alerts and series. Raises DrillError for an unknown drill or a
+    stack too small for it."""
     if spec is None:
         if name not in DRILLS:
             raise DrillError(f"unknown drill {name!r}; drills: {', '.join(DRILLS)}")
         spec = DRILLS[name]
     if state.logwatch:  # the nodes run logwatch: kernel-log alerts page, DCGM's are inhibited
         spec = kernel_log_variant(spec)
-    drill = _Drill(state, name, spec, claims or Claims(), progress or (lambda msg: None), clock, sleep)
+    drill = _Drill(state, name, spec, claims or Claims(), progress or (lambda msg: None), clock, sleep,
+                   (fleet or shipped_fleet()).identity_label)
     res = drill.res
     drill.wait_for_history()
     drill.fire_phase()
@@ -274,8 +280,9 @@ class _Drill:
     expected and allowed alerts in ``claims``; raises DrillError for a stack too small for ``spec``."""
 
     def __init__(self, state: StackState, name: str, spec: DrillSpec, claims: Claims, say: Callable[[str], None],
-                 clock: Callable[[], float], sleep: Callable[[float], None]):
+                 clock: Callable[[], float], sleep: Callable[[float], None], ident: str):
         self.state, self.name, self.spec, self.claims, self.say = state, name, spec, claims, say
+        self.ident = ident  # the fleet config's identity label
         self.clock, self.sleep = clock, sleep
         idx = _nodes_for(state, spec)
         self.idx, self.nodes = idx, [state.hostnames[i] for i in idx]
@@ -283,7 +290,7 @@ class _Drill:
         # The default profile keeps production `for:` durations (up to 10 min) and windows (the 1h SLO
         # window): its deadlines stretch accordingly.
         self.scale = 1.0 if state.profile == "drill" else 6.0
-        self.session = _Session(state)
+        self.session = _Session(state, ident)
         host = self.host
         mine = {(e.alertname, host if e.scoped else None) for e in spec.expect}
         mine |= {(a, host) for a in spec.allowed}
@@ -374,7 +381,7 @@ class _Drill:
         spec, host, res = self.spec, self.host, self.res
         for a in alerts:
             labels = a["labels"]
-            an, ah = labels.get("alertname"), labels.get(IDENTITY_LABEL)
+            an, ah = labels.get("alertname"), labels.get(self.ident)
             # Meta alerts fire all the time (GpuKernelLogWatching: logwatch reads the node's log).
             active_at = _parse_ts(a["activeAt"])
             if a["state"] != "firing" or an in ("Watchdog", "GpuKernelLogWatching") or active_at < self.t0 - 1:
@@ -383,7 +390,7 @@ class _Drill:
             allowed = an in spec.allowed and (host is None or ah in (host, None))
             if own or allowed or self.claims.allows(an, ah, self.name, active_at):
                 continue
-            key = f"{an}{{{IDENTITY_LABEL}={ah}}}" if ah else an
+            key = f"{an}{{{self.ident}={ah}}}" if ah else an
             if key not in self.seen_unexpected:
                 self.seen_unexpected.add(key)
                 res.unexpected.append(key)
@@ -391,7 +398,7 @@ class _Drill:
         for p in pages:
             for a in p["alerts"]:
                 an = a["labels"]["alertname"]
-                if an in spec.allowed and (host is None or a["labels"].get(IDENTITY_LABEL) == host) \
+                if an in spec.allowed and (host is None or a["labels"].get(self.ident) == host) \
                         and not any(e.alertname == an for e in spec.expect):
                     msg = f"{an} reached the pager ({p['channel']}) although it should be inhibited"
                     if msg not in res.problems:
@@ -403,14 +410,14 @@ class _Drill:
         now = self.clock() - self.t0
         name, host, res = self.name, self.host, self.res
         for out, exp in zip(res.alerts, self.spec.expect):
-            if out.fired_s is None and any(a["state"] == "firing" and _matches(a["labels"], exp, host)
-                                           for a in alerts):
+            if out.fired_s is None and any(a["state"] == "firing"
+                                           and _matches(a["labels"], exp, host, self.ident) for a in alerts):
                 out.fired_s = now
                 self.say(f"{name}: {exp.alertname} firing after {now:.1f}s")
             if out.paged_s is None:
                 for p in pages:
                     hit = next((a for a in p["alerts"] if a["status"] == "firing"
-                                and _matches({**a["labels"]}, exp, host)), None)
+                                and _matches({**a["labels"]}, exp, host, self.ident)), None)
                     if hit:
                         out.paged_s, out.receiver = p["received_at"] - self.t0, p["channel"]
                         out.runbook_url = hit["annotations"].get("runbook_url")
@@ -419,7 +426,7 @@ class _Drill:
         for other in res.observed:
             if res.observed[other] is None and any(
                     a["state"] == "firing" and a["labels"].get("alertname") == other
-                    and (host is None or a["labels"].get(IDENTITY_LABEL) == host) for a in alerts):
+                    and (host is None or a["labels"].get(self.ident) == host) for a in alerts):
                 res.observed[other] = now
                 self.say(f"{name}: {other} firing after {now:.1f}s (other detection path, inhibited)")
         return (all(o.fired_s is not None and o.paged_s is not None for o in res.alerts)
@@ -432,8 +439,8 @@ class _Drill:
         for out, exp in zip(self.res.alerts, self.spec.expect):
             if out.paged_s is None or out.resolved_s is not None:
                 continue
-            still = any(a["state"] == "firing" and _matches(a["labels"], exp, self.host) for a in alerts)
-            got = any(a["status"] == "resolved" and _matches(a["labels"], exp, self.host)
+            still = any(a["state"] == "firing" and _matches(a["labels"], exp, self.host, self.ident) for a in alerts)
+            got = any(a["status"] == "resolved" and _matches(a["labels"], exp, self.host, self.ident)
                       for p in pages if p["status"] == "resolved" for a in p["alerts"])
             if not still and got:
                 out.resolved_s = now

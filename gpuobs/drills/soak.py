@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from gpuobs.core.fleet import FleetConfig
+from gpuobs.core.fleet import FleetConfig, shipped_fleet
 from gpuobs.promapi.alertmanager import AlertApiError, PagerClient
 from gpuobs.drills.runner import alerts_client
 from gpuobs.stack.state import StackState
@@ -28,7 +28,7 @@ class SoakResult:
     def ok(self) -> bool:
         return not self.fired and not any(self.notifications.values())
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return {"minutes": self.minutes, "started_at": self.started_at, "polls": self.polls, "fired": self.fired,
                 "notifications": self.notifications, "errors": self.errors, "ok": self.ok}
 
@@ -42,9 +42,9 @@ class SoakResult:
 def run_soak(state: StackState, minutes: float, poll_s: float = 5.0, progress=None,
              fleet: FleetConfig | None = None) -> SoakResult:
     """Poll Prometheus alerts and the pager every ``poll_s`` for ``minutes``; never injects anything.
-    Alerts are counted per alert name and the fleet config's identity label (``fleet``, default: the
-    default fleet config)."""
-    ident = (fleet or FleetConfig()).identity_label
+    Alerts are counted per alert name and the fleet config's identity label (``fleet``: the one the
+    stack's rules were rendered from, default the shipped one)."""
+    ident = (fleet or shipped_fleet()).identity_label
     alerts_api, pager_api = alerts_client(state), PagerClient(state.urls.pager)
     res = SoakResult(minutes, time.time())
     end = res.started_at + minutes * 60

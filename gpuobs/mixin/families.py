@@ -19,13 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: The one node-identity label every rule, inhibition and dashboard groups by. The scrape config
-#: guarantees it (file_sd target label, static label, or ServiceMonitor relabelling from
-#: ``__meta_kubernetes_pod_node_name``); dcgm-exporter's own ``Hostname`` is not reliable (it may be a
-#: pod name, ``localhost``, lowercase ``hostname`` or absent; design §4.1).
-IDENTITY_LABEL = "node"
-
-
 @dataclass(frozen=True)
 class Signal:
     """A series a path needs: ``metric`` (a metric name) on ``job`` (``dcgm``, ``vllm``, ``app``: the

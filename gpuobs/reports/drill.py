@@ -1,6 +1,6 @@
 """The drill report: what the fault did to the GPU's metrics, and when each alert hop happened.
 
-Input is a saved drill result (``DrillResult.to_json()``, see :mod:`gpuobs.drills.runner`): drill name,
+Input is a saved drill result (``DrillResult.to_dict()``, see :mod:`gpuobs.drills.runner`): drill name,
 hostname, faults (admin-API bodies, with ``gpu`` for per-GPU kinds), per-alert times in seconds since
 injection, ``injected_at`` (epoch s), ``cleared_s``, false alerts and problems. For the drill's fault,
 the drill catalogue's panels (:data:`gpuobs.drills.catalogue.PANELS`) name the metrics that fault moves; each is fetched from Prometheus over a window from
@@ -18,7 +18,7 @@ from pathlib import Path
 from string import Template
 
 from gpuobs.core.files import atomic_write
-from gpuobs.core.fleet import FleetConfig
+from gpuobs.core.fleet import FleetConfig, shipped_fleet
 from gpuobs.drills.catalogue import panels_for
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reports import html as h
@@ -144,11 +144,11 @@ def write_drill_report(result: dict, prometheus_url: str, out_dir: Path, *, clie
                        now: float | None = None, fleet: FleetConfig | None = None) -> Path:
     """Write ``drill-<name>-<injected epoch>.html`` into ``out_dir`` and return its path.
 
-    ``result`` is a saved ``DrillResult.to_json()``; missing optional keys are tolerated. Raises
+    ``result`` is a saved ``DrillResult.to_dict()``; missing optional keys are tolerated. Raises
     ValueError for a non-http(s) ``prometheus_url``, and PrometheusUnavailable /
     PrometheusResponseError when Prometheus cannot answer (nothing is written then); a query it
     rejects only leaves a note under that panel. ``fleet``: the fleet config of the stack the drill ran
-    on (default: the default one), whose identity label scopes the queries. ``client`` and ``now`` are
+    on (default: the shipped one), whose identity label scopes the queries. ``client`` and ``now`` are
     for tests.
     """
     if not isinstance(result, dict):
@@ -157,7 +157,7 @@ def write_drill_report(result: dict, prometheus_url: str, out_dir: Path, *, clie
     start, end = window(result, now)
     t0 = float(result.get("injected_at") or start + BEFORE_S)
     step = step_for(end - start)
-    values = selectors(result, (fleet or FleetConfig()).identity_label)
+    values = selectors(result, (fleet or shipped_fleet()).identity_label)
     markers = _markers(result)
     figures: list[h.Raw] = []
     for panel in panels_for(result):

@@ -135,7 +135,7 @@ def test_no_wait_resolve_returns_once_cleared(world):
     text = runner.format_timeline(res)
     assert "not awaited (--no-wait-resolve)" in text and "result: PASS" in text
     assert "skipped" in runner.format_table([res])
-    assert res.to_json()["resolve_waited"] is False
+    assert res.to_dict()["resolve_waited"] is False
 
 
 def test_waiting_line():
