@@ -91,7 +91,7 @@ def world(monkeypatch):
     monkeypatch.setattr(runner, "time", NoRealClock())
 
     class Session:
-        def __init__(self, state):
+        def __init__(self, state, ident):
             self.admin = [Admin(w) for _ in HOSTS]
             self.alerts, self.pages = w.alerts, w.pages
 
