@@ -30,36 +30,20 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    SimpleSpanProcessor,
-    SpanExporter,
-)
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 
 from gpuobs.core.otel import ENDPOINT_VARS, Tracing, clean_attrs, otlp_endpoint, resource  # noqa: F401  (re-exported)
+from gpuobs.core.otel import setup as otel_setup
 
 SERVICE_NAME = "gpuobs-rollout"
 
 def setup(exporter: SpanExporter | None = None, *, env: dict[str, str] | None = None,
           service_name: str = SERVICE_NAME) -> Tracing:
-    """Build a :class:`Tracing`.
-
-    ``exporter`` given: spans go to it synchronously (tests). Else, with an OTLP endpoint in the
-    environment: a batching OTLP/HTTP exporter. Else: no exporter at all.
-    """
-    provider = TracerProvider(resource=resource(service_name, env))  # OTEL_SERVICE_NAME etc. win
-    if exporter is not None:
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-    elif otlp_endpoint(env) is not None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter,
-        )
-
-        exporter = OTLPSpanExporter()
-        provider.add_span_processor(BatchSpanProcessor(exporter))
-    return Tracing(provider.get_tracer("gpuobs.rollout.controller"), provider, exporter)
+    """The rollout controller's :class:`Tracing` (:func:`gpuobs.core.otel.setup`, scope
+    ``gpuobs.rollout.controller``): spans go to ``exporter`` synchronously when given (tests), else to a
+    batching OTLP/HTTP exporter when the environment names an endpoint, else nowhere."""
+    return otel_setup(exporter, env=env, service_name=service_name, scope="gpuobs.rollout.controller")
 
 
 def noop() -> Tracing:
