@@ -100,7 +100,11 @@ def _kubernetes(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return fail(str(exc))
     out = Path(args.out) if args.out else None
-    written, stale = write(cfg.horizon_s, cfg.interval_s, out, check=bool(args.check))
+    try:
+        fleet = _fleet(args)
+    except InputError as exc:
+        return fail(exc)
+    written, stale = write(cfg.horizon_s, cfg.interval_s, fleet, out, check=bool(args.check))
     if stale:
         return fail(f"stale Kubernetes manifests (regenerate with `gpuobs rules kubernetes`): {', '.join(stale)}",
                     EXIT_FAILURE)
@@ -118,7 +122,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "--fleet; xid/kernel-log/slo: print that rule file; dashboards: write grafana/dashboards/*.json; "
                         "kubernetes: write deploy/kubernetes/")
     r.add_argument("--fleet", default=None, metavar="FILE",
-                   help="fleet config: identity label, selectors, signal paths (default: the shipped prometheus/fleet.yaml)")
+                   help="fleet config: identity label, selectors, signal paths, runbook base (default: the shipped "
+                        "prometheus/fleet.yaml); render, xid, kernel-log, slo, dashboards and kubernetes follow it")
     r.add_argument("--slo-config", default=None, help="SLO definitions (default: the shipped prometheus/slo.yaml)")
     r.add_argument("--period", default=None, help="override the SLO period, e.g. 3d (for `slo`)")
     r.add_argument("--out", default=None,

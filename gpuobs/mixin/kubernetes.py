@@ -35,6 +35,8 @@ import yaml
 from gpuobs import __version__
 from gpuobs.core import assets
 from gpuobs.core.files import atomic_write
+from gpuobs.core.fleet import FleetConfig
+from gpuobs.mixin.render import render_all
 
 NAMESPACE = "monitoring"
 IMAGE = f"ghcr.io/gpuobs/gpuobs:{__version__}"
@@ -140,26 +142,28 @@ def exporter_daemonset() -> dict[str, Any]:
     }
 
 
-def _node_identity() -> list[dict[str, Any]]:
-    """Relabelling every gpuobs PodMonitor applies: the Kubernetes node name becomes ``node``."""
-    return [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"},
+def _node_identity(identity_label: str) -> list[dict[str, Any]]:
+    """Relabelling every gpuobs PodMonitor applies: the Kubernetes node name becomes the fleet config's
+    identity label (``node`` by default)."""
+    return [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": identity_label, "action": "replace"},
             {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace", "action": "replace"},
             {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod", "action": "replace"}]
 
 
-def _hostname_from_node() -> list[dict[str, Any]]:
-    """Metric relabelling: ``Hostname`` := ``node``. dcgm-exporter in a pod reports the pod's hostname
-    (the pod name) as ``Hostname``; rules, dashboards and inhibitions join DCGM and vLLM series per host,
-    so both must carry the node's name."""
-    return [{"sourceLabels": ["node"], "targetLabel": "Hostname", "action": "replace", "regex": "(.+)"}]
+def _hostname_from_node(identity_label: str) -> list[dict[str, Any]]:
+    """Metric relabelling: ``Hostname`` := the identity label. dcgm-exporter in a pod reports the pod's
+    hostname (the pod name) as ``Hostname``; rules, dashboards and inhibitions join DCGM and vLLM series
+    per host, so both must carry the node's name."""
+    return [{"sourceLabels": [identity_label], "targetLabel": "Hostname", "action": "replace", "regex": "(.+)"}]
 
 
-def pod_monitors() -> list[dict[str, Any]]:
-    """PodMonitors for dcgm-exporter, vLLM and the gpuobs exporter (``job`` as the rules expect)."""
+def pod_monitors(identity_label: str) -> list[dict[str, Any]]:
+    """PodMonitors for dcgm-exporter, vLLM and the gpuobs exporter (``job`` as the rules expect), each
+    target labelled with the fleet config's ``identity_label`` from its pod's node."""
     def monitor(name: str, job: str, selector: dict, namespaces: list[str] | None, port: str, path: str,
                 extra_relabel: list[dict] | None = None, metric_relabel: list[dict] | None = None) -> dict:
         ep: dict[str, Any] = {"port": port, "path": path, "interval": "15s", "scrapeTimeout": "10s",
-                              "relabelings": [*_node_identity(),
+                              "relabelings": [*_node_identity(identity_label),
                                               {"targetLabel": "job", "replacement": job, "action": "replace"},
                                               *(extra_relabel or [])]}
         if metric_relabel:
@@ -170,13 +174,13 @@ def pod_monitors() -> list[dict[str, Any]]:
 
     return [
         monitor("gpuobs-dcgm-exporter", "dcgm", {"matchLabels": {"app": "nvidia-dcgm-exporter"}}, None,
-                "gpu-metrics", "/metrics", metric_relabel=_hostname_from_node()),
+                "gpu-metrics", "/metrics", metric_relabel=_hostname_from_node(identity_label)),
         monitor("gpuobs-nvml-exporter", "gpuobs-exporter",
                 {"matchLabels": {"app.kubernetes.io/name": "gpuobs-nvml-exporter"}}, [NAMESPACE],
-                "metrics", "/metrics", metric_relabel=_hostname_from_node()),
+                "metrics", "/metrics", metric_relabel=_hostname_from_node(identity_label)),
         monitor("gpuobs-logwatch", "logwatch",
                 {"matchLabels": {"app.kubernetes.io/name": "gpuobs-nvml-exporter"}}, [NAMESPACE],
-                "logwatch", "/metrics", metric_relabel=_hostname_from_node()),
+                "logwatch", "/metrics", metric_relabel=_hostname_from_node(identity_label)),
         monitor("gpuobs-vllm", "vllm", {"matchLabels": {"app.kubernetes.io/component": "vllm"}}, None,
                 "http", "/metrics",
                 extra_relabel=[
@@ -189,39 +193,40 @@ def pod_monitors() -> list[dict[str, Any]]:
     ]
 
 
-def prometheus_rules(rules_dir: Path | None = None) -> list[dict[str, Any]]:
-    """One PrometheusRule per rule file (label ``role: alert-rules`` as in kube-prometheus's own rules):
-    its ``groups`` unchanged except the routing label ``gpuobs: "true"`` added to every alerting rule,
-    which the Alertmanager fragment routes on."""
-    rules_dir = rules_dir or assets.path("prometheus/rules")
+def prometheus_rules(files: dict[str, str]) -> list[dict[str, Any]]:
+    """One PrometheusRule per rule file (``files``: file name -> YAML text, as rendered for the fleet
+    config; label ``role: alert-rules`` as in kube-prometheus's own rules): its ``groups`` unchanged
+    except the routing label ``gpuobs: "true"`` added to every alerting rule, which the Alertmanager
+    fragment routes on."""
     out = []
-    for f in sorted(rules_dir.glob("*.yml")):
-        groups = (yaml.safe_load(f.read_text()) or {}).get("groups") or []
+    for name, text in sorted(files.items()):
+        groups = (yaml.safe_load(text) or {}).get("groups") or []
         for g in groups:
             for r in g.get("rules") or []:
                 if "alert" in r:
                     r["labels"] = {**(r.get("labels") or {}), ROUTE_LABEL: "true"}
         out.append({"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-                    "metadata": _meta(f"gpuobs-{f.stem}", role="alert-rules", prometheus="k8s"),
+                    "metadata": _meta(f"gpuobs-{Path(name).stem}", role="alert-rules", prometheus="k8s"),
                     "spec": {"groups": groups}})
     return out
 
 
-def dashboard_configmaps(dash_dir: Path | None = None) -> list[dict[str, Any]]:
-    """One ConfigMap per dashboard for the Grafana sidecar (``grafana_dashboard: "1"``, folder "GPU")."""
-    dash_dir = dash_dir or assets.path("grafana/dashboards")
+def dashboard_configmaps(files: dict[str, str]) -> list[dict[str, Any]]:
+    """One ConfigMap per dashboard (``files``: file name -> JSON text, as rendered for the fleet config)
+    for the Grafana sidecar (``grafana_dashboard: "1"``, folder "GPU")."""
     out = []
-    for f in sorted(dash_dir.glob("*.json")):
-        meta = _meta(f"gpuobs-dashboard-{f.stem}", grafana_dashboard="1")
+    for name, text in sorted(files.items()):
+        meta = _meta(f"gpuobs-dashboard-{Path(name).stem}", grafana_dashboard="1")
         meta["annotations"] = {"grafana_folder": "GPU"}
-        out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {f.name: f.read_text()}})
+        out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {name: text}})
     return out
 
 
-def alertmanager_fragment(am_file: Path | None = None) -> dict[str, Any]:
-    """gpuobs's Alertmanager route tree, receivers and inhibit rules as a config to merge into the
-    cluster's: the local receivers are replaced with webhook receivers whose URLs are placeholders."""
-    doc = yaml.safe_load((am_file or assets.path("alertmanager/alertmanager.yml")).read_text())
+def alertmanager_fragment(text: str) -> dict[str, Any]:
+    """gpuobs's Alertmanager route tree, receivers and inhibit rules (``text``: alertmanager.yml as
+    rendered for the fleet config) as a config to merge into the cluster's: the local receivers are
+    replaced with webhook receivers whose URLs are placeholders."""
+    doc = yaml.safe_load(text)
     route = doc["route"]
     names = {"page": "gpuobs-page", "ticket": "gpuobs-ticket", "blackhole": "gpuobs-null"}
 
@@ -438,18 +443,26 @@ def _kustomization(resources: list[str], namespace: str | None = None) -> str:
     return HEADER + yaml.safe_dump(doc, sort_keys=False)
 
 
-def render(horizon_s: float, interval_s: float) -> dict[str, str]:
+def render(horizon_s: float, interval_s: float, fleet: FleetConfig) -> dict[str, str]:
     """Every file of ``deploy/kubernetes`` (relative path -> text) for the canary config's horizon and
-    interval, seconds (the CLI passes the packaged config's; mixin sits below canary in the layers)."""
+    interval, seconds (the CLI passes the packaged config's; mixin sits below canary in the layers), and
+    the fleet config ``fleet``: the PodMonitors' identity label, the PrometheusRules, dashboards and
+    Alertmanager fragment rendered from it (:func:`gpuobs.mixin.render.render_all`). Raises
+    FleetConfigError / SloConfigError for a bad config."""
+    generated = render_all(fleet)
+
+    def under(prefix: str) -> dict[str, str]:
+        return {Path(rel).name: text for rel, text in generated.items() if rel.startswith(prefix)}
     files = {
         "monitoring/exporter-daemonset.yaml": _dump(exporter_daemonset()),
-        "monitoring/podmonitors.yaml": _dump(*pod_monitors()),
-        "monitoring/prometheusrules.yaml": _dump(*prometheus_rules()),
-        "monitoring/dashboards.yaml": _dump(*dashboard_configmaps()),
+        "monitoring/podmonitors.yaml": _dump(*pod_monitors(fleet.identity_label)),
+        "monitoring/prometheusrules.yaml": _dump(*prometheus_rules(under("prometheus/rules/"))),
+        "monitoring/dashboards.yaml": _dump(*dashboard_configmaps(under("grafana/dashboards/"))),
         "canary/serve.yaml": _dump(*canary_serve()),
         "argo/analysistemplate.yaml": _dump(analysis_template(horizon_s, interval_s)),
         "flagger/canary.yaml": _dump(*flagger_objects(horizon_s, interval_s)),
-        "alertmanager/gpuobs-fragment.yaml": HEADER + yaml.safe_dump(alertmanager_fragment(), sort_keys=False),
+        "alertmanager/gpuobs-fragment.yaml": HEADER + yaml.safe_dump(
+            alertmanager_fragment(generated["alertmanager/alertmanager.yml"]), sort_keys=False),
     }
     files["monitoring/kustomization.yaml"] = _kustomization(
         ["exporter-daemonset.yaml", "podmonitors.yaml", "prometheusrules.yaml", "dashboards.yaml"])
@@ -464,13 +477,14 @@ def load_docs(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
-def write(horizon_s: float, interval_s: float, out: Path | None = None,
+def write(horizon_s: float, interval_s: float, fleet: FleetConfig, out: Path | None = None,
           check: bool = False) -> tuple[list[Path], list[str]]:
-    """Write every file of :func:`render` under ``out`` (default ``deploy/kubernetes`` of the checkout or
-    asset root), or with ``check`` write nothing and list the stale or missing ones. Returns (written, stale)."""
+    """Write every file of :func:`render` for ``fleet`` under ``out`` (default ``deploy/kubernetes`` of the
+    checkout or asset root), or with ``check`` write nothing and list the stale or missing ones. Returns
+    (written, stale)."""
     out = out or assets.root() / "deploy" / "kubernetes"
     written, stale = [], []
-    for rel, text in render(horizon_s, interval_s).items():
+    for rel, text in render(horizon_s, interval_s, fleet).items():
         path = out / rel
         if check:
             if not path.exists() or path.read_text() != text:

@@ -10,6 +10,7 @@ from typing import Any
 from gpuobs.canary.config import load_config
 from gpuobs.canary.runs import RunStore
 from gpuobs.canary.serve import CanaryServer
+from gpuobs.core.fleet import shipped_fleet
 from gpuobs.mixin.kubernetes import load_docs, render
 from gpuobs.promapi.prometheus import PromClient
 from tests.fakes.prometheus import FakePrometheus
@@ -67,7 +68,7 @@ class Env:
 
 def rendered() -> dict[str, str]:
     cfg = load_config(None)
-    return render(cfg.horizon_s, cfg.interval_s)
+    return render(cfg.horizon_s, cfg.interval_s, shipped_fleet())
 
 
 def generated(rel: str) -> list[dict]:

@@ -17,6 +17,7 @@ import yaml
 
 from gpuobs.canary.config import load_config
 from gpuobs.cli import run as cli_main
+from gpuobs.core.fleet import parse_fleet, shipped_fleet
 from gpuobs.mixin import kubernetes as k8s
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +26,7 @@ CRDS = ROOT / "tests" / "data" / "crds"
 def rendered() -> dict[str, str]:
     """deploy/kubernetes as `gpuobs rules kubernetes` renders it from the packaged canary config."""
     cfg = load_config(None)
-    return k8s.render(cfg.horizon_s, cfg.interval_s)
+    return k8s.render(cfg.horizon_s, cfg.interval_s, shipped_fleet())
 
 
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
@@ -231,3 +232,26 @@ def test_docs_show_the_tested_yaml():
     for rel in ("argo/analysistemplate.yaml", "flagger/canary.yaml"):
         for doc in k8s.load_docs(rendered()[rel]):
             assert doc in shown, f"docs/canary.md does not show {doc['kind']} {doc['metadata']['name']} as generated"
+
+
+def test_a_non_default_fleet_config_reaches_the_kubernetes_manifests(tmp_path):
+    """`gpuobs rules kubernetes --fleet FILE`: the PodMonitors label targets with its identity label, and
+    the PrometheusRules, dashboards and Alertmanager fragment are rendered from it (no default literal)."""
+    from tests.mixin.test_render import _DEFAULT_LITERALS
+
+    cfg = load_config(None)
+    fleet = parse_fleet({"identity_label": "k8s_node", "runbook_base": "https://runbooks.example",
+                         "selectors": {"dcgm": 'job="dcgm"', "vllm": 'job="vllm"'}})
+    files = k8s.render(cfg.horizon_s, cfg.interval_s, fleet)
+    monitors = k8s.load_docs(files["monitoring/podmonitors.yaml"])
+    for m in monitors:
+        relabel = m["spec"]["podMetricsEndpoints"][0]["relabelings"][0]
+        assert relabel["targetLabel"] == "k8s_node", m["metadata"]["name"]
+    for rel in ("monitoring/prometheusrules.yaml", "monitoring/dashboards.yaml", "alertmanager/gpuobs-fragment.yaml"):
+        hits = [p.pattern for p in _DEFAULT_LITERALS if p.search(files[rel])]
+        assert hits == [], rel
+        assert "k8s_node" in files[rel], rel
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text("identity_label: Hostname\n")
+    assert cli_main(["rules", "kubernetes", "--fleet", str(bad), "--out", str(tmp_path / "k")]) == 2
+    assert not (tmp_path / "k").exists()
