@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpuobs.cli.common import PORT, duration, fail, run_dir_default
+from gpuobs.cli.common import PORT, duration, env, fail, run_dir_default
 
 
 def cmd_pager(args: argparse.Namespace) -> int:
@@ -27,6 +27,10 @@ def cmd_pager(args: argparse.Namespace) -> int:
         return fail(f"--runbook-base {args.runbook_base!r}: expected an http:// or https:// URL")
     if args.alertmanager_url and not args.alertmanager_url.startswith(("http://", "https://")):
         return fail(f"--alertmanager-url {args.alertmanager_url!r}: expected an http:// or https:// URL")
+    identity_label = None
+    if args.fleet:  # FleetConfigError is an InputError: one line, exit 2
+        from gpuobs.core.fleet import load_fleet
+        identity_label = load_fleet(Path(args.fleet)).identity_label
     escalation = None
     if args.escalation_config:
         from gpuobs.pager.escalation import EscalationConfigError, load
@@ -39,7 +43,7 @@ def cmd_pager(args: argparse.Namespace) -> int:
               token=token, runbook_base=args.runbook_base, dedupe_window_s=args.dedupe_window,
               alertmanager_url=args.alertmanager_url, escalation=escalation,
               activity_file=Path(args.activity_file) if args.activity_file
-              else Path(args.db).parent / activity.FILE_NAME)
+              else Path(args.db).parent / activity.FILE_NAME, identity_label=identity_label)
     except sqlite3.Error as exc:
         return fail(f"--db {args.db}: not a usable SQLite database ({exc})")
     except OSError as exc:
@@ -64,6 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default 1h; keep it below Alertmanager's repeat_interval)")
     g.add_argument("--alertmanager-url", default=None, metavar="URL",
                    help="Alertmanager whose API v2 the console's silences use (default: none, silences disabled)")
+    g.add_argument("--fleet", default=env("FLEET_CONFIG"), metavar="FILE",
+                   help="fleet config the rules were rendered from (format of prometheus/fleet.yaml; env "
+                        "GPUOBS_FLEET_CONFIG): its identity label names an incident's nodes (default: the shipped one)")
     g.add_argument("--escalation-config", default=None, metavar="FILE",
                    help="YAML escalation policy: an unacknowledged page escalates after N minutes to a secondary "
                         "receiver (docs/incidents.md; default: none)")

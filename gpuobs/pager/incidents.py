@@ -147,11 +147,11 @@ def acknowledge(db: sqlite3.Connection, incident_id: int, by: str, at: float) ->
     return "acknowledged", True
 
 
-def _identity(alerts: list[dict], common: dict[str, str]) -> dict[str, Any]:
+def _identity(alerts: list[dict], common: dict[str, str], identity_label: str) -> dict[str, Any]:
     """Node, GPUs, Xid codes, severity, alert names and descriptions of an incident's alerts.
 
-    Node: the ``node`` label (Kubernetes node of the scrape, kube-prometheus ServiceMonitor
-    relabelling) or else ``Hostname`` (stock dcgm-exporter's host label).
+    Node: the fleet config's ``identity_label`` (e.g. ``node``: the Kubernetes node of the scrape, set
+    by the scrape config's relabelling) or else ``Hostname`` (stock dcgm-exporter's host label).
     """
     firing = [a for a in alerts if a["status"] == "firing"] or alerts
 
@@ -170,7 +170,7 @@ def _identity(alerts: list[dict], common: dict[str, str]) -> dict[str, Any]:
     severity = min(sev, key=lambda s: SEVERITY_ORDER.get(s, 9)) if sev else ""
     descs = [a["annotations"].get("description") or a["annotations"].get("summary", "") for a in firing]
     return {
-        "severity": severity, "alertnames": values("alertname"), "nodes": values("node", "Hostname"),
+        "severity": severity, "alertnames": values("alertname"), "nodes": values(identity_label, "Hostname"),
         "gpus": values("gpu"), "xids": values("xid"),
         "descriptions": [d for i, d in enumerate(descs) if d and d not in descs[:i]],
         "summary": next((a["annotations"].get("summary", "") for a in firing if a["annotations"].get("summary")), ""),
@@ -195,7 +195,7 @@ def escalate_due(db: sqlite3.Connection, now: float, after_s: float, channels: t
     return ids
 
 
-def _row(db: sqlite3.Connection, r: tuple) -> dict[str, Any]:
+def _row(db: sqlite3.Connection, r: tuple, identity_label: str) -> dict[str, Any]:
     (iid, channel, gk, state, opened, updated, ack_at, ack_by, res_at, gl, cl, esc_at) = r
     alerts = [{"fingerprint": fp, "status": st, "labels": json.loads(lab), "annotations": json.loads(ann),
                "startsAt": sa, "endsAt": ea}
@@ -207,12 +207,13 @@ def _row(db: sqlite3.Connection, r: tuple) -> dict[str, Any]:
             "updated_at": updated, "acknowledged_at": ack_at, "acknowledged_by": ack_by, "resolved_at": res_at,
             "escalated_at": esc_at,
             "groupLabels": json.loads(gl), "commonLabels": common,
-            "firing": sum(a["status"] == "firing" for a in alerts), **_identity(alerts, common), "alerts": alerts}
+            "firing": sum(a["status"] == "firing" for a in alerts), **_identity(alerts, common, identity_label), "alerts": alerts}
 
 
-def list_incidents(db: sqlite3.Connection, state: str | None = None, channel: str | None = None,
-                   limit: int = 200) -> list[dict[str, Any]]:
-    """Incidents, unresolved first, then by severity and newest update."""
+def list_incidents(db: sqlite3.Connection, identity_label: str, state: str | None = None,
+                   channel: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    """Incidents, unresolved first, then by severity and newest update; ``identity_label``: the fleet
+    config's, which names an incident's nodes."""
     cond, args = [], []
     if state:
         cond.append("state = ?")
@@ -222,19 +223,20 @@ def list_incidents(db: sqlite3.Connection, state: str | None = None, channel: st
         args.append(channel)
     q = f"SELECT {_COLS} FROM incidents" + (" WHERE " + " AND ".join(cond) if cond else "")
     q += " ORDER BY state = 'resolved', updated_at DESC LIMIT ?"
-    rows = [_row(db, r) for r in db.execute(q, (*args, limit)).fetchall()]
+    rows = [_row(db, r, identity_label) for r in db.execute(q, (*args, limit)).fetchall()]
     rows.sort(key=lambda i: (STATES.index(i["state"]),
                              SEVERITY_ORDER.get(i["severity"], 9) if i["state"] != "resolved" else 0,
                              -i["updated_at"]))
     return rows
 
 
-def get(db: sqlite3.Connection, incident_id: int) -> dict[str, Any]:
-    """One incident with its alerts, timeline (oldest first) and silences. Raises IncidentNotFound."""
+def get(db: sqlite3.Connection, incident_id: int, identity_label: str) -> dict[str, Any]:
+    """One incident with its alerts, timeline (oldest first) and silences; ``identity_label``: the fleet
+    config's, which names its nodes. Raises IncidentNotFound."""
     r = db.execute(f"SELECT {_COLS} FROM incidents WHERE id = ?", (incident_id,)).fetchone()
     if r is None:
         raise IncidentNotFound(incident_id)
-    inc = _row(db, r)
+    inc = _row(db, r, identity_label)
     inc["timeline"] = [{"at": at, "kind": kind, **json.loads(detail)} for at, kind, detail in db.execute(
         "SELECT at, kind, detail FROM incident_events WHERE incident_id = ? ORDER BY id", (incident_id,))]
     inc["silences"] = [

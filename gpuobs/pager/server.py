@@ -400,12 +400,15 @@ class PagerHandler(httpd.Handler):
 
 def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None, token: str | None = None,
           runbook_base: str | None = None, dedupe_window_s: float | None = None,
-          alertmanager_url: str | None = None, escalation=None, activity_file: Path | None = None) -> None:
+          alertmanager_url: str | None = None, escalation=None, activity_file: Path | None = None,
+          identity_label: str | None = None) -> None:
     """Run the pager until SIGTERM/SIGINT (``token``: required bearer token of the webhooks;
     ``alertmanager_url``: Alertmanager for silences, None disables them; ``escalation``: a
     :class:`gpuobs.pager.escalation.Policy` or None; ``activity_file``: drills and rollouts to link
-    incidents to, :mod:`gpuobs.core.activity`)."""
-    store = PageStore(db_path) if dedupe_window_s is None else PageStore(db_path, dedupe_window_s)
+    incidents to, :mod:`gpuobs.core.activity`; ``identity_label``: the fleet config's, which names an
+    incident's nodes, default the shipped one's)."""
+    store = PageStore(db_path, identity_label=identity_label) if dedupe_window_s is None \
+        else PageStore(db_path, dedupe_window_s, identity_label)
     srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base, alertmanager_url, activity_file)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuobs.core.errors import InputError
+from gpuobs.core.fleet import shipped_fleet
 from gpuobs.pager import incidents
 
 STATUSES = ("firing", "resolved")
@@ -122,6 +123,8 @@ class PageStore:
     Thread-safe: one connection guarded by a lock; each ``add`` is one committed transaction, so a
     notification is on disk before the webhook is answered. Deliveries are deduplicated by
     :func:`delivery_key` within ``dedupe_window_s`` seconds (at most ``DEDUPE_MAX_KEYS`` keys).
+    ``identity_label``: the fleet config's, which names an incident's nodes (default: the shipped fleet
+    config's).
     """
 
     SCHEMA = """
@@ -154,10 +157,11 @@ class PageStore:
     CREATE INDEX IF NOT EXISTS deliveries_by_time ON deliveries(received_at);
     """
 
-    def __init__(self, path: Path, dedupe_window_s: float = DEDUPE_WINDOW_S):
+    def __init__(self, path: Path, dedupe_window_s: float = DEDUPE_WINDOW_S, identity_label: str | None = None):
         if not dedupe_window_s > 0:
             raise ValueError(f"dedupe_window_s must be > 0, got {dedupe_window_s}")
         self.path = path
+        self.identity_label = identity_label or shipped_fleet().identity_label
         self.dedupe_window_s = float(dedupe_window_s)
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():  # the database holds alert payloads: owner-only from its creation
@@ -244,12 +248,12 @@ class PageStore:
     def incidents(self, state: str | None = None, channel: str | None = None, limit: int = 200) -> list[dict]:
         """Incidents, open first (see :func:`gpuobs.pager.incidents.list_incidents`)."""
         with self._lock:
-            return incidents.list_incidents(self._db, state, channel, limit)
+            return incidents.list_incidents(self._db, self.identity_label, state, channel, limit)
 
     def incident(self, incident_id: int) -> dict:
         """One incident with timeline and silences; raises IncidentNotFound."""
         with self._lock:
-            return incidents.get(self._db, incident_id)
+            return incidents.get(self._db, incident_id, self.identity_label)
 
     def incident_counts(self) -> dict[str, dict[str, int]]:
         """``{channel: {state: n}}``."""
@@ -265,7 +269,7 @@ class PageStore:
                        matchers: list[dict]) -> None:
         """Remember a silence created in Alertmanager for the incident (timeline row)."""
         with self._lock, self._db:
-            incidents.get(self._db, incident_id)
+            incidents.get(self._db, incident_id, self.identity_label)
             incidents.record_silence(self._db, incident_id, silence_id, time.time(), ends_at, by, comment, matchers)
 
     def record_silence_expired(self, incident_id: int, silence_id: str, by: str) -> bool:
@@ -278,7 +282,7 @@ class PageStore:
         in the same transaction (so no incident escalates twice in one opening)."""
         with self._lock, self._db:
             ids = incidents.escalate_due(self._db, now, policy.after_s, policy.channels)
-            return [incidents.get(self._db, i) for i in ids]
+            return [incidents.get(self._db, i, self.identity_label) for i in ids]
 
     def record_escalation(self, incident_id: int, at: float, policy, delivered: bool | None,
                           error: str | None) -> None:

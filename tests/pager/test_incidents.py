@@ -61,7 +61,23 @@ def test_node_label_wins_over_hostname():
     from gpuobs.pager.incidents import _identity
     alerts = [{"status": "firing", "labels": {"node": "k8s-node-7", "Hostname": "dcgm-pod-x", "gpu": "0"},
                "annotations": {}}]
-    assert _identity(alerts, {})["nodes"] == ["k8s-node-7"]
+    assert _identity(alerts, {}, "node")["nodes"] == ["k8s-node-7"]
+
+
+def test_incident_nodes_follow_the_fleet_config_identity_label(tmp_path):
+    """A store for a fleet whose identity label is k8s_node names the node by it (Hostname only where an
+    alert lacks it); the default store follows the shipped fleet config (node)."""
+    other = PageStore(tmp_path / "k8s.sqlite", identity_label="k8s_node")
+    default = PageStore(tmp_path / "default.sqlite")
+    try:
+        for store in (other, default):
+            store.add("page", _payload(alertname="GpuXidCritical", k8s_node="k8s-node-7", node="stale-node",
+                                       Hostname="dcgm-pod-x", gpu="0"))
+        assert other.incidents()[0]["nodes"] == ["k8s-node-7"]
+        assert default.incidents()[0]["nodes"] == ["stale-node"]
+    finally:
+        other.close()
+        default.close()
 
 
 def test_ack_resolve_refire_lifecycle_and_timeline(pager):
