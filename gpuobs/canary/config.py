@@ -366,7 +366,7 @@ def parse_config(doc: Any, source: str = "config", selectors: dict[str, str] | N
                           "a Prometheus label name (not le), e.g. instance, pod, node")
     horizon = parse_duration(doc.get("horizon", "10m"), "horizon")
     warmup = doc.get("warmup", 0)
-    warmup_s = 0.0 if warmup in (0, "0", "0s") else parse_duration(warmup, "warmup")
+    warmup_s = parse_duration(warmup, "warmup", allow_zero=True)
     if warmup_s >= horizon:
         raise ConfigError(f"{source}.warmup", warmup, f"a duration shorter than the horizon ({horizon:g} s)")
     history = doc.get("node_history", "30m")

@@ -32,9 +32,10 @@ from gpuobs.canary.config import (
 )
 from gpuobs.cli.common import env as _env
 from gpuobs.cli.common import fail as _common_fail
+from gpuobs.cli.common import fleet_config
 from gpuobs.core.errors import EXIT_FAILURE as EXIT_RUNTIME  # noqa: E402
 from gpuobs.core.errors import EXIT_USAGE as EXIT_BAD_INPUT  # noqa: E402
-from gpuobs.core.errors import BackendError
+from gpuobs.core.errors import BackendError, InputError
 from gpuobs.core.files import atomic_write
 from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusQueryError
 
@@ -169,19 +170,14 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     """The metrics config with ``--fleet``, ``--metric``, ``--horizon`` and ``--interval`` applied."""
     selectors = None
     if getattr(args, "fleet", None):
-        from gpuobs.core.fleet import FleetConfigError, load_fleet
-
-        try:
-            fleet = load_fleet(Path(args.fleet))
-        except FleetConfigError as exc:
-            raise ConfigError("--fleet", args.fleet, f"a fleet config like prometheus/fleet.yaml ({exc})") from None
+        fleet = fleet_config(args.fleet)  # FleetConfigError: an input error naming --fleet, exit 2
         selectors = {"vllm": fleet.vllm_selector, "dcgm": fleet.dcgm_selector}
     cfg = load_config(args.config, selectors)
     if args.metric:
         cfg = cfg.select(args.metric)
     warmup = None
     if getattr(args, "warmup", None) is not None:
-        warmup = 0.0 if args.warmup.strip() in ("0", "0s") else parse_duration(args.warmup, "--warmup")
+        warmup = parse_duration(args.warmup, "--warmup", allow_zero=True)
     return cfg.with_timing(parse_duration(args.horizon, "--horizon") if args.horizon else None,
                            parse_duration(args.interval, "--interval") if args.interval else None, warmup)
 
@@ -224,7 +220,7 @@ def run_analyze(args: argparse.Namespace) -> int:
             except (OSError, ValueError) as exc:
                 raise ConfigError("--state", args.state, f"a JSON state file written by this command ({exc})") from None
         verdict = analyzer.analyze(start, end, state)
-    except ConfigError as exc:
+    except InputError as exc:  # ConfigError, FleetConfigError
         return _fail(str(exc), EXIT_BAD_INPUT, args.json)
     except PrometheusQueryError as exc:
         return _fail(f"the backend rejected a query (check the metrics config): {exc}", EXIT_BAD_INPUT, args.json)
@@ -253,7 +249,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         client, cfg = build_client(args), build_config(args)
         deadline = parse_duration(args.look_deadline, "--look-deadline")
-    except ConfigError as exc:
+    except InputError as exc:  # ConfigError, FleetConfigError
         return _fail(str(exc), EXIT_BAD_INPUT, False)
     from gpuobs.core import tokens
 

@@ -81,3 +81,17 @@ def duration(text: str) -> float:
 
 PORT = int_range(1, 65535)
 LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
+def fleet_config(value: str | None):
+    """The fleet config a ``--fleet FILE`` flag (default ``$GPUOBS_FLEET_CONFIG``) names, or the default
+    one when neither is given (:class:`gpuobs.core.fleet.FleetConfig`). Raises FleetConfigError (an
+    input error: one line, exit 2) naming the flag, and the variable when it is set."""
+    from pathlib import Path
+
+    from gpuobs.core.fleet import FleetConfig, load_fleet
+
+    if not value:
+        return FleetConfig()
+    flag = "--fleet (or GPUOBS_FLEET_CONFIG)" if env("FLEET_CONFIG") else "--fleet"
+    return load_fleet(Path(value), flag)

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from gpuobs.cli.common import fail  # noqa: E402
+from gpuobs.cli.common import fail, fleet_config, pos_float  # noqa: E402
 from gpuobs.compat.inventory import inventory, judge_fleet
 from gpuobs.compat.gate import (
     COMPATIBLE_WITH_WARNINGS,
@@ -28,7 +28,7 @@ from gpuobs.compat.gate import (
 from gpuobs.compat.upgrade_plan import UpgradePlan, load_inventory, plan_driver_upgrade
 from gpuobs.core.errors import EXIT_USAGE as EXIT_BAD_INPUT  # noqa: E402
 from gpuobs.core.errors import InputError
-from gpuobs.core.fleet import FleetConfig, check_label_name, load_fleet
+from gpuobs.core.fleet import check_label_name
 from gpuobs.promapi.prometheus import PromClient, PrometheusError
 from gpuobs.reference.compat import parse_driver
 from gpuobs.reference.releases import CatalogueError, load
@@ -184,7 +184,7 @@ def add_fleet_parser(sub: argparse._SubParsersAction) -> None:
                         "DCGM selector)")
     f.add_argument("--identity-label", default=None, metavar="LABEL",
                    help="the label that names a node (default: the fleet config's identity label)")
-    f.add_argument("--timeout", type=float, default=10.0, metavar="S", help="per-request timeout, s (default 10)")
+    f.add_argument("--timeout", type=pos_float, default=10.0, metavar="S", help="per-request timeout, s (default 10)")
     f.add_argument("--retries", type=int, default=3, metavar="N",
                    help="retries on connection errors and 5xx, exponential backoff (default 3)")
     f.add_argument("--ptx-jit", action="store_true", help="the release JIT-compiles PTX")
@@ -202,7 +202,7 @@ def run_fleet(args: argparse.Namespace) -> int:
         msg = err.args[0] if isinstance(err, KeyError) else err  # KeyError's str() adds quotes
         return fail(f"fleet: --release/--releases/--prometheus: {msg}", EXIT_BAD_INPUT)
     try:  # FleetConfigError and a bad --identity-label are input errors: one line, exit 2
-        fleet = load_fleet(Path(args.fleet)) if args.fleet else FleetConfig()
+        fleet = fleet_config(args.fleet)
         ident = check_label_name(fleet.identity_label if args.identity_label is None else args.identity_label,
                                  "--identity-label")
     except InputError as err:

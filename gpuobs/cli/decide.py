@@ -135,15 +135,15 @@ def add_drive_options(p: argparse.ArgumentParser, bake_help: str) -> None:
 
 
 def add_decision_commands(sub: argparse._SubParsersAction, parent: argparse.ArgumentParser, driver: Driver,
-                          status: Callable[[argparse.Namespace], int], bare_key_errors: bool = False) -> None:
+                          status: Callable[[argparse.Namespace], int]) -> None:
     """Add ``status``, ``resume``, ``abort``, ``pause`` and ``promote`` to ``sub``, each with
     ``parent``'s options and ``--id``; ``abort`` with ``--reason`` and ``--wait``, the decisions
     (``pause``, ``promote``, ``resume``) with ``--reason`` (required but for ``resume``) and
     ``--operator``. Help lines from ``driver.kind``. Handlers (``func(args) -> int``): ``status``
-    as given, the others :func:`resume_handler` (with ``bare_key_errors``), :func:`abort_handler`,
+    as given, the others :func:`resume_handler`, :func:`abort_handler`,
     :func:`pause_handler` and :func:`promote_handler` of ``driver``."""
     kind = driver.kind
-    handlers = {"status": status, "resume": resume_handler(driver, bare_key_errors), "abort": abort_handler(driver),
+    handlers = {"status": status, "resume": resume_handler(driver), "abort": abort_handler(driver),
                 "pause": pause_handler(kind), "promote": promote_handler(kind)}
     for name, helptext in (("status", kind.status_help), ("resume", kind.resume_help), ("abort", kind.abort_help),
                            ("pause", kind.pause_help), ("promote", PROMOTE_HELP)):
@@ -173,14 +173,13 @@ def checked_interval(args: argparse.Namespace) -> float:
 
 def timings(args: argparse.Namespace, interval: float) -> dict[str, Any]:
     """:class:`gpuobs.rollout.model.RolloutSpec`'s timing keywords from the options, seconds:
-    ``interval_s`` (given, from :func:`checked_interval`), ``stage_timeout_s``, ``settle_s`` (0 for
-    ``0`` / ``0s``), ``bake_s`` (default one interval; 0 for ``0`` / ``0s``), ``error_limit`` and
+    ``interval_s`` (given, from :func:`checked_interval`), ``stage_timeout_s``, ``settle_s`` (may be 0),
+    ``bake_s`` (default one interval; may be 0), ``error_limit`` and
     ``override_reason`` (stripped; empty without ``--override-freeze``). Raises ConfigError for a
     malformed duration."""
     return {"interval_s": interval, "stage_timeout_s": parse_duration(args.stage_timeout, "--stage-timeout"),
-            "settle_s": 0.0 if args.settle in ("0", "0s") else parse_duration(args.settle, "--settle"),
-            "bake_s": interval if args.bake is None else 0.0 if args.bake in ("0", "0s")
-            else parse_duration(args.bake, "--bake"),
+            "settle_s": parse_duration(args.settle, "--settle", allow_zero=True),
+            "bake_s": interval if args.bake is None else parse_duration(args.bake, "--bake", allow_zero=True),
             "error_limit": args.error_limit,
             "override_reason": (args.reason or "").strip() if args.override_freeze else ""}
 
@@ -251,6 +250,10 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
         stack = running_stack(args)
     except UsageError as err:
         return fail(err)
+    try:
+        client = PromClient(args.prometheus or stack.urls.prometheus)
+    except ValueError as exc:  # not an http(s) URL
+        return fail(f"--prometheus: {exc}")
     lock, store = RunLock(args.run_dir, kind.lock), RolloutStore(Path(args.run_dir) / kind.db)
     tr = tracing.setup(service_name=kind.service)
     try:
@@ -258,7 +261,6 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
             return fail(f"another {kind.group} controller holds {lock.path}; use `gpuobs {kind.group} status` or "
                         "`abort`")
         flag = parse_variant(spec.version if spec is not None else store.get(rid).version)[0] if kind.flags else None
-        client = PromClient(args.prometheus or stack.urls.prometheus)
         fleet = driver.fleet(stack, flag)
         ctl = driver.controller(store, fleet, PromSignals(client, shipped_fleet()), analyzer_factory(client, args.config),
                                 out=lambda line: print(line, flush=True), tracer=tr)
@@ -272,13 +274,19 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
         line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir), flag=flag)  # RolledBack/... -> Alertmanager
         if line:
             print(line, flush=True)
-        print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus), flush=True)
+        print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus, kind.group), flush=True)
         return EXIT_CODES[rec.state]
     except (UsageError, ConfigError, FleetError, KeyError) as err:
-        return fail(err.args[0] if isinstance(err, KeyError) else err)
+        return fail(problem(err))
     finally:
         lock.release()
         store.close()
+
+
+def problem(err: Exception) -> str:
+    """The one-line text of an error a handler prints: a KeyError's message as the store wrote it
+    (``str(KeyError)`` would wrap it in quotes), any other error's ``str``."""
+    return str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
 
 
 def note(args: argparse.Namespace, kind: Kind, store: RolloutStore, rid: str, flag: str | None = None) -> None:
@@ -349,7 +357,7 @@ def recorder(kind: Kind, fn: Callable[..., Any], verb: str) -> Callable[[argpars
         try:
             decide(args, kind, fn, verb)
         except (UsageError, KeyError) as err:
-            return fail(err.args[0] if isinstance(err, KeyError) else err)
+            return fail(problem(err))
         return 0
     handler.__doc__ = f"Handler of ``{kind.group} {verb.split()[0]}``: record it; the running controller acts on it."
     return handler
@@ -405,19 +413,17 @@ def hand_abort(run_dir: str | Path, kind: Kind, store: RolloutStore, rid: str, r
     return EXIT_CODES[rec.state] if rec.state in TERMINAL else 3
 
 
-def resume_handler(driver: Driver, bare_key_errors: bool = False) -> Callable[[argparse.Namespace], int]:
+def resume_handler(driver: Driver) -> Callable[[argparse.Namespace], int]:
     """The handler of ``<group> resume``: lift the pause of the ``--id`` or latest rollout (recorded);
     when no controller of its kind runs, continue it from its persisted state in this process
-    (:func:`drive`). Returns the exit code; 2 with one error line when there is no such rollout.
-    ``bare_key_errors``: an unknown ``--id`` prints the store's message bare (``flag resume``), not
-    quoted as ``str(KeyError)`` has it (``rollout resume``, like both groups' ``status`` and ``abort``)."""
+    (:func:`drive`). Returns the exit code; 2 with one error line when there is no such rollout."""
     kind = driver.kind
 
     def handler(args: argparse.Namespace) -> int:
         try:
             rec, handled = lift_pause(args, kind, decisions.resume)
         except (UsageError, KeyError) as err:
-            return fail(err.args[0] if bare_key_errors and isinstance(err, KeyError) else err)
+            return fail(problem(err))
         if handled:
             return 0
         return drive(driver, args, lambda ctl, rid: ctl.run(rid), rid=rec.id)
@@ -431,7 +437,7 @@ def ask_controller(args: argparse.Namespace, kind: Kind, store: RolloutStore, ri
     """:func:`hand_abort` showing the rollout's report (JSON with ``--json``) once it ended; None
     when no controller of ``kind`` runs."""
     return hand_abort(args.run_dir, kind, store, rid, reason, wait_s,
-                      lambda st, r: report(st, r, None, as_json=args.json))
+                      lambda st, r: report(st, r, None, as_json=args.json, group=kind.group))
 
 
 def abort_handler(driver: Driver) -> Callable[[argparse.Namespace], int]:
@@ -452,7 +458,7 @@ def abort_handler(driver: Driver) -> Callable[[argparse.Namespace], int]:
                     raise UsageError(f"{kind.noun} {rec.id} already ended {rec.state}; nothing to abort{hint}")
                 code = ask_controller(args, kind, store, rec.id, args.reason, wait_s)
         except (UsageError, ConfigError, KeyError) as err:
-            return fail(err)
+            return fail(problem(err))
         if code is not None:
             return code
         return drive(driver, args, lambda ctl, rid: ctl.abort(rid, args.reason), rid=rec.id)

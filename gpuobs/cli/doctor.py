@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpuobs.cli.common import env, pos_float
-from gpuobs.core.fleet import FleetConfig, load_fleet
+from gpuobs.cli.common import env, fleet_config, pos_float
+from gpuobs.core.fleet import FleetConfig
 from gpuobs.doctor import render, run
 from gpuobs.mixin.families import FAMILIES
 
@@ -55,8 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the checks and print the report; returns the exit code (errors raise and the CLI maps them)."""
-    # FleetConfigError is an InputError: the CLI prints it in one line, exit 2
-    fleet = load_fleet(Path(args.fleet)) if args.fleet else DEFAULT
+    fleet = fleet_config(args.fleet)  # FleetConfigError is an InputError: the CLI prints it in one line, exit 2
     report = run(args.prometheus, fleet, identity_label=args.identity_label, dcgm_selector=args.dcgm_selector,
                  vllm_selector=args.vllm_selector, skip=args.skip, timeout=args.timeout)
     print(render.as_json(report) if args.json else render.text(report, fixes=not args.no_fixes), end="")

@@ -52,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("name", metavar="NAME", help="flag key from the release catalogue, e.g. spec_decode")
     decide.add_drive_options(r, bake_help="SLO-page watch after 100%% (default: one interval)")
     r.set_defaults(func=run_rollout)
-    decide.add_decision_commands(sub, common, DRIVER, run_status, bare_key_errors=True)
+    decide.add_decision_commands(sub, common, DRIVER, run_status)
     k = sub.add_parser("kill", parents=[common], help="kill switch: NAME off on every node now, in one write")
     k.add_argument("name", metavar="NAME", help="flag key")
     k.add_argument("--reason", default="killed from the command line", help="recorded reason")
@@ -128,10 +128,10 @@ def run_status(args: argparse.Namespace) -> int:
         try:
             with decide.open_store(args.run_dir, decide.FLAG) as store:
                 rec = decide.pick(args, store, decide.FLAG)
-                print(report(store, rec.id, None, args.json, prometheus))
+                print(report(store, rec.id, None, args.json, prometheus, group="flag"))
                 printed = True
         except (UsageError, KeyError) as err:
-            return fail(err)
+            return fail(decide.problem(err))
     if args.json:
         return 0 if printed else fail(f"no flag rollout recorded in {args.run_dir}")
     ff = FlagFile(Path(args.run_dir) / FILE_NAME)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpuobs.cli.common import PORT, duration, env, fail, run_dir_default
+from gpuobs.cli.common import PORT, duration, env, fail, fleet_config, run_dir_default
 
 
 def cmd_pager(args: argparse.Namespace) -> int:
@@ -29,8 +29,7 @@ def cmd_pager(args: argparse.Namespace) -> int:
         return fail(f"--alertmanager-url {args.alertmanager_url!r}: expected an http:// or https:// URL")
     identity_label = None
     if args.fleet:  # FleetConfigError is an InputError: one line, exit 2
-        from gpuobs.core.fleet import load_fleet
-        identity_label = load_fleet(Path(args.fleet)).identity_label
+        identity_label = fleet_config(args.fleet).identity_label
     escalation = None
     if args.escalation_config:
         from gpuobs.pager.escalation import EscalationConfigError, load

@@ -95,5 +95,5 @@ def run_status(args: argparse.Namespace) -> int:
                     for line in lines:
                         print(f"  {line}", flush=True)
     except (UsageError, KeyError) as err:
-        return fail(err)
+        return fail(decide.problem(err))
     return 0

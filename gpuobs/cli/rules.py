@@ -39,9 +39,11 @@ def cmd_rules(args: argparse.Namespace) -> int:
         return fail(exc)
     if args.check:
         try:
-            current = Path(args.check).read_text()
+            current = Path(args.check).read_text(encoding="utf-8")
         except OSError as exc:
             return fail(f"--check {args.check}: {exc.strerror}")
+        except UnicodeDecodeError:
+            return fail(f"--check {args.check}: not a UTF-8 text file")
         if current != text:
             return fail(f"{args.check} is out of date; regenerate with `gpuobs rules render` (or `make rules`)",
                         EXIT_FAILURE)
@@ -56,6 +58,12 @@ def _fleet(args: argparse.Namespace):
     return load_fleet(Path(args.fleet)) if args.fleet else shipped_fleet()
 
 
+def _out_problem(args: argparse.Namespace, exc: OSError) -> str:
+    """One line for an output tree that cannot take the files (nothing was written: core.files.write_tree)."""
+    where = f"--out {args.out}" if args.out else "the output directory"
+    return f"{where}: cannot write {exc.filename or ''}: {exc.strerror or exc}; nothing was written"
+
+
 def _render(args: argparse.Namespace) -> int:
     from gpuobs.mixin.render import render
 
@@ -67,6 +75,8 @@ def _render(args: argparse.Namespace) -> int:
                                 slo_config=Path(args.slo_config) if args.slo_config else None)
     except InputError as exc:
         return fail(exc)
+    except OSError as exc:
+        return fail(_out_problem(args, exc))
     if stale:
         return fail("out of date (regenerate with `gpuobs rules render`"
                     + (f" --fleet {args.fleet}" if args.fleet else "") + (f" --out {args.out}" if args.out else "")
@@ -84,6 +94,8 @@ def _dashboards(args: argparse.Namespace) -> int:
         written, stale = write_dashboards(out, check=bool(args.check), cfg=_fleet(args))
     except InputError as exc:
         return fail(exc)
+    except OSError as exc:
+        return fail(_out_problem(args, exc))
     if stale:
         return fail(f"stale dashboards (regenerate with `gpuobs rules dashboards`): {', '.join(stale)}", EXIT_FAILURE)
     for path in written:
@@ -104,7 +116,10 @@ def _kubernetes(args: argparse.Namespace) -> int:
         fleet = _fleet(args)
     except InputError as exc:
         return fail(exc)
-    written, stale = write(cfg.horizon_s, cfg.interval_s, fleet, out, check=bool(args.check))
+    try:
+        written, stale = write(cfg.horizon_s, cfg.interval_s, fleet, out, check=bool(args.check))
+    except OSError as exc:
+        return fail(_out_problem(args, exc))
     if stale:
         return fail(f"stale Kubernetes manifests (regenerate with `gpuobs rules kubernetes`): {', '.join(stale)}",
                     EXIT_FAILURE)

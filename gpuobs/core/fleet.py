@@ -26,6 +26,7 @@ Errors: :class:`FleetConfigError` (an input error, exit 2) naming the field and 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,20 +162,26 @@ def parse_fleet(doc: object, source: str = "fleet config") -> FleetConfig:
                        paths=paths, xid_kernel_log=kl, slowdown_temp_c=float(temp), runbook_base=base.rstrip("/"))
 
 
-def load_fleet(path: Path) -> FleetConfig:
-    """Read and parse a fleet config file. Raises FleetConfigError (unreadable file, bad YAML, bad field)."""
+def load_fleet(path: Path, flag: str = "--fleet") -> FleetConfig:
+    """Read and parse a fleet config file; ``flag`` names where the path came from in errors (e.g.
+    ``--fleet (or GPUOBS_FLEET_CONFIG)``). Raises FleetConfigError (unreadable or not UTF-8 text, bad
+    YAML, bad field)."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise FleetConfigError(f"--fleet {path}: {exc.strerror}") from exc
+        raise FleetConfigError(f"{flag} {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise FleetConfigError(f"{flag} {path}: not a UTF-8 text file (expected YAML like prometheus/fleet.yaml)") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise FleetConfigError(f"--fleet {path}: not valid YAML ({yaml_problem(exc)})") from exc
+        raise FleetConfigError(f"{flag} {path}: not valid YAML ({yaml_problem(exc)})") from exc
     return parse_fleet(doc, str(path))
 
 
+@functools.lru_cache(maxsize=1)
 def shipped_fleet() -> FleetConfig:
     """The shipped fleet config (``prometheus/fleet.yaml``), what the repository's generated files and the
-    local stack use. Raises FleetConfigError if it was edited into an invalid one."""
+    local stack use (its scrape config labels every target with this identity label); read once per
+    process. Raises FleetConfigError if it was edited into an invalid one."""
     return load_fleet(assets.path(SHIPPED_FLEET))

@@ -22,6 +22,7 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuobs.core.fleet import shipped_fleet
 from gpuobs.exporter.exposition import label_string, render
 from gpuobs.exporter.sim import k8s
 from gpuobs.exporter.sim.mig import MigProfile
@@ -36,11 +37,12 @@ FILE_SD_JOBS = {"dcgm": "dcgm", "vllm": "vllm", "logwatch": "logwatch"}
 
 def file_sd_labels(kind: str, node: str) -> dict[str, str]:
     """Labels ``gpuobs stack up`` gives a file_sd target of page ``kind`` (``dcgm``/``vllm``/``logwatch``) besides
-    ``job``/``instance``: ``node``, and on vLLM targets also ``Hostname`` (the vLLM page has no host
-    label of its own; the DCGM page brings one, which a target label would rename)."""
+    ``job``/``instance``: the shipped fleet config's identity label (``node``), and on vLLM targets also
+    ``Hostname`` (the vLLM page has no host label of its own; the DCGM page brings one, which a target
+    label would rename)."""
     if kind not in FILE_SD_JOBS:
         raise ValueError(f"target kind must be one of {', '.join(FILE_SD_JOBS)}, got {kind!r}")
-    return {"node": node, **({"Hostname": node} if kind == "vllm" else {})}
+    return {shipped_fleet().identity_label: node, **({"Hostname": node} if kind == "vllm" else {})}
 
 
 def target_labels(kind: str, scrape_mode: str, node: str, address: str, pod: str = "") -> dict[str, str]:

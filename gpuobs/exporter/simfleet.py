@@ -22,6 +22,7 @@ import yaml
 
 from gpuobs.core import log
 from gpuobs.core.files import atomic_write
+from gpuobs.core.fleet import shipped_fleet
 from gpuobs.exporter.collectors.dcgm import DcgmCollector, K8sMap
 from gpuobs.exporter.collectors.vllm import EngineCollector
 from gpuobs.exporter.server import NodeServer
@@ -188,7 +189,7 @@ class SimFleet:
         try:
             groups = json.loads(path.read_text())
             for g in groups:
-                old_new = changed.get(g.get("labels", {}).get("node"))
+                old_new = changed.get(g.get("labels", {}).get(shipped_fleet().identity_label))
                 if old_new and g["labels"].get("pod") == old_new[0]:
                     g["labels"]["pod"] = old_new[1]
             atomic_write(path, json.dumps(groups, indent=2) + "\n")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuobs.core import assets
-from gpuobs.core.files import atomic_write
+from gpuobs.core.files import stale_files, write_tree
 from gpuobs.reference.dcgm_exporter import THROTTLE_BITS
 
 if TYPE_CHECKING:
@@ -591,13 +591,7 @@ def write_dashboards(out: Path | None = None, check: bool = False,
     """Write every dashboard for ``cfg`` into ``out`` (default: the asset root's ``grafana/dashboards``),
     or with ``check`` write nothing and list the files that differ. Returns ``(written paths, stale names)``."""
     out = out or assets.path("grafana/dashboards")
-    written, stale = [], []
-    for name, text in render_all(cfg).items():
-        path = out / name
-        if check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            atomic_write(path, text)
-            written.append(path)
-    return written, stale
+    files = render_all(cfg)
+    if check:
+        return [], stale_files(out, files)
+    return write_tree(out, files), []

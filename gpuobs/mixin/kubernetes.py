@@ -34,7 +34,7 @@ import yaml
 
 from gpuobs import __version__
 from gpuobs.core import assets
-from gpuobs.core.files import atomic_write
+from gpuobs.core.files import stale_files, write_tree
 from gpuobs.core.fleet import FleetConfig
 from gpuobs.mixin.render import render_all
 
@@ -483,16 +483,9 @@ def write(horizon_s: float, interval_s: float, fleet: FleetConfig, out: Path | N
     checkout or asset root), or with ``check`` write nothing and list the stale or missing ones. Returns
     (written, stale)."""
     out = out or assets.root() / "deploy" / "kubernetes"
-    written, stale = [], []
-    for rel, text in render(horizon_s, interval_s, fleet).items():
-        path = out / rel
-        if check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(rel)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, text)
-            written.append(path)
-    return written, stale
+    files = render(horizon_s, interval_s, fleet)
+    if check:
+        return [], stale_files(out, files)
+    return write_tree(out, files), []
 
 

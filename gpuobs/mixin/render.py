@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuobs.core import assets
-from gpuobs.core.files import atomic_write
+from gpuobs.core.files import stale_files, write_tree
 from gpuobs.mixin.alertmanager import render_alertmanager
 from gpuobs.core.fleet import SHIPPED_FLEET, FleetConfig, load_fleet
 from gpuobs.mixin.gpu_rules import FILES, Rules
@@ -58,16 +58,12 @@ def render(fleet: Path | None = None, out: Path | None = None, check: bool = Fal
            slo_config: Path | None = None) -> tuple[list[Path], list[str]]:
     """Render for the fleet config ``fleet`` (default: the shipped one) into ``out`` (default: the
     asset root). With ``check`` write nothing and list the files that differ or are missing.
-    Returns ``(written paths, stale relative paths)``."""
+    Returns ``(written paths, stale relative paths)``. Raises FleetConfigError / SloConfigError for a bad
+    config and OSError when ``out`` cannot take the files (before anything is written, see
+    :func:`gpuobs.core.files.write_tree`)."""
     cfg = load_fleet(fleet or assets.path(SHIPPED_FLEET))
     root = out or assets.root()
-    written, stale = [], []
-    for rel, text in render_all(cfg, slo_config).items():
-        path = root / rel
-        if check:
-            if not path.is_file() or path.read_text() != text:
-                stale.append(rel)
-        else:
-            atomic_write(path, text)
-            written.append(path)
-    return written, stale
+    files = render_all(cfg, slo_config)
+    if check:
+        return [], stale_files(root, files)
+    return write_tree(root, files), []

@@ -61,11 +61,12 @@ def _majority(versions: Any, exclude: str) -> str | None:
 
 
 def report(store: RolloutStore, rid: str, fleet: Fleet | None = None, as_json: bool = False,
-           prometheus: str | None = None) -> str:
+           prometheus: str | None = None, group: str = "rollout") -> str:
     """Rollout ``rid``'s report: state, reason, stage table, deploy log, live fleet versions (when a
     fleet is given: its ``version(host)`` per planned host) and the deciding canary verdict table;
     or, with ``as_json``, all of it as one JSON object (:func:`report_doc`; ``prometheus`` is
-    recorded there for the HTML report). Raises KeyError for an unknown ``rid``."""
+    recorded there for the HTML report). ``group``: the command group whose ``resume``/``promote``
+    a paused rollout's line names (``rollout`` or ``flag``). Raises KeyError for an unknown ``rid``."""
     rec = store.get(rid)
     spec = RolloutSpec.from_dict(rec.spec)
     stages = store.stages(rid)
@@ -83,7 +84,7 @@ def report(store: RolloutStore, rid: str, fleet: Fleet | None = None, as_json: b
              f"reason: {rec.reason or '-'}"]
     if rec.paused and rec.state not in TERMINAL:
         lines.append(f"PAUSED by {rec.paused.get('operator')} at {_ts(rec.paused.get('ts'))}: "
-                     f"{rec.paused.get('reason')} (`gpuobs rollout resume` or `promote`)")
+                     f"{rec.paused.get('reason')} (`gpuobs {group} resume` or `promote`)")
     if rec.promote_request and rec.state not in TERMINAL:
         lines.append(f"promote pending, by {rec.promote_request.get('operator')} at "
                      f"{_ts(rec.promote_request.get('ts'))}: {rec.promote_request.get('reason')}")

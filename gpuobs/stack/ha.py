@@ -129,12 +129,13 @@ def assign_ports(cfg: HAConfig) -> dict[str, int]:
     return {n: base + i for i, n in enumerate(names)}
 
 
-def shard_relabel(shards: int, shard: int) -> list[dict]:
-    """relabel_configs that keep the targets of ``shard`` of ``shards``: shard key = ``node`` or, when a
-    target has none, ``__address__``; ``hashmod`` of it, keep the matching index (Prometheus docs,
-    relabel_config ``hashmod``/``keep``)."""
+def shard_relabel(shards: int, shard: int, identity_label: str) -> list[dict]:
+    """relabel_configs that keep the targets of ``shard`` of ``shards``: shard key = the fleet config's
+    ``identity_label`` or, when a target has none, ``__address__``; ``hashmod`` of it, keep the
+    matching index (Prometheus docs, relabel_config ``hashmod``/``keep``). The rule placement
+    (:func:`gpuobs.mixin.placement.place`) splits by the same label."""
     return [
-        {"source_labels": ["node"], "target_label": "__tmp_shard_key"},
+        {"source_labels": [identity_label], "target_label": "__tmp_shard_key"},
         # "<empty node>;<address>" -> the address; a target with a node keeps its node as the key.
         {"source_labels": ["__tmp_shard_key", "__address__"], "separator": ";", "regex": ";(.+)",
          "target_label": "__tmp_shard_key", "replacement": "$1"},
@@ -161,7 +162,8 @@ def render_replica(run: Path, base_cfg: Path, name: str, shard: int, replica: in
         if sc["job_name"] == "prometheus":
             sc["static_configs"] = [{"targets": [f"127.0.0.1:{ports[name]}"]}]
         else:
-            sc["relabel_configs"] = shard_relabel(cfg.shards, shard) + list(sc.get("relabel_configs") or [])
+            sc["relabel_configs"] = (shard_relabel(cfg.shards, shard, shipped_fleet().identity_label)
+                                      + list(sc.get("relabel_configs") or []))
     doc["scrape_configs"].append({"job_name": GLOBAL_JOB, "static_configs": [{"targets": [
         f"127.0.0.1:{ports['victoria-metrics']}", f"127.0.0.1:{ports['vmalert']}"]}]})
     path = run / name / "prometheus.yml"

@@ -15,6 +15,7 @@ import yaml
 
 from gpuobs.core import assets
 from gpuobs.core.files import atomic_write
+from gpuobs.core.fleet import shipped_fleet
 from gpuobs.exporter.scrape import file_sd_labels
 from gpuobs.exporter.sim import k8s
 from gpuobs.mixin.profile import profile_rules
@@ -45,7 +46,8 @@ def write_targets(run: Path, job: str, targets: list[tuple[str, int, dict[str, s
     # DCGM page brings its own, which a target label would clash with): serving alerts group and
     # inhibit by it. ServiceMonitor-shaped targets (they carry `service`) are left as Kubernetes gives them.
     doc = [{"targets": [f"127.0.0.1:{port}"],
-            "labels": {**(file_sd_labels(job, host) if "service" not in extra else {"node": host}), **extra}}
+            "labels": {**(file_sd_labels(job, host) if "service" not in extra
+                       else {shipped_fleet().identity_label: host}), **extra}}
            for host, port, extra in targets]
     path = run / "prometheus" / "targets" / f"{job}-nodes.json"
     atomic_write(path, json.dumps(doc, indent=2) + "\n")

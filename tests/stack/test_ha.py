@@ -92,7 +92,7 @@ def test_every_node_lands_on_exactly_one_shard_with_all_its_targets(tmp_path, sh
 
 
 def test_a_target_without_node_is_sharded_by_address():
-    rules = ha.shard_relabel(4, 2)
+    rules = ha.shard_relabel(4, 2, "node")
     assert rules[1] == {"source_labels": ["__tmp_shard_key", "__address__"], "separator": ";", "regex": ";(.+)",
                         "target_label": "__tmp_shard_key", "replacement": "$1"}
     assert rules[-1] == {"source_labels": ["__tmp_shard"], "regex": "2", "action": "keep"}

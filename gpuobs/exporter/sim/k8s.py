@@ -13,6 +13,7 @@ gpuobs's shipped relabelling adds ``node`` from ``__meta_kubernetes_pod_node_nam
 
 from __future__ import annotations
 
+from gpuobs.core.fleet import shipped_fleet
 from gpuobs.exporter.sim.identity import DCGM_EXPORTER_DAEMONSET, pod_suffix
 
 SCRAPE_MODES = ("file_sd", "servicemonitor")
@@ -52,7 +53,8 @@ def pod_map(nodes: list[tuple[str, int, str]], gpus: int, seed: int,
 
 
 def target_labels(kind: str, node: str, address: str, pod: str) -> dict[str, str]:
-    """Target labels of one page under a ServiceMonitor scrape plus gpuobs's ``node`` relabelling.
+    """Target labels of one page under a ServiceMonitor scrape plus gpuobs's relabelling of the node into
+    the shipped fleet config's identity label (``node``).
 
     ``kind``: ``dcgm`` or ``vllm``; ``pod``: the scraped pod (the exporter's, or the engine's).
     Raises ValueError for another kind.
@@ -60,5 +62,5 @@ def target_labels(kind: str, node: str, address: str, pod: str) -> dict[str, str
     if kind not in ("dcgm", "vllm"):
         raise ValueError(f"target kind must be dcgm or vllm, got {kind!r}")
     service = DCGM_SERVICE if kind == "dcgm" else ENGINE_SERVICE
-    return {**service, "pod": pod, "instance": address, "node": node}
+    return {**service, "pod": pod, "instance": address, shipped_fleet().identity_label: node}
 

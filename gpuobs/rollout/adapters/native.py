@@ -14,13 +14,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpuobs.core.fleet import shipped_fleet
 from gpuobs.promapi.exporter_admin import AdminClient, AdminError
 from gpuobs.rollout.interfaces import FleetError
 from gpuobs.stack.render import write_targets
 from gpuobs.stack.state import StackState
 
 JOBS = ("dcgm", "vllm")
-_HOST_LABELS = ("node", "Hostname", "track")  # written by write_targets itself, or by us
+_HOST_LABELS = ("Hostname", "track")  # written by write_targets itself (with the identity label), or by us
 
 
 class StackFleet:
@@ -67,8 +68,9 @@ class StackFleet:
             path = self.run / "prometheus" / "targets" / f"{job}-nodes.json"
             try:
                 groups = json.loads(path.read_text())
-                snap[job] = [[g["labels"]["node"], int(t.rsplit(":", 1)[1]),
-                              {k: v for k, v in g["labels"].items() if k not in _HOST_LABELS}]
+                ident = shipped_fleet().identity_label
+                snap[job] = [[g["labels"][ident], int(t.rsplit(":", 1)[1]),
+                              {k: v for k, v in g["labels"].items() if k not in (ident, *_HOST_LABELS)}]
                              for g in groups for t in g["targets"]]
             except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
                 raise FleetError(f"cannot read the {job} targets in {path}: {exc}") from None
