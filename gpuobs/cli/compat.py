@@ -28,7 +28,7 @@ from gpuobs.compat.gate import (
 from gpuobs.compat.upgrade_plan import UpgradePlan, load_inventory, plan_driver_upgrade
 from gpuobs.core.errors import EXIT_USAGE as EXIT_BAD_INPUT  # noqa: E402
 from gpuobs.core.errors import InputError
-from gpuobs.core.fleet import check_label_name
+from gpuobs.core.fleet import check_label_name, parse_matchers
 from gpuobs.promapi.prometheus import PromClient, PrometheusError
 from gpuobs.reference.compat import parse_driver
 from gpuobs.reference.releases import CatalogueError, load
@@ -205,10 +205,11 @@ def run_fleet(args: argparse.Namespace) -> int:
         fleet = fleet_config(args.fleet)
         ident = check_label_name(fleet.identity_label if args.identity_label is None else args.identity_label,
                                  "--identity-label")
+        selector = fleet.dcgm_selector if args.selector is None else ",".join(parse_matchers(args.selector, "--selector"))
     except InputError as err:
         return fail(f"fleet: {err}", EXIT_BAD_INPUT)
     try:
-        rows = inventory(client, fleet.dcgm_selector if args.selector is None else args.selector, ident)
+        rows = inventory(client, selector, ident)
     except PrometheusError as err:  # a rejected query is the user's (2), an unreachable backend a failure (1)
         return fail(f"fleet: {err}", err.exit_code)
     report = judge_fleet(rows, release, ptx_jit=args.ptx_jit, cuda_compat=args.cuda_compat)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import re
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +49,7 @@ DEFAULT_DCGM_SELECTOR = 'job=~"dcgm|.*dcgm-exporter.*"'
 DEFAULT_VLLM_SELECTOR = 'job=~"vllm|.*vllm.*"'
 
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_MATCHER = re.compile(r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*')
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
 
 
 class FleetConfigError(InputError):
@@ -82,41 +83,64 @@ def check_label_name(text: str, flag: str) -> str:
     return text
 
 
-def _selector(value: object, name: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise FleetConfigError(f"selectors.{name}: expected PromQL label matchers like 'job=~\"dcgm|.*dcgm-exporter.*\"'; "
-                               f"got {value!r}")
-    parts = _split_matchers(value)
-    for part in parts:
-        if not _MATCHER.fullmatch(part):
-            raise FleetConfigError(f"selectors.{name}: {part.strip()!r} is not a label matcher "
-                                   '(name, one of = != =~ !~, and a double-quoted value)')
-    return ", ".join(p.strip() for p in parts)
+def parse_matchers(text: object, field: str) -> list[str]:
+    """The label matchers of a target selector (``job="dcgm"``, ``job=~"a|b", namespace="gpu"`` or the
+    same in braces), each normalised to ``name OP "value"``: the one grammar of the fleet config's
+    selectors, doctor's and compat's selector flags. Raises FleetConfigError (an input error) naming
+    ``field`` when it is not a non-empty list of matchers (OP one of ``=``, ``!=``, ``=~``, ``!~``; the
+    value double-quoted) or when it matches on ``__name__`` (a selector picks targets, not metrics)."""
+    body = text.strip() if isinstance(text, str) else ""
+    if body.startswith("{") and body.endswith("}"):
+        body = body[1:-1]
+    body = body.strip().rstrip(",")
+    parts, pos = [], 0
+    while pos < len(body):
+        m = _MATCHER.match(body, pos)
+        if not m:
+            break
+        if m.group(1) == "__name__":
+            raise FleetConfigError(f"{field}: selects targets, not metrics; drop the __name__ matcher from {text!r}")
+        parts.append(f'{m.group(1)}{m.group(2)}"{m.group(3)}"')
+        pos = m.end()
+        if pos < len(body):
+            if body[pos] != ",":
+                break
+            pos += 1
+    if not parts or pos < len(body):
+        raise FleetConfigError(f'{field}: expected label matchers such as job="dcgm" or {{job=~"a|b",namespace="gpu"}} '
+                               f'(operators =, !=, =~, !~; values in double quotes), got {text!r}')
+    return parts
 
 
-def _split_matchers(text: str) -> list[str]:
-    """Split ``a="x", b=~"y,z"`` on the commas outside quotes."""
-    parts, cur, quoted, esc = [], "", False, False
-    for ch in text:
-        if esc:
-            cur, esc = cur + ch, False
-            continue
-        if ch == "\\":
-            cur, esc = cur + ch, True
-            continue
-        if ch == '"':
-            quoted = not quoted
-        if ch == "," and not quoted:
-            parts.append(cur)
-            cur = ""
-            continue
-        cur += ch
-    parts.append(cur)
-    return [p for p in parts if p.strip()]
+def _mapping(doc: dict, key: str, what: str) -> dict:
+    """``doc[key]`` as a mapping (absent or null: empty); FleetConfigError naming ``key`` otherwise."""
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FleetConfigError(f"{key}: expected {what}; got {value!r}")
+    return value
+
+
+def _runbook_base(value: object) -> str:
+    """An http(s) base URL with a host and no query, fragment, whitespace or template braces (runbook
+    links are ``<base>/runbooks/<file>.md#<anchor>``), without its trailing slash."""
+    try:
+        parts = urlsplit(value) if isinstance(value, str) and not re.search(r"[\s{}]", value) else None
+        host = parts.hostname if parts else None
+        _ = parts.port if parts else None  # raises for a port out of range
+    except ValueError:  # e.g. an unbalanced IPv6 bracket, port 99999
+        parts = host = None
+    if not (parts and parts.scheme in ("http", "https") and host and "?" not in value and "#" not in value):
+        raise FleetConfigError("runbook_base: expected an http(s) URL with a host and no query, fragment, spaces "
+                               f"or braces, e.g. https://runbooks.example; got {value!r}")
+    return value.rstrip("/")
 
 
 def parse_fleet(doc: object, source: str = "fleet config") -> FleetConfig:
-    """A FleetConfig from a parsed YAML document. Raises FleetConfigError naming the bad field."""
+    """A FleetConfig from a parsed YAML document (an empty document is the default config; a field left
+    out takes :class:`FleetConfig`'s default). Raises FleetConfigError naming the bad field."""
+    default = FleetConfig()
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -125,41 +149,37 @@ def parse_fleet(doc: object, source: str = "fleet config") -> FleetConfig:
     unknown = set(doc) - known
     if unknown:
         raise FleetConfigError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(known))}")
-    ident = doc.get("identity_label", "node")
+    ident = doc.get("identity_label", default.identity_label)
     if not isinstance(ident, str) or not _LABEL.fullmatch(ident) or ident.startswith("__"):
         raise FleetConfigError(f"identity_label: expected a Prometheus label name like node; got {ident!r}")
     if ident in ("Hostname", "hostname"):
         raise FleetConfigError(f"identity_label: {ident!r} is dcgm-exporter's own host label, which may be a pod name, "
                                "'localhost' or absent; use a label the scrape config sets (e.g. node)")
-    sel = doc.get("selectors") or {}
-    if not isinstance(sel, dict) or set(sel) - {"dcgm", "vllm"}:
+    sel = _mapping(doc, "selectors", "a mapping with keys dcgm and/or vllm")
+    if set(sel) - {"dcgm", "vllm"}:
         raise FleetConfigError("selectors: expected a mapping with keys dcgm and/or vllm")
-    paths = {f: "both" for f in PATH_FAMILIES}
-    given = doc.get("paths") or {}
-    if not isinstance(given, dict):
-        raise FleetConfigError(f"paths: expected a mapping of family -> {'|'.join(PATH_CHOICES)}")
+    paths = dict(default.paths)
+    given = _mapping(doc, "paths", f"a mapping of family -> {'|'.join(PATH_CHOICES)}")
     for fam, choice in given.items():
         if fam not in PATH_FAMILIES:
             raise FleetConfigError(f"paths.{fam}: unknown family; allowed: {', '.join(PATH_FAMILIES)}")
         if choice not in PATH_CHOICES:
             raise FleetConfigError(f"paths.{fam}: expected one of {', '.join(PATH_CHOICES)}; got {choice!r}")
         paths[fam] = choice
-    kl = doc.get("xid_kernel_log", False)
+    kl = doc.get("xid_kernel_log", default.xid_kernel_log)
     if not isinstance(kl, bool):
         raise FleetConfigError(f"xid_kernel_log: expected true or false; got {kl!r}")
-    gpu = doc.get("gpu") or {}
-    if not isinstance(gpu, dict) or set(gpu) - {"slowdown_temp_c"}:
+    gpu = _mapping(doc, "gpu", "a mapping with key slowdown_temp_c")
+    if set(gpu) - {"slowdown_temp_c"}:
         raise FleetConfigError("gpu: expected a mapping with key slowdown_temp_c")
-    temp = gpu.get("slowdown_temp_c", 87)
+    temp = gpu.get("slowdown_temp_c", default.slowdown_temp_c)
     if isinstance(temp, bool) or not isinstance(temp, (int, float)) or not 40 <= temp <= 120:
         raise FleetConfigError(f"gpu.slowdown_temp_c: expected degrees C between 40 and 120; got {temp!r}")
-    base = doc.get("runbook_base", RUNBOOK_BASE)
-    if not isinstance(base, str) or not re.match(r"https?://", base):
-        raise FleetConfigError(f"runbook_base: expected an http(s) URL; got {base!r}")
     return FleetConfig(identity_label=ident,
-                       dcgm_selector=_selector(sel.get("dcgm", DEFAULT_DCGM_SELECTOR), "dcgm"),
-                       vllm_selector=_selector(sel.get("vllm", DEFAULT_VLLM_SELECTOR), "vllm"),
-                       paths=paths, xid_kernel_log=kl, slowdown_temp_c=float(temp), runbook_base=base.rstrip("/"))
+                       dcgm_selector=", ".join(parse_matchers(sel.get("dcgm", default.dcgm_selector), "selectors.dcgm")),
+                       vllm_selector=", ".join(parse_matchers(sel.get("vllm", default.vllm_selector), "selectors.vllm")),
+                       paths=paths, xid_kernel_log=kl, slowdown_temp_c=float(temp),
+                       runbook_base=_runbook_base(doc.get("runbook_base", default.runbook_base)))
 
 
 def load_fleet(path: Path, flag: str = "--fleet") -> FleetConfig:
@@ -176,7 +196,11 @@ def load_fleet(path: Path, flag: str = "--fleet") -> FleetConfig:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise FleetConfigError(f"{flag} {path}: not valid YAML ({yaml_problem(exc)})") from exc
-    return parse_fleet(doc, str(path))
+    try:
+        return parse_fleet(doc, str(path))
+    except FleetConfigError as exc:  # name the file (and where it came from) before the field
+        message = str(exc)
+        raise FleetConfigError(message if message.startswith(str(path)) else f"{flag} {path}: {message}") from None
 
 
 @functools.lru_cache(maxsize=1)

@@ -18,6 +18,7 @@ from typing import Iterable, Mapping
 
 from gpuobs.core.errors import InputError
 from gpuobs.doctor.fixes import LEGACY_NAMES
+from gpuobs.core.fleet import parse_matchers
 from gpuobs.mixin.families import FAMILIES, Family
 from gpuobs.promapi.prometheus import PromClient
 
@@ -31,31 +32,10 @@ TargetKey = tuple[str, str]  # (job, instance)
 
 
 def parse_selector(text: str, flag: str) -> str:
-    """Normalise a selector (``job="dcgm"`` or ``{job="dcgm", namespace="x"}``) to ``m1,m2``.
-
-    Raises :class:`InputError` (exit 2) naming ``flag`` when it is not a non-empty list of label matchers
-    ``name OP "value"`` (OP one of ``=``, ``!=``, ``=~``, ``!~``) or when it matches on ``__name__``."""
-    body = text.strip()
-    if body.startswith("{") and body.endswith("}"):
-        body = body[1:-1]
-    parts, pos = [], 0
-    body = body.strip().rstrip(",")
-    while pos < len(body):
-        m = _MATCHER.match(body, pos)
-        if not m:
-            break
-        if m.group(1) == "__name__":
-            raise InputError(f"{flag}: selects targets, not metrics; drop the __name__ matcher from {text!r}")
-        parts.append(f'{m.group(1)}{m.group(2)}"{m.group(3)}"')
-        pos = m.end()
-        if pos < len(body):
-            if body[pos] != ",":
-                break
-            pos += 1
-    if not parts or pos < len(body):
-        raise InputError(f'{flag}: expected label matchers such as job="dcgm" or {{job=~"a|b",namespace="gpu"}} '
-                         f'(operators =, !=, =~, !~; values in double quotes), got {text!r}')
-    return ",".join(parts)
+    """Normalise a selector (``job="dcgm"`` or ``{job="dcgm", namespace="x"}``) to ``m1,m2`` in the fleet
+    config's grammar (:func:`gpuobs.core.fleet.parse_matchers`). Raises an InputError (exit 2) naming
+    ``flag`` when it is not a non-empty list of label matchers or when it matches on ``__name__``."""
+    return ",".join(parse_matchers(text, flag))
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,13 @@ def test_fleet_inventory_follows_the_fleet_config(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "identity_label" in err and "Traceback" not in err
         assert len(prom.responder.queries) == 1
+
+
+def test_a_selector_that_is_not_label_matchers_is_refused_before_any_query(capsys):
+    with FakePrometheus(inventory_responder([])) as prom:
+        for bad in ('} or vector(1) or {a="b"', "job", "", '__name__="up"'):
+            assert cli(["compat", "fleet", "--prometheus", prom.url, "--release", "1.5.0", "--selector", bad]) == 2
+            err = capsys.readouterr().err
+            assert "--selector" in err and err.count("\n") == 1, (bad, err)
+        assert prom.responder.queries == []
+        assert cli(["compat", "fleet", "--prometheus", prom.url, "--release", "1.5.0", "--timeout", "0"]) == 2

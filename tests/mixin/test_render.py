@@ -103,6 +103,19 @@ def test_every_fleet_config_variant_renders_rules_promtool_accepts(tmp_path, pat
     ({"xid_kernel_log": "yes"}, "xid_kernel_log"),
     ({"gpu": {"slowdown_temp_c": 500}}, "gpu.slowdown_temp_c"),
     ({"identity": "node"}, "unknown field"),
+    ({"selectors": ""}, "selectors"),                      # falsy values of the wrong type are not defaults
+    ({"selectors": False}, "selectors"),
+    ({"paths": []}, "paths"),
+    ({"gpu": 0}, "gpu"),
+    ({"selectors": {"dcgm": '__name__="up"'}}, "selectors.dcgm"),
+    ({"selectors": {"dcgm": '} or vector(1) or {a="b"'}}, "selectors.dcgm"),
+    ({"runbook_base": "http://"}, "runbook_base"),         # no host
+    ({"runbook_base": "http://x y"}, "runbook_base"),
+    ({"runbook_base": "https://example.com/a#frag"}, "runbook_base"),
+    ({"runbook_base": "https://example.com/?q=1"}, "runbook_base"),
+    ({"runbook_base": "http://x/{{ $labels.node }}"}, "runbook_base"),
+    ({"runbook_base": "http://["}, "runbook_base"),
+    ({"runbook_base": "ftp://x"}, "runbook_base"),
 ])
 def test_bad_fleet_config_names_the_field(doc, field):
     with pytest.raises(FleetConfigError, match=re.escape(field)):
@@ -240,3 +253,36 @@ def test_a_non_default_fleet_config_reaches_every_generated_file():
         if rel.startswith("prometheus/rules/"):
             assert "https://runbooks.example/runbooks/" in text, rel
     assert "k8s_node" in rendered["alertmanager/alertmanager.yml"]
+
+
+def test_fleet_selectors_take_braces_and_defaults_come_from_the_type():
+    cfg = parse_fleet({"selectors": {"dcgm": '{job="a", namespace=~"gpu-.*"}'},
+                       "runbook_base": "https://runbooks.example/base/"})
+    assert cfg.dcgm_selector == 'job="a", namespace=~"gpu-.*"'
+    assert cfg.runbook_base == "https://runbooks.example/base"
+    assert parse_fleet({}) == parse_fleet(None) == FleetConfig()
+
+
+def test_a_field_error_in_a_fleet_file_names_the_file(tmp_path):
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text("selectors:\n  vllm: 'job=vllm'\n")
+    with pytest.raises(FleetConfigError, match=r"^--fleet .*fleet\.yaml: selectors\.vllm: "):
+        load_fleet(bad)
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(FleetConfigError, match="not a UTF-8 text file"):
+        load_fleet(bad, "--fleet (or GPUOBS_FLEET_CONFIG)")
+
+
+@pytest.mark.parametrize("make_out", ["file", "dir_in_place_of_a_folder"])
+def test_render_into_a_place_that_cannot_take_it_writes_nothing(tmp_path, capsys, make_out):
+    out = tmp_path / "out"
+    if make_out == "file":
+        out.write_text("x")
+    else:
+        out.mkdir()
+        (out / "alertmanager").write_text("a file where a folder goes")
+    assert cli_run(["rules", "render", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "nothing was written" in err and "Traceback" not in err
+    if make_out != "file":
+        assert sorted(p.name for p in out.iterdir()) == ["alertmanager"]

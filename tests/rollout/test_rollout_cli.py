@@ -13,7 +13,7 @@ from gpuobs.promapi.prometheus import PromClient
 from gpuobs.rollout.adapters.native import StackFleet
 from gpuobs.rollout.adapters.prometheus import PromSignals
 from gpuobs.rollout.interfaces import FleetError
-from gpuobs.rollout.store import RunLock
+from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.stack.render import write_targets
 from gpuobs.stack.state import StackState
 from tests.conftest import TOKEN
@@ -114,6 +114,19 @@ def test_prom_signals_budget_pages_and_inventory():
 def test_start_usage_errors_exit_2(tmp_path, capsys, argv, needle):
     assert cli(["rollout", "start", "--run-dir", str(tmp_path), *argv]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_a_bad_prometheus_url_or_an_unknown_id_is_one_plain_line(tmp_path, capsys):
+    make_stack(tmp_path, [f"http://127.0.0.1:{9400 + i}/metrics" for i in range(4)])
+    assert cli(["rollout", "start", "--run-dir", str(tmp_path), "--version", "1.5.0",
+                "--prometheus", "ftp://x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--prometheus" in err and "Traceback" not in err
+    RolloutStore(tmp_path / "rollout.sqlite").close()
+    for argv in (["status"], ["abort"], ["resume"], ["pause", "--reason", "r"], ["promote", "--reason", "r"]):
+        assert cli(["rollout", *argv, "--run-dir", str(tmp_path), "--id", "nope"]) == 2
+        err = capsys.readouterr().err
+        assert "nope" in err and '"' not in err, (argv, err)  # the store's message, not a KeyError's repr
 
 
 def test_start_rejects_stages_without_a_baseline(tmp_path, capsys):
