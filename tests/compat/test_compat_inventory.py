@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpuobs.cli import run
 from gpuobs.compat.inventory import InventoryRow, judge_fleet
 from gpuobs.reference.releases import load
@@ -111,4 +113,6 @@ def test_a_selector_that_is_not_label_matchers_is_refused_before_any_query(capsy
             err = capsys.readouterr().err
             assert "--selector" in err and err.count("\n") == 1, (bad, err)
         assert prom.responder.queries == []
-        assert cli(["compat", "fleet", "--prometheus", prom.url, "--release", "1.5.0", "--timeout", "0"]) == 2
+        with pytest.raises(SystemExit) as exc:  # argparse's usage error
+            cli(["compat", "fleet", "--prometheus", prom.url, "--release", "1.5.0", "--timeout", "0"])
+        assert exc.value.code == 2 and "--timeout" in capsys.readouterr().err
