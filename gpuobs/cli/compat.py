@@ -182,8 +182,9 @@ def add_fleet_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--selector", default=None, metavar="MATCHERS",
                    help="label matchers of the inventory series, e.g. 'job=\"dcgm\"' (default: the fleet config's "
                         "DCGM selector)")
-    f.add_argument("--identity-label", default=None, metavar="LABEL",
-                   help="the label that names a node (default: the fleet config's identity label)")
+    f.add_argument("--identity-label", "--hostname-label", default=None, metavar="LABEL",
+                   help="the label that names a node (default: the fleet config's identity label; "
+                        "--hostname-label is its older spelling, which defaulted to dcgm-exporter's Hostname)")
     f.add_argument("--timeout", type=pos_float, default=10.0, metavar="S", help="per-request timeout, s (default 10)")
     f.add_argument("--retries", type=int, default=3, metavar="N",
                    help="retries on connection errors and 5xx, exponential backoff (default 3)")

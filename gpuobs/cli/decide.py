@@ -147,11 +147,12 @@ def add_decision_commands(sub: argparse._SubParsersAction, parent: argparse.Argu
                 "pause": pause_handler(kind), "promote": promote_handler(kind)}
     for name, helptext in (("status", kind.status_help), ("resume", kind.resume_help), ("abort", kind.abort_help),
                            ("pause", kind.pause_help), ("promote", PROMOTE_HELP)):
-        p = sub.add_parser(name, parents=[parent], help=helptext)
+        p = sub.add_parser(name, parents=[parent], help=helptext, description=helptext[:1].upper() + helptext[1:] + ".")
         p.add_argument("--id", help=f"{kind.noun} id (default: the latest)")
         if name == "abort":
             p.add_argument("--reason", default="aborted from the command line", help="recorded abort reason")
-            p.add_argument("--wait", default="120s", help="how long to wait for a running controller to finish")
+            p.add_argument("--wait", default="120s", metavar="DURATION",
+                           help="how long to wait for a running controller to finish, e.g. 90s, 5m (default %(default)s)")
         if name in ("pause", "promote", "resume"):
             p.add_argument("--reason", required=name != "resume", default="",
                            help="why (recorded with the decision" + (", required)" if name != "resume" else ")"))

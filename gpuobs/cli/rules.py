@@ -18,6 +18,9 @@ from gpuobs.core.errors import EXIT_FAILURE, InputError
 
 def cmd_rules(args: argparse.Namespace) -> int:
     """Dispatch on ``which``."""
+    if args.period and args.which != "slo":
+        return fail(f"--period applies to `gpuobs rules slo` only (the rendered slo.yml keeps prometheus/slo.yaml's "
+                    f"period); got it with {args.which!r}")
     if args.which == "render":
         return _render(args)
     if args.which == "dashboards":

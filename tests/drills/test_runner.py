@@ -31,8 +31,9 @@ class World:
     """Simulated clock plus what Prometheus and the pager show: GpuEccDoubleBitError fires ``fire_after``
     seconds after the injection, pages 5 s later, and resolves ``resolve_after`` seconds after the clear."""
 
-    def __init__(self, fire_after=40.0, resolve_after=50.0):
+    def __init__(self, fire_after=40.0, resolve_after=50.0, identity_label="node"):
         self.t, self.fire_after, self.resolve_after = T0, fire_after, resolve_after
+        self.identity_label, self.session_idents = identity_label, []
         self.injected = self.cleared = None
         self.polls = 0
         self.history_at, self.history_checks = T0, []  # when Prometheus holds the node's first scrapes
@@ -47,7 +48,7 @@ class World:
         self.t += s
 
     def _labels(self):
-        return {"alertname": "GpuEccDoubleBitError", "node": HOST, "gpu": "3", "severity": "critical"}
+        return {"alertname": "GpuEccDoubleBitError", self.identity_label: HOST, "gpu": "3", "severity": "critical"}
 
     def firing(self):
         if self.injected is None or self.t - self.injected < self.fire_after:
@@ -92,6 +93,7 @@ def world(monkeypatch):
 
     class Session:
         def __init__(self, state, ident):
+            w.session_idents.append(ident)
             self.admin = [Admin(w) for _ in HOSTS]
             self.alerts, self.pages = w.alerts, w.pages
 
@@ -209,3 +211,19 @@ def test_fire_deadline_expires_in_simulated_time(world, profile, deadline_s):
     waiting = [line for line in lines if "since injection, waiting for" in line]
     assert waiting[-1].endswith(f"waiting for GpuEccDoubleBitError to fire (give up at {deadline_s:.0f}s)")
     assert world.t - T0 == deadline_s  # nothing awaited after the clear: no alert was paged
+
+
+def test_the_drill_names_its_node_by_the_fleet_config_identity_label(world):
+    """The node's alerts are matched (and its history read) by the fleet config's identity label: on a
+    fleet labelled k8s_node an alert labelled k8s_node pages the drill; by default (node) it does not
+    count as this node's alert."""
+    from gpuobs.core.fleet import parse_fleet
+
+    world.identity_label = "k8s_node"
+    res = drill(world, fleet=parse_fleet({"identity_label": "k8s_node"}), wait_resolve=False)
+    assert res.ok and res.paged_s == 45.0 and world.session_idents == ["k8s_node"]
+    other = World(identity_label="k8s_node")
+    other.session_idents = world.session_idents
+    world.__dict__.update(other.__dict__)
+    res = drill(world, wait_resolve=False)
+    assert not res.ok and world.session_idents[-1] == "node"
