@@ -2,14 +2,20 @@
 and label hints.
 
 CSV lines: dcgm-exporter's counters-file format is ``DCGM FIELD, Prometheus metric type, help message``
-(``#`` starts a comment; Go ``encoding/csv``, fields trimmed). Every line below is the upstream line of
-NVIDIA/dcgm-exporter ``etc/default-counters.csv`` at tag ``4.5.3-4.8.2`` (commit 691c92762eb5; ``etc/``
-is unchanged on master d5e5f51), with the leading ``# `` removed where upstream ships it commented out
-and the column padding collapsed to one space, except the two fields that are in NO shipped CSV
-(:data:`NOT_IN_ANY_CSV`): DCGM field 112 ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS`` (dcgm-exporter's own
-``pkg/cmd/app.go`` watches it for DCGM_EXP_CLOCK_EVENTS_COUNT) and field 396
-``DCGM_FI_DEV_ROW_REMAP_PENDING``; their help texts are gpuobs's, as in
-``deploy/dcgm-exporter/recommended.csv``.
+(``#`` starts a comment; Go ``encoding/csv``, fields trimmed). Every line is the record of
+``deploy/dcgm-exporter/recommended.csv`` (the counters file gpuobs ships; read through
+:func:`gpuobs.reference.dcgm_exporter.recommended_counters`), so a suggested line and the shipped file
+never disagree. Those records are the upstream lines of NVIDIA/dcgm-exporter ``etc/default-counters.csv``
+at tag ``4.5.3-4.8.2`` (commit 691c92762eb5; ``etc/`` unchanged on master d5e5f51) with the leading ``# ``
+removed where upstream ships them commented out, except: the two fields in NO shipped CSV
+(:data:`NOT_IN_ANY_CSV`: DCGM field 112 ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``, which dcgm-exporter's own
+``pkg/cmd/app.go`` watches for DCGM_EXP_CLOCK_EVENTS_COUNT, and field 396 ``DCGM_FI_DEV_ROW_REMAP_PENDING``),
+whose help texts are gpuobs's; and ``DCGM_EXP_XID_ERRORS_COUNT``, which ``etc/default-counters.csv:40``
+declares a ``counter`` while dcgm-exporter's own tests declare and expect a ``gauge``
+(``internal/pkg/integration_test/collector_test.go`` around line 580 and its ``MetricType_GAUGE``
+assertion; ``tests/integration/testdata/default-counters.csv:37``, master d5e5f51). Its value is the
+count within a sliding window, which falls as events age out, so it is a gauge: declared a counter,
+``rate()`` would read every fall as a reset.
 
 Relabel snippets: Prometheus ``relabel_configs`` / ``kubernetes_sd_config`` (``__meta_kubernetes_pod_node_name``
 is set for pod, endpoints and endpointslice targets backed by a pod; prometheus.io configuration docs),
@@ -22,44 +28,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuobs.reference.dcgm_exporter import RECOMMENDED_CSV, recommended_counters
+
 #: Where the upstream lines come from.
 UPSTREAM_CSV = "NVIDIA/dcgm-exporter etc/default-counters.csv @ 4.5.3-4.8.2"
-#: The counters file gpuobs ships (stock fields + every field the enhanced paths read).
-RECOMMENDED_CSV = "deploy/dcgm-exporter/recommended.csv"
 
-#: metric -> the counters-file line that enables it.
-CSV_LINES: dict[str, str] = {
+#: The DCGM fields doctor can suggest a line for (every DCGM signal of every alert family).
+SUGGESTED_FIELDS = (
     # uncommented in the stock file (a fleet lacks them only if its counters file dropped them)
-    "DCGM_FI_DEV_SM_CLOCK": "DCGM_FI_DEV_SM_CLOCK, gauge, SM clock frequency (in MHz).",
-    "DCGM_FI_DEV_GPU_TEMP": "DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).",
-    "DCGM_FI_DEV_POWER_USAGE": "DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).",
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION":
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, counter, Total energy consumption since boot (in mJ).",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER, counter, Total number of PCIe retries.",
-    "DCGM_FI_DEV_GPU_UTIL": "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).",
-    "DCGM_FI_DEV_XID_ERRORS": "DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error encountered.",
-    "DCGM_FI_DEV_FB_FREE": "DCGM_FI_DEV_FB_FREE, gauge, Framebuffer memory free (in MiB).",
-    "DCGM_FI_DEV_FB_USED": "DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB).",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS":
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS, counter, Number of remapped rows for uncorrectable errors",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "DCGM_FI_DEV_ROW_REMAP_FAILURE, gauge, Whether remapping of rows has failed",
-    "DCGM_FI_DRIVER_VERSION": "DCGM_FI_DRIVER_VERSION, label, Driver Version",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, Ratio of cycles the tensor (HMMA) pipe is active.",
+    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DRIVER_VERSION", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
     # commented out in the stock file
-    "DCGM_FI_DEV_POWER_VIOLATION":
-        "DCGM_FI_DEV_POWER_VIOLATION, counter, Throttling duration due to power constraints (in ns).",
-    "DCGM_FI_DEV_THERMAL_VIOLATION":
-        "DCGM_FI_DEV_THERMAL_VIOLATION, counter, Throttling duration due to thermal constraints (in ns).",
-    "DCGM_EXP_XID_ERRORS_COUNT": "DCGM_EXP_XID_ERRORS_COUNT, counter, reported XIDs during last window",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, counter, Total number of double-bit volatile ECC errors.",
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL":
-        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, counter, Total number of NVLink flow-control CRC errors.",
-    "DCGM_FI_PROF_SM_ACTIVE": "DCGM_FI_PROF_SM_ACTIVE, gauge, The ratio of cycles an SM has at least 1 warp assigned.",
-    # in no shipped CSV (field ids 112 and 396); help texts are gpuobs's
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "DCGM_FI_DEV_CLOCKS_EVENT_REASONS, gauge, Current clock event reasons (bitmask).",
-    "DCGM_FI_DEV_ROW_REMAP_PENDING":
-        "DCGM_FI_DEV_ROW_REMAP_PENDING, gauge, Whether remapping of rows is pending (a GPU reset applies it)",
-}
+    "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_EXP_XID_ERRORS_COUNT",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_PROF_SM_ACTIVE",
+    # in no shipped CSV (field ids 112 and 396)
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_ROW_REMAP_PENDING",
+)
+#: metric -> the counters-file line that enables it: its record in recommended.csv.
+CSV_LINES: dict[str, str] = {f.name: f"{f.name}, {f.type}, {f.help}" for f in recommended_counters()
+                             if f.name in SUGGESTED_FIELDS}
 #: Stock-file lines (uncommented upstream).
 STOCK_FIELDS = frozenset({
     "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
@@ -100,7 +89,8 @@ def csv_fix(metrics: list[str]) -> Fix:
     Raises KeyError for a metric that is no DCGM field gpuobs knows a line for."""
     lines = [CSV_LINES[m] for m in metrics]
     extra = [m for m in metrics if m in NOT_IN_ANY_CSV]
-    src = UPSTREAM_CSV + (f"; {', '.join(extra)}: in no shipped CSV, help text gpuobs's" if extra else "")
+    src = f"{RECOMMENDED_CSV} (from {UPSTREAM_CSV})" + (f"; {', '.join(extra)}: in no shipped CSV, help text gpuobs's"
+                                                          if extra else "")
     return Fix("csv", f"add to the dcgm-exporter counters CSV (or use {RECOMMENDED_CSV})", "\n".join(lines), src)
 
 

@@ -68,7 +68,9 @@ FAMILIES: tuple[Family, ...] = (
                    "GpuKernelXidRepeated", "GpuKernelLogWatching"), True,
            stock=(Signal("DCGM_FI_DEV_XID_ERRORS", sparse=True),),
            enhanced=(Signal("DCGM_EXP_XID_ERRORS_COUNT", enable=CSV),),
-           alternatives=(Signal("gpuobs_xid_events_total", "agent", "run `gpuobs logwatch` on every GPU node"),),
+           # logwatch reading its source is the kernel-log path's signal: gpuobs_xid_events_total exists
+           # only after a node's first Xid, so keying on it called a watched, healthy node unwatched.
+           alternatives=(Signal("gpuobs_logwatch_source_up", "agent", "run `gpuobs logwatch` on every GPU node"),),
            runbook="xid.md",
            note="stock: a (GPU, err_code) series that was not there minutes ago (the gauge holds the last code); "
                 "enhanced: repeats of a code within the exporter's window, or every kernel-log Xid"),

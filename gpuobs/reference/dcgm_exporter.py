@@ -21,6 +21,8 @@ import functools
 from dataclasses import dataclass
 from importlib import resources
 
+from gpuobs.core import assets
+
 #: Prometheus types a counters file may name (dcgm-exporter ``promMetricType`` plus ``label``).
 COUNTER_TYPES = ("gauge", "counter", "histogram", "summary", "label")
 #: Clock-event reason bits of ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS`` (legacy name
@@ -80,6 +82,23 @@ def parse_counters(text: str, source: str = "counters file") -> list[CounterFiel
         seen.add(name)
         out.append(CounterField(name, mtype, help_text))
     return out
+
+
+#: The counters file gpuobs ships for fleets that can edit theirs (stock fields + every field the
+#: enhanced paths read), relative to the asset root (checkout or wheel).
+RECOMMENDED_CSV = "deploy/dcgm-exporter/recommended.csv"
+
+
+@functools.cache
+def recommended_counters() -> tuple[CounterField, ...]:
+    """Records of ``deploy/dcgm-exporter/recommended.csv``, in file order. Raises CountersError if it
+    cannot be read or is malformed."""
+    path = assets.path(RECOMMENDED_CSV)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CountersError(f"cannot read {path}: {exc}") from None
+    return tuple(parse_counters(text, str(path)))
 
 
 def _data(name: str) -> str:

@@ -56,7 +56,7 @@ def fleet(profile: str = "stock", nodes: int = 4, gpus: int = 2, host: str = "Ho
           node_label: bool = True, driver: bool | None = None, mig: dict[int, int] | None = None,
           engines: bool = True, training: bool = True, xid: dict[int, int] | None = None,
           per_node_fields: dict[int, tuple[str, ...]] | None = None, same_node: tuple[int, int] | None = None,
-          vllm_names: tuple[str, ...] = VLLM, down: tuple[int, ...] = ()) -> SeriesSet:
+          vllm_names: tuple[str, ...] = VLLM, down: tuple[int, ...] = (), logwatch: bool = False) -> SeriesSet:
     """A fleet's TSDB at one instant.
 
     ``profile``: stock / helm / recommended (recommended adds gpuobs's extras: allocator metrics and
@@ -66,7 +66,8 @@ def fleet(profile: str = "stock", nodes: int = 4, gpus: int = 2, host: str = "Ho
     DCGM_FI_DRIVER_VERSION label (default: not on helm); ``mig``: {gpu index: instances} on every node;
     ``xid``: {node index: code} of the last Xid; ``per_node_fields``: override the field list of some
     nodes; ``same_node``: (i, j) gives node j the node label of node i; ``down``: node indexes whose
-    DCGM target is down (up 0, no series)."""
+    DCGM target is down (up 0, no series); ``logwatch``: every node runs logwatch, which has read its
+    source and counted no Xid yet (``gpuobs_logwatch_source_up`` 1, no ``gpuobs_xid_events_total``)."""
     ts = SeriesSet()
     driver = profile != "helm" if driver is None else driver
     for i in range(nodes):
@@ -128,6 +129,10 @@ def fleet(profile: str = "stock", nodes: int = 4, gpus: int = 2, host: str = "Ho
                         ts.add(m, {"gpu": str(g), **target})
         if profile == "recommended":
             ts.add("gpuobs_node_expected_gpus", target, float(gpus))
+        if logwatch:
+            lw = {"job": "logwatch", "instance": f"10.0.0.{11 + i}:9500", **({"node": name} if node_label else {})}
+            ts.add("up", lw)
+            ts.add("gpuobs_logwatch_source_up", lw, 1.0)
         if is_training:
             for m in ("training_steps_total", "training_step_duration_seconds_count"):
                 ts.add(m, {**target, "rank": "0"})

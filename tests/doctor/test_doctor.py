@@ -365,11 +365,6 @@ def test_fix_csv_lines_are_well_formed_counters_file_records():
     assert not NOT_IN_ANY_CSV & set(STOCK_METRICS)
 
 
-#: Lines doctor prints that deploy/dcgm-exporter/recommended.csv words differently on purpose: doctor prints
-#: upstream's own (commented-out) default-counters.csv line, recommended.csv declares the windowed count a gauge.
-KNOWN_DIFFERENT = {"DCGM_EXP_XID_ERRORS_COUNT"}
-
-
 def test_fix_csv_lines_match_the_shipped_recommended_file():
     from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "deploy" / "dcgm-exporter" / "recommended.csv"
@@ -381,8 +376,8 @@ def test_fix_csv_lines_match_the_shipped_recommended_file():
             shipped[name] = f"{name}, {typ}, {help_text}"
     for metric, line in CSV_LINES.items():
         assert metric in shipped, f"{metric}: doctor asks for it, recommended.csv lacks it"
-        if metric not in KNOWN_DIFFERENT:
-            assert shipped[metric] == line, metric
+        assert shipped[metric] == line, metric  # no exception: the windowed Xid count is a gauge in both
+    assert CSV_LINES["DCGM_EXP_XID_ERRORS_COUNT"].split(", ")[1] == "gauge"
 
 
 def test_targets_sharing_an_identity_are_counted_apart():
@@ -436,3 +431,13 @@ def test_cli_fleet_config_gives_selectors_and_identity_label_flags_override_it(t
         assert cli(["doctor", "--prometheus", prom.url, "--fleet", str(fl)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--fleet" in err and "not valid YAML (line 3" in err, err
+
+
+def test_logwatch_reading_its_source_makes_the_xid_path_live_before_any_xid():
+    """A node whose logwatch reads its kernel log has a working Xid path although it has logged no Xid
+    yet (gpuobs_xid_events_total appears only with the first one): no "run gpuobs logwatch" fix."""
+    rep = doctor(fleet("stock", logwatch=True))
+    xid = family(rep, "xid")
+    assert xid.status == "live", xid.why
+    assert not any("gpuobs logwatch" in f.text for f in xid.fixes)
+    assert family(doctor(fleet("stock")), "xid").status == "degraded"

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuobs.core import assets
 from gpuobs.reference import dcgm_exporter as upstream
-from gpuobs.reference.dcgm_exporter import CounterField, CountersError, parse_counters
+from gpuobs.reference.dcgm_exporter import CounterField, recommended_counters
 
 PROFILES = ("stock", "helm", "recommended")
 HOST_LABEL_MODES = ("Hostname", "hostname", "localhost", "pod", "none")
@@ -40,8 +39,6 @@ CLOCK_EVENTS_NAMES = ("canonical", "legacy")
 #: Field 112's current and legacy names (DCGM 3.3 renamed "throttle reasons" to "clock events").
 CLOCK_EVENTS_FIELD = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
 CLOCK_EVENTS_LEGACY = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
-#: The recommended counters file, relative to the asset root (shipped in the wheel).
-RECOMMENDED_CSV = "deploy/dcgm-exporter/recommended.csv"
 
 
 @dataclass(frozen=True)
@@ -68,16 +65,6 @@ class ExporterProfile:
     def has(self, name: str) -> bool:
         """Whether the page carries field ``name`` (a metric or a label field)."""
         return any(c.name == name for c in self.counters)
-
-
-def recommended_counters() -> tuple[CounterField, ...]:
-    """Records of ``deploy/dcgm-exporter/recommended.csv``. Raises CountersError if it is malformed."""
-    path = assets.path(RECOMMENDED_CSV)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CountersError(f"cannot read {path}: {exc}") from None
-    return tuple(parse_counters(text, str(path)))
 
 
 def load(name: str = "stock", clock_events_name: str = "canonical") -> ExporterProfile:
