@@ -75,6 +75,36 @@ def test_engine_page_uses_vllm_names_buckets_and_parses(serving):
     assert promtool_problems(text) == []
 
 
+def test_engine_page_has_the_per_request_histograms_vllms_dashboard_plots():
+    """The five V1 per-request histograms (vllm/v1/metrics/loggers.py; vLLM's example dashboard's prompt
+    and generation length heatmaps, prefill/decode time, max generation tokens), consistent with the
+    token counters and the latency histograms of the same requests."""
+    import numpy as np
+
+    from gpuobs.exporter.sim.behaviour import Profile
+    from gpuobs.exporter.sim.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(rate_rps=20.0), seed=3)
+    for _ in range(30):
+        eng.advance(1.0, 1.0, 1.0, 1.0, Profile())
+    n = eng.ttft.count
+    assert n > 400
+    assert eng.prefill.count == eng.decode.count == eng.prompt_len.count == eng.generation_len.count == n
+    assert eng.prompt_len.sum == eng.prompt_tokens and eng.generation_len.sum == eng.generation_tokens
+    assert eng.prefill.sum + eng.queue.sum == pytest.approx(eng.ttft.sum)
+    assert eng.prefill.sum + eng.queue.sum + eng.decode.sum == pytest.approx(eng.e2e.sum)
+    assert eng.max_generation_len.sum == n * eng.cfg.max_tokens
+    les = [float(b) for b in eng.prompt_len.bounds]
+    assert les[:7] == [1, 2, 5, 10, 20, 50, 100] and les[-1] == 100_000  # build_1_2_5_buckets(131072)
+    assert np.array_equal(eng.prefill.bounds, eng.e2e.bounds)  # the request-latency buckets
+    text = render(EngineCollector(Node(NodeConfig(index=0, gpus=2, seed=2))).collect())
+    fams = families(text)
+    for name in ("vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:request_prompt_tokens",
+                 "vllm:request_generation_tokens", "vllm:request_max_num_generation_tokens"):
+        assert fams[name].type == "histogram", name
+    assert promtool_problems(text) == []
+
+
 def test_training_page_has_per_rank_series(training):
     fams = families(render(DcgmCollector(training).collect()))
     ranks = sorted(int(s.labels["rank"]) for s in fams["training_mfu_ratio"].samples)

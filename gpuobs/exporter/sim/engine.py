@@ -10,7 +10,13 @@ generation length (lognormal), a queue time, a TTFT and per-token inter-token la
 * the deployed release's hidden profile combined with those of the feature flags that are on
   (TTFT/ITL multipliers, added error ratio, added error ratio on long prompts).
 
-Metric names, types and bucket boundaries follow vllm/v1/metrics/loggers.py (design §4.3).
+Metric names, types and bucket boundaries follow vllm/v1/metrics/loggers.py (design §4.3; read at
+vllm-project/vllm commits a6f0308cfe80 and 005a810bc40f): besides the latency histograms, the per-request
+ones vLLM's example Grafana dashboard plots, observed per finished request as vLLM's
+``PrometheusStatLogger.record`` does: ``request_prefill_time_seconds`` (time in PREFILL: first token
+minus scheduling, here TTFT minus queue time) and ``request_decode_time_seconds`` (first to last token)
+on the request-latency buckets, ``request_prompt_tokens``, ``request_generation_tokens`` and
+``request_max_num_generation_tokens`` (the request's ``max_tokens``) on ``build_1_2_5_buckets(max_model_len)``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from gpuobs.exporter.histogram import (
     Histogram,
 )
 from gpuobs.exporter.sim.behaviour import Profile
+from gpuobs.reference.buckets import buckets_1_2_5
 from gpuobs.exporter.sim.latency import (
     ITL_MEDIAN_S,
     TTFT_MEDIAN_S,
@@ -46,6 +53,8 @@ class EngineConfig:
     prompt_median_tokens: float = 600.0
     gen_median_tokens: float = 180.0
     max_tokens: int = 1024
+    #: The model's context length (Llama 3.1's 131,072 tokens), which sets vLLM's token-count buckets.
+    max_model_len: int = 131_072
     kv_capacity_tokens: float = 40_000.0
     base_error_ratio: float = 0.0002
     abort_ratio: float = 0.003
@@ -62,6 +71,12 @@ class Engine:
         self.tpot = Histogram(ITL_BUCKETS)  # vLLM: request_time_per_output_token uses 0.01 .. 80
         self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
         self.queue = Histogram(QUEUE_BUCKETS)
+        self.prefill = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.decode = Histogram(REQUEST_LATENCY_BUCKETS)
+        token_buckets = buckets_1_2_5(cfg.max_model_len)
+        self.prompt_len = Histogram(token_buckets)
+        self.generation_len = Histogram(token_buckets)
+        self.max_generation_len = Histogram(token_buckets)
         self.finished = dict.fromkeys(FINISHED_REASONS, 0)
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -131,6 +146,11 @@ class Engine:
         errors = u < err_p
         aborts = (~errors) & (u < err_p + cfg.abort_ratio)
         length = (~errors) & (~aborts) & (gen >= cfg.max_tokens)
+        self.prefill.observe_many(ttft - queue)
+        self.decode.observe_many(decode)
+        self.prompt_len.observe_many(prompt.astype(float))
+        self.generation_len.observe_many(np.where(errors, 0, gen).astype(float))  # a failed request generated nothing
+        self.max_generation_len.observe_many(np.full(n, float(cfg.max_tokens)))
         self.finished["error"] += int(errors.sum())
         self.finished["abort"] += int(aborts.sum())
         self.finished["length"] += int(length.sum())
