@@ -79,10 +79,13 @@ images: venv
 test-compose: venv
 	@scripts/test-compose.sh $(PYTEST_ARGS)
 
-# One drill against the stack `make up` started (realistic rule timings: some drills take minutes).
+# One drill against the stack `make up` started (realistic rule timings: some drills take minutes). The
+# report is written only when the drill ran (exit 0 pass, 1 fail); a usage error (exit 2: an unknown
+# drill, no running stack) stops at its one error line.
 drill-%: venv
 	@rc=0; $(GPUOBS) drill $* --run-dir $(RUN_DIR) $(DRILL_FLAGS) || rc=$$?; \
-	  echo "report: $$($(GPUOBS) report drill $* --run-dir $(RUN_DIR) | tail -n 1)"; exit $$rc
+	  if [ $$rc -le 1 ]; then echo "report: $$($(GPUOBS) report drill $* --run-dir $(RUN_DIR) | tail -n 1)"; fi; \
+	  exit $$rc
 
 # Every drill on a fresh stack of its own with the drill profile (shortened `for:`/windows, 1d SLO
 # period; see gpuobs/mixin/profile.py), lanes in parallel, then one table. Stops its stack afterwards.
