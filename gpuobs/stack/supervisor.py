@@ -41,6 +41,7 @@ from gpuobs.exporter.sim import k8s, profiles
 from gpuobs.exporter.sim.identity import exporter_pod_name, hostname
 from gpuobs.flags.flagd import FILE_NAME as FLAGS_FILE
 from gpuobs.flags.flagd import FlagFile, FlagFileError
+from gpuobs.mixin.profile import PROFILES as RULE_PROFILES
 from gpuobs.reference.releases import load as load_catalogue
 from gpuobs.stack import alert_timing
 from gpuobs.stack import state as state_file
@@ -230,7 +231,8 @@ def check_config(cfg: StackConfig) -> Path:
     """Vet ``cfg`` and its run directory; returns the resolved run directory. Raises StackError (exit 2)
     for a bad value (naming the field and the allowed ones) or a stack already running there."""
     run = check_run_dir(cfg.run_dir)
-    for what, value, allowed in (("exporter profile", cfg.exporter_profile, profiles.PROFILES),
+    for what, value, allowed in (("rule profile (--profile, GPUOBS_PROFILE)", cfg.profile, RULE_PROFILES),
+                                 ("exporter profile", cfg.exporter_profile, profiles.PROFILES),
                                  ("host label mode", cfg.host_label_mode, profiles.HOST_LABEL_MODES),
                                  ("scrape mode", cfg.scrape_mode, k8s.SCRAPE_MODES),
                                  ("clock events name", cfg.clock_events_name, profiles.CLOCK_EVENTS_NAMES)):

@@ -128,3 +128,17 @@ def test_cli_restart_needs_a_component_and_down_refuses_one(tmp_path, capsys):
     assert cli(["stack", "down", "pager", "--run-dir", str(tmp_path / "r")]) == 2
     assert cli(["stack", "restart", "pager", "--run-dir", str(tmp_path / "r")]) == 2
     assert "no stack running" in capsys.readouterr().err
+
+
+def test_a_bad_environment_default_is_checked_like_its_flag(tmp_path, capsys, monkeypatch):
+    """GPUOBS_PROFILE=fast (argparse checks choices of a flag, not of an environment default): one line
+    naming the flag and the variable, exit 2, nothing written (it was a traceback and a half-written run
+    directory)."""
+    from gpuobs.cli import run as cli_run
+
+    monkeypatch.setenv("GPUOBS_PROFILE", "fast")
+    run_dir = tmp_path / "run"
+    assert cli_run(["stack", "up", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "GPUOBS_PROFILE" in err and "default, drill" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not run_dir.exists()
