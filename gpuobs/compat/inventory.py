@@ -38,6 +38,9 @@ from gpuobs.reference.releases import Release
 UNKNOWN = "UNKNOWN"
 MODEL_LABEL, DRIVER_LABEL = "modelName", "DCGM_FI_DRIVER_VERSION"
 DEFAULT_METRIC = "DCGM_FI_DEV_GPU_TEMP"
+#: Why a row without a node cannot be judged.
+NO_IDENTITY = ("no node: these GPUs' series lack the identity label, so nodes cannot be told apart (fix the "
+               "scrape config's relabelling; `gpuobs doctor` names it)")
 
 @dataclass(frozen=True)
 class InventoryRow:
@@ -154,7 +157,9 @@ def judge_fleet(rows: list[InventoryRow], release: Release, hosts: list[str] | N
     """Judge ``release`` on every inventory row (restricted to ``hosts`` when given).
 
     Each (model, driver) pair is checked once. Rows whose labels the gate cannot parse are UNKNOWN,
-    never an exception. ``hosts`` absent from ``rows`` are listed in ``missing``.
+    never an exception, and so is a row without a node (its series lack the identity label: every
+    unlabelled node would fold into it, and a fleet that cannot be told apart cannot be judged).
+    ``hosts`` absent from ``rows`` are listed in ``missing``.
     """
     if hosts is not None:
         wanted = set(hosts)
@@ -162,6 +167,9 @@ def judge_fleet(rows: list[InventoryRow], release: Release, hosts: list[str] | N
     cache: dict[tuple[str, str], NodeVerdict] = {}
     out = []
     for row in rows:
+        if not row.hostname:
+            out.append(NodeVerdict(row, UNKNOWN, [], None, NO_IDENTITY))
+            continue
         key = (row.gpu_model, row.driver)
         if key not in cache:
             try:

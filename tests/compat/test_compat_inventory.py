@@ -116,3 +116,14 @@ def test_a_selector_that_is_not_label_matchers_is_refused_before_any_query(capsy
         with pytest.raises(SystemExit) as exc:  # argparse's usage error
             cli(["compat", "fleet", "--prometheus", prom.url, "--release", "1.5.0", "--timeout", "0"])
         assert exc.value.code == 2 and "--timeout" in capsys.readouterr().err
+
+
+def test_gpus_without_the_identity_label_are_unknown_not_one_compatible_node(capsys):
+    """A fleet whose series lack the identity label folds every node into one nameless row: that row is
+    UNKNOWN and the fleet INCOMPATIBLE (exit 1), not one compatible 32-GPU node."""
+    rows = [("", H100, "580.95.05", 32)]
+    with FakePrometheus(inventory_responder(rows)) as prom:
+        assert cli(["compat", "fleet", "--prometheus", prom.url, "--release", "1.5.0", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "INCOMPATIBLE" and doc["nodes"][0]["verdict"] == "UNKNOWN"
+    assert "identity label" in doc["nodes"][0]["error"]
