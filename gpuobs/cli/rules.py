@@ -35,7 +35,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     try:
         text = {"xid": lambda: rule_texts(_fleet(args))["prometheus/rules/gpu-xid.yml"],
                 "kernel-log": lambda: render_kernel_log_rules(_fleet(args)),
-                "slo": lambda: render_slo_rules(slo_config, _fleet(args).runbook_base, args.period)}[args.which]()
+                "slo": lambda: render_slo_rules(slo_config, _fleet(args), args.period)}[args.which]()
     except OSError as exc:
         return fail(f"--slo-config {slo_config}: {exc.strerror}")
     except InputError as exc:

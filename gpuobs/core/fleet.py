@@ -19,7 +19,10 @@ rollout's inventory and signals, compat's inventory, drills, reports) (design §
   GpuXidCritical/GpuXidWarning (off by default: the kernel-log rule file pages on them itself).
 * ``gpu.slowdown_temp_c``: the temperature at which the GPU's thermal slowdown starts (H100 SXM: 87 C,
   the simulator's ``GpuModel.slowdown_temp_c``), used by the stock throttling path.
-* ``runbook_base``: where runbook links point (the stack rewrites it at render time).
+* ``runbook_base``: where runbook links point, ``<base>/runbooks/<file>.md#<alert>`` (the stack rewrites
+  it at render time).
+* ``dashboard_base``: the Grafana whose dashboards the alerts' ``dashboard_url`` links open,
+  ``<base>/d/<uid>/<slug>?viewPanel=N``.
 
 Errors: :class:`FleetConfigError` (an input error, exit 2) naming the field and the allowed values.
 """
@@ -45,6 +48,8 @@ PATH_CHOICES = ("both", "stock", "enhanced")
 SHIPPED_FLEET = "prometheus/fleet.yaml"
 #: The default runbook base: the local pager, which serves runbooks/.
 RUNBOOK_BASE = "http://127.0.0.1:9097"
+#: The default dashboard base: the local Grafana (compose, or a native one on its default port).
+DASHBOARD_BASE = "http://127.0.0.1:3000"
 DEFAULT_DCGM_SELECTOR = 'job=~"dcgm|.*dcgm-exporter.*"'
 DEFAULT_VLLM_SELECTOR = 'job=~"vllm|.*vllm.*"'
 
@@ -67,6 +72,7 @@ class FleetConfig:
     xid_kernel_log: bool = False
     slowdown_temp_c: float = 87.0
     runbook_base: str = RUNBOOK_BASE
+    dashboard_base: str = DASHBOARD_BASE
 
     def stock(self, family: str) -> bool:
         return self.paths[family] in ("both", "stock")
@@ -122,9 +128,10 @@ def _mapping(doc: dict, key: str, what: str) -> dict:
     return value
 
 
-def _runbook_base(value: object) -> str:
-    """An http(s) base URL with a host and no query, fragment, whitespace or template braces (runbook
-    links are ``<base>/runbooks/<file>.md#<anchor>``), without its trailing slash."""
+def _base_url(value: object, field: str, example: str) -> str:
+    """An http(s) base URL with a host and no query, fragment, whitespace or template braces (links are
+    ``<base>/<path>``: ``<runbook_base>/runbooks/<file>.md#<anchor>``, ``<dashboard_base>/d/<uid>/...``),
+    without its trailing slash. Raises FleetConfigError naming ``field``."""
     try:
         parts = urlsplit(value) if isinstance(value, str) and not re.search(r"[\s{}]", value) else None
         host = parts.hostname if parts else None
@@ -132,8 +139,8 @@ def _runbook_base(value: object) -> str:
     except ValueError:  # e.g. an unbalanced IPv6 bracket, port 99999
         parts = host = None
     if not (parts and parts.scheme in ("http", "https") and host and "?" not in value and "#" not in value):
-        raise FleetConfigError("runbook_base: expected an http(s) URL with a host and no query, fragment, spaces "
-                               f"or braces, e.g. https://runbooks.example; got {value!r}")
+        raise FleetConfigError(f"{field}: expected an http(s) URL with a host and no query, fragment, spaces "
+                               f"or braces, e.g. {example}; got {value!r}")
     return value.rstrip("/")
 
 
@@ -145,7 +152,7 @@ def parse_fleet(doc: object, source: str = "fleet config") -> FleetConfig:
         doc = {}
     if not isinstance(doc, dict):
         raise FleetConfigError(f"{source}: expected a mapping with identity_label, selectors, paths, gpu")
-    known = {"identity_label", "selectors", "paths", "xid_kernel_log", "gpu", "runbook_base"}
+    known = {"identity_label", "selectors", "paths", "xid_kernel_log", "gpu", "runbook_base", "dashboard_base"}
     unknown = set(doc) - known
     if unknown:
         raise FleetConfigError(f"{source}: unknown field(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(known))}")
@@ -179,7 +186,10 @@ def parse_fleet(doc: object, source: str = "fleet config") -> FleetConfig:
                        dcgm_selector=", ".join(parse_matchers(sel.get("dcgm", default.dcgm_selector), "selectors.dcgm")),
                        vllm_selector=", ".join(parse_matchers(sel.get("vllm", default.vllm_selector), "selectors.vllm")),
                        paths=paths, xid_kernel_log=kl, slowdown_temp_c=float(temp),
-                       runbook_base=_runbook_base(doc.get("runbook_base", default.runbook_base)))
+                       runbook_base=_base_url(doc.get("runbook_base", default.runbook_base), "runbook_base",
+                                              "https://runbooks.example (links are <base>/runbooks/<file>.md)"),
+                       dashboard_base=_base_url(doc.get("dashboard_base", default.dashboard_base), "dashboard_base",
+                                                "https://grafana.example (links are <base>/d/<uid>/...)"))
 
 
 def load_fleet(path: Path, flag: str = "--fleet") -> FleetConfig:

@@ -75,6 +75,10 @@ class Rules:
     def up(self, selector: str) -> str:
         return f'up{{{selector}, {self.identity}!=""}}'
 
+    def dashboard(self, path: str) -> str:
+        """``<dashboard_base>/d/<path>``: a link into one of the shipped dashboards (``path`` = uid/slug?...)."""
+        return f"{self.cfg.dashboard_base}/d/{path}"
+
     def runbook(self, file: str, alert: str) -> str:
         return runbook_url(self.cfg.runbook_base, file, alert)
 
@@ -267,7 +271,7 @@ class Rules:
                                f"max by ({GPU}) (increase({rows}[10m])) > 0\n"
                                f"unless on ({IG}) max by ({IG}) ({self.dcgm('DCGM_FI_DEV_ROW_REMAP_FAILURE')}) == 1",
                                f"group by ({IG}) ({self.dcgm('DCGM_FI_DEV_ROW_REMAP_PENDING')})")
-        dash = "http://127.0.0.1:3000/d/gpuobs-fleet/gpu-fleet?viewPanel="
+        dash = self.dashboard("gpuobs-fleet/gpu-fleet?viewPanel=")
         return {"groups": [
             {"name": "gpu-hardware-recording", "rules": [
                 {"#": ("Fraction of wall time the GPU spent clock-limited by thermal or power constraints (DCGM\n"
@@ -407,7 +411,7 @@ class Rules:
                                      "and alloc retries are rising or memory reaches the framebuffer within 4 h. Restart "
                                      "the engine in a quiet window (drain first) before it OOMs."),
                      "runbook_url": self.runbook("fragmentation", "KVFragmentationRisk"),
-                     "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-memory/gpu-memory?viewPanel=2"}},
+                     "dashboard_url": self.dashboard("gpuobs-memory/gpu-memory?viewPanel=2")}},
                 {"alert": "GpuFrameworkOom",
                  "expr": f"max by ({GPU}) (increase({self.agent('pytorch_cuda_ooms_total')}[10m])) > 0",
                  "labels": {"severity": "warning", "family": "fragmentation"},
@@ -416,7 +420,7 @@ class Rules:
                      "description": (f"GPU {{{{ $labels.gpu }}}} on node {{{{ $labels.{I} }}}} raised {{{{ $value }}}} "
                                      "OOM(s) in 10 minutes."),
                      "runbook_url": self.runbook("fragmentation", "GpuFrameworkOom"),
-                     "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-memory/gpu-memory?viewPanel=2"}},
+                     "dashboard_url": self.dashboard("gpuobs-memory/gpu-memory?viewPanel=2")}},
             ]},
         ]}
 
@@ -453,7 +457,7 @@ class Rules:
                                      "{{ $labels.instance }}): KV-cache usage {{ $value | humanizePercentage }} with preemptions "
                                      "rising. Add replicas, lower max_num_seqs / max_model_len, or shed long-context traffic."),
                      "runbook_url": self.runbook("kv-cache", "ServingKVCachePressure"),
-                     "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-serving/serving-slos?viewPanel=8"}},
+                     "dashboard_url": self.dashboard("gpuobs-serving/serving-slos?viewPanel=8")}},
                 {"#": ("Not while the node's DCGM exporter is down too: that is the node, and GpuExporterDown pages for it.\n"
                        "In the rule, not only as an inhibition: both fire after the same `for:`, and an inhibition\n"
                        "only holds if its source reaches Alertmanager before the target's group is flushed."),
@@ -513,7 +517,7 @@ class Rules:
                                      "idle, power collapsed and no step completes. Dump NCCL state and restart the job from "
                                      "its last checkpoint."),
                      "runbook_url": self.runbook("collective-hang", "TrainingCollectiveHang"),
-                     "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-training/training?viewPanel=1"}},
+                     "dashboard_url": self.dashboard("gpuobs-training/training?viewPanel=1")}},
                 {"alert": "TrainingStraggler",
                  "expr": ("rank:training_step_duration_seconds:mean5m\n> on (training_job) group_left\n"
                           "1.3 * training_job:training_step_duration_seconds:median_of_ranks5m"),
@@ -524,7 +528,7 @@ class Rules:
                      "description": (f"Rank {{{{ $labels.rank }}}} (GPU {{{{ $labels.gpu }}}} on node {{{{ $labels.{I} }}}}) takes "
                                      "{{ $value | humanizeDuration }} per step, over 1.3x the job median."),
                      "runbook_url": self.runbook("straggler", "TrainingStraggler"),
-                     "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-training/training?viewPanel=2"}},
+                     "dashboard_url": self.dashboard("gpuobs-training/training?viewPanel=2")}},
             ]},
         ]}
 
@@ -546,7 +550,7 @@ class Rules:
                  "description": ("{{ $value }} driver versions run on {{ $labels.modelName }} nodes. List them with "
                                  f"`count by (DCGM_FI_DRIVER_VERSION, {I}) (DCGM_FI_DEV_GPU_TEMP)` and finish or roll back the upgrade."),
                  "runbook_url": self.runbook("driver-skew", "GpuDriverSkew"),
-                 "dashboard_url": "http://127.0.0.1:3000/d/gpuobs-fleet/gpu-fleet?viewPanel=1"}},
+                 "dashboard_url": self.dashboard("gpuobs-fleet/gpu-fleet?viewPanel=1")}},
         ]}]}
 
 

@@ -222,10 +222,19 @@ def dashboard_configmaps(files: dict[str, str]) -> list[dict[str, Any]]:
     return out
 
 
+#: The pager's in-cluster address and the bearer token Alertmanager sends it (a Secret mounted into the
+#: Alertmanager pods, e.g. the Prometheus Operator's ``spec.secrets: [gpuobs-pager-token]``, which
+#: mounts it under /etc/alertmanager/secrets/<name>/).
+PAGER_URL = "http://gpuobs-pager.monitoring.svc:9097"
+PAGER_TOKEN_FILE = "/etc/alertmanager/secrets/gpuobs-pager-token/token"
+
+
 def alertmanager_fragment(text: str) -> dict[str, Any]:
     """gpuobs's Alertmanager route tree, receivers and inhibit rules (``text``: alertmanager.yml as
     rendered for the fleet config) as a config to merge into the cluster's: the local receivers are
-    replaced with webhook receivers whose URLs are placeholders."""
+    replaced with webhook receivers to the pager's Service (``/hook/page`` and ``/hook/ticket``, the
+    pager's two routes) with its bearer token from a mounted Secret (:data:`PAGER_TOKEN_FILE`; the
+    pager refuses webhooks without it)."""
     doc = yaml.safe_load(text)
     route = doc["route"]
     names = {"page": "gpuobs-page", "ticket": "gpuobs-ticket", "blackhole": "gpuobs-null"}
@@ -242,11 +251,12 @@ def alertmanager_fragment(text: str) -> dict[str, Any]:
     gpu_route.pop("receiver", None)
     gpu_route = {"receiver": "gpuobs-null", "matchers": [f'{ROUTE_LABEL}="true"'], **gpu_route,
                  "continue": False}
+    def webhook(channel: str) -> dict[str, Any]:
+        return {"url": f"{PAGER_URL}/hook/{channel}", "send_resolved": True,
+                "http_config": {"authorization": {"type": "Bearer", "credentials_file": PAGER_TOKEN_FILE}}}
     receivers = [{"name": "gpuobs-null"},
-                 {"name": "gpuobs-page", "webhook_configs": [
-                     {"url": "http://gpuobs-pager.monitoring.svc:9097/alert", "send_resolved": True}]},
-                 {"name": "gpuobs-ticket", "webhook_configs": [
-                     {"url": "http://gpuobs-pager.monitoring.svc:9097/alert", "send_resolved": True}]}]
+                 {"name": "gpuobs-page", "webhook_configs": [webhook("page")]},
+                 {"name": "gpuobs-ticket", "webhook_configs": [webhook("ticket")]}]
     return {"route": {"receiver": "gpuobs-null", "group_by": route.get("group_by", []), "routes": [gpu_route]},
             "receivers": receivers, "inhibit_rules": doc.get("inhibit_rules", [])}
 

@@ -63,7 +63,7 @@ def profile_rules(runbook_base: str, profile: str = "default", repo: Path | None
     out = {}
     for rule_file in sorted((repo / "prometheus" / "rules").glob("*.yml")):
         if profile == "drill" and rule_file.name == "slo.yml":
-            text = render_slo_rules(repo / "prometheus" / "slo.yaml", fleet.runbook_base, DRILL_SLO_PERIOD)
+            text = render_slo_rules(repo / "prometheus" / "slo.yaml", fleet, DRILL_SLO_PERIOD)
         elif profile == "drill" and rule_file.name == "gpu-kernel-log.yml":
             # Its "recent Xid" span is a constant, not a range selector: shorten it like the windows.
             text = render_kernel_log(fleet, RECENT_S // DRILL_WINDOW_DIVISOR)

@@ -46,7 +46,7 @@ def render_all(cfg: FleetConfig, slo_config: Path | None = None) -> dict[str, st
     from gpuobs.mixin.slo_rules import render_slo_rules
 
     out = rule_texts(cfg)
-    out["prometheus/rules/slo.yml"] = render_slo_rules(slo_config or assets.path("prometheus/slo.yaml"), cfg.runbook_base)
+    out["prometheus/rules/slo.yml"] = render_slo_rules(slo_config or assets.path("prometheus/slo.yaml"), cfg)
     out["prometheus/rules/gpu-kernel-log.yml"] = render_kernel_log(cfg)
     out["alertmanager/alertmanager.yml"] = render_alertmanager(cfg)
     for name, text in render_dashboards(cfg).items():

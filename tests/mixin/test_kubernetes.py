@@ -241,6 +241,7 @@ def test_a_non_default_fleet_config_reaches_the_kubernetes_manifests(tmp_path):
 
     cfg = load_config(None)
     fleet = parse_fleet({"identity_label": "k8s_node", "runbook_base": "https://runbooks.example",
+                         "dashboard_base": "https://grafana.example",
                          "selectors": {"dcgm": 'job="dcgm"', "vllm": 'job="vllm"'}})
     files = k8s.render(cfg.horizon_s, cfg.interval_s, fleet)
     monitors = k8s.load_docs(files["monitoring/podmonitors.yaml"])
@@ -251,6 +252,11 @@ def test_a_non_default_fleet_config_reaches_the_kubernetes_manifests(tmp_path):
         hits = [p.pattern for p in _DEFAULT_LITERALS if p.search(files[rel])]
         assert hits == [], rel
         assert "k8s_node" in files[rel], rel
+    fragment = k8s.load_docs(files["alertmanager/gpuobs-fragment.yaml"])[0]
+    hooks = {r["name"]: r["webhook_configs"][0] for r in fragment["receivers"] if r.get("webhook_configs")}
+    assert {n: h["url"].rsplit("/", 2)[-2:] for n, h in hooks.items()} == {
+        "gpuobs-page": ["hook", "page"], "gpuobs-ticket": ["hook", "ticket"]}  # the pager's two routes
+    assert all(h["http_config"]["authorization"]["credentials_file"] for h in hooks.values())
     bad = tmp_path / "fleet.yaml"
     bad.write_text("identity_label: Hostname\n")
     assert cli_main(["rules", "kubernetes", "--fleet", str(bad), "--out", str(tmp_path / "k")]) == 2

@@ -116,6 +116,7 @@ def test_every_fleet_config_variant_renders_rules_promtool_accepts(tmp_path, pat
     ({"runbook_base": "http://x/{{ $labels.node }}"}, "runbook_base"),
     ({"runbook_base": "http://["}, "runbook_base"),
     ({"runbook_base": "ftp://x"}, "runbook_base"),
+    ({"dashboard_base": "grafana.example"}, "dashboard_base"),
 ])
 def test_bad_fleet_config_names_the_field(doc, field):
     with pytest.raises(FleetConfigError, match=re.escape(field)):
@@ -228,6 +229,7 @@ _DEFAULT_LITERALS = (
     re.compile(re.escape('job=~"dcgm|.*dcgm-exporter.*"')),
     re.compile(re.escape('job=~"vllm|.*vllm.*"')),
     re.compile(re.escape("http://127.0.0.1:9097/runbooks")),
+    re.compile(re.escape("http://127.0.0.1:3000/d/")),
 )
 
 
@@ -237,7 +239,7 @@ def test_a_non_default_fleet_config_reaches_every_generated_file():
     each rule file and Alertmanager's config uses the new identity label."""
     cfg = parse_fleet({"identity_label": "k8s_node",
                        "selectors": {"dcgm": 'job="gpu-operator/nvidia-dcgm-exporter"', "vllm": 'service=~"llm-.*"'},
-                       "runbook_base": "https://runbooks.example"})
+                       "runbook_base": "https://runbooks.example", "dashboard_base": "https://grafana.example"})
     rendered = render_all(cfg)
     rule_files = {p.name for p in (ROOT / "prometheus" / "rules").glob("*.yml")}
     assert {Path(k).name for k in rendered if k.startswith("prometheus/rules/")} == rule_files
