@@ -70,6 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="return once the fault is cleared: do not wait for (or check) the resolution, which on "
                         "the default profile can take the rules' full window, e.g. 10 min for ecc-dbe "
                         "(expected times: docs/drills.md)")
-    d.add_argument("--run-dir", default=run_dir_default())
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--run-dir", default=run_dir_default(),
+                   help="run directory of the stack to drill (env GPUOBS_RUN_DIR; default %(default)s)")
+    d.add_argument("--json", action="store_true", help="print the result(s) as JSON instead of the timeline")
     d.set_defaults(func=cmd_drill)

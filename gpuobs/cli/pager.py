@@ -52,10 +52,14 @@ def cmd_pager(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``pager`` group to ``sub``."""
-    g = sub.add_parser("pager", help="Alertmanager webhook receiver storing pages in SQLite")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=PORT, default=9097)
-    g.add_argument("--db", default=str(Path(run_dir_default()) / "pager.sqlite"))
+    g = sub.add_parser("pager", help="Alertmanager webhook receiver storing pages in SQLite",
+                       description="The pager: Alertmanager's webhooks (POST /hook/page, /hook/ticket with the "
+                                   "bearer token) stored in SQLite, the incident console at /, runbooks under "
+                                   "/runbooks/ (docs/incidents.md).")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    g.add_argument("--port", type=PORT, default=9097, help="port to listen on (default %(default)s)")
+    g.add_argument("--db", default=str(Path(run_dir_default()) / "pager.sqlite"),
+                   help="SQLite database of notifications and incidents (default %(default)s)")
     g.add_argument("--runbooks-dir", default=None, help="serve runbooks/*.md from here under /runbooks/")
     g.add_argument("--token-file", default=None, metavar="FILE",
                    help="bearer token the webhooks require (created, mode 0600, if missing)")

@@ -134,7 +134,9 @@ def _kubernetes(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``rules`` group to ``sub``."""
     r = sub.add_parser("rules", help="generate the rule files, Alertmanager config and dashboards (the mixin)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       description="Generate everything gpuobs ships from the fleet config (prometheus/fleet.yaml "
+                                   "or --fleet): the rule files, Alertmanager's config, the dashboards and the "
+                                   "Kubernetes manifests; --check compares instead of writing.")
     r.add_argument("which", choices=["render", "xid", "kernel-log", "slo", "dashboards", "kubernetes"],
                    help="render: write every rule file, alertmanager/alertmanager.yml and the dashboards from "
                         "--fleet; xid/kernel-log/slo: print that rule file; dashboards: write grafana/dashboards/*.json; "
