@@ -131,9 +131,11 @@ def test_bad_release_is_rolled_back(stack):
     code, out = rollout(stack, "1.6.0")
     assert code == 1, out
     assert re.search(r"Rollout 1\.6\.0-\S+: RolledBack \(exit 1\)", out), out
-    assert re.search(r"reason: canary analysis ROLLBACK in stage 1/2: ttft: High \(\+\d", out), out
+    # 1.6.0 regresses TTFT by 20% and ITL by 5% (exporter/sim/data/behaviour.yaml): either metric
+    # judged High is a correct rollback, and which one crosses its bound first is chance
+    assert re.search(r"reason: canary analysis ROLLBACK in stage 1/2: (ttft|itl): High \(\+\d", out), out
     assert "stage 1/2: 2/4 node(s) on 1.6.0, deployed gpu-node-00 (1.4.0 -> 1.6.0), gpu-node-01 (1.4.0 -> 1.6.0)" in out
-    assert "Canary verdict: ROLLBACK" in out and re.search(r"\nttft\s+High!", out), out
+    assert "Canary verdict: ROLLBACK" in out and re.search(r"\n(ttft|itl)\s+High!", out), out
     assert versions(stack) == dict.fromkeys(stack.hostnames, "1.4.0")
     assert all("track" not in labels for labels in vllm_labels(stack))
     assert prometheus_versions(stack, "1.4.0") == ["1.4.0"] * 4
