@@ -44,9 +44,6 @@ class DrillSpec:
     fire_deadline_s: float = 150.0
     resolve_deadline_s: float = 240.0
     about: str = ""
-    #: Alerts of the other detection path whose firing time on the drill's node is recorded next to
-    #: the expected ones (they fire but are inhibited; e.g. DCGM's GpuXidCritical where logwatch pages).
-    observe: tuple[str, ...] = ()
 
 
 DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
@@ -58,6 +55,8 @@ DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
               about="failed cooling: temperature past slowdown, clocks throttled, ticket"),
     DrillSpec("gpu-missing", "serving", 0, (Expect("GpuMissing", "page"),),
               ({"kind": "xid", "gpu": 6, "code": 79},), allowed=frozenset({"ServingEngineDown"}),
+              # GpuMissing pages 2m (GAP_TOLERANCE) after the GPU's last sample; GpuFallenOffBus at once
+              fire_deadline_s=210,
               about="Xid 79: the GPU falls off the bus and vanishes from the page; its engine crashes (inhibited)"),
     DrillSpec("power-brake", "serving", 1, (Expect("GPUThrottling", "ticket", labels={"gpu": "2"}),),
               ({"kind": "power-brake", "gpu": 2},),
@@ -65,7 +64,7 @@ DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
     DrillSpec("ecc-dbe", "serving", 1, (Expect("GpuEccDoubleBitError", "page", labels={"gpu": "3"}),),
               ({"kind": "ecc-dbe", "gpu": 3},),
               allowed=frozenset({"GpuXidCritical", "GpuXidWarning", "GpuRowRemapPending"}),
-              about="one uncorrectable ECC error pages once; its Xid 48/63 and pending remap are inhibited"),
+              about="one uncorrectable ECC error pages once: its Xid 48 joins the DBE's incident, Xid 63 and the pending remap are inhibited"),
     DrillSpec("node-down", "serving", 1, (Expect("GpuExporterDown", "page"),), ({"kind": "down"},),
               allowed=frozenset({"ServingEngineDown"}),
               about="a node stops answering: exactly one page (its engine alert stays quiet while the node is down)"),
@@ -229,12 +228,12 @@ def panels_for(result: dict) -> tuple[Panel, ...]:
 def kernel_log_variant(spec: DrillSpec) -> DrillSpec:
     """The drill as it plays on a stack whose nodes run logwatch (``state["logwatch"]``).
 
-    There the kernel-log alerts page and the DCGM ones they replace fire but are inhibited
-    (prometheus/rules/gpu-kernel-log.yml, alertmanager/alertmanager.yml): an Xid pages as
-    ``GpuKernelXid*`` (``for: 1m`` for memory codes such as 48; firing while the line is recent: 5
-    minutes, 1 minute in the drill profile),
-    Xid 79 as ``GpuFallenOffBus`` (at once; ``GpuMissing`` inhibited), and an ECC DBE still pages once,
-    for the DBE, with the kernel-log Xid 48/63 inhibited.
+    There the kernel-log alerts page and the DCGM Xid alerts stand aside in their own expressions
+    (prometheus/rules/gpu-xid.yml: ``unless`` the node's logwatch reads its source), so the DCGM path
+    cannot fire and is not awaited: an Xid pages as ``GpuKernelXid*`` at the first evaluation that
+    sees the line (firing while the line is recent: 5 minutes, 1 minute in the drill profile), Xid 79
+    as ``GpuFallenOffBus`` (at once; ``GpuMissing`` inhibited), and an ECC DBE pages once: its
+    kernel-log Xid 48 and the DBE join one Alertmanager group (grouped by node and GPU).
     """
     kernel = {"GpuXidCritical": "GpuKernelXidCritical", "GpuXidWarning": "GpuKernelXidWarning",
               "GpuMissing": "GpuFallenOffBus"}
@@ -246,8 +245,5 @@ def kernel_log_variant(spec: DrillSpec) -> DrillSpec:
         gpu = next((f["gpu"] for f in spec.faults if f.get("kind") == "xid"), None)
         expect = tuple(replace(e, labels={**e.labels, "gpu": str(gpu)}) if e.alertname == "GpuFallenOffBus"
                        and gpu is not None else e for e in expect)
-    slow = any(e.alertname.startswith("GpuKernelXid") for e in expect)
-    observe = tuple(e.alertname for e in spec.expect if e.alertname in kernel)
-    return replace(spec, expect=expect, allowed=frozenset(allowed), observe=spec.observe or observe,
-                   fire_deadline_s=max(spec.fire_deadline_s, 120.0) if slow else spec.fire_deadline_s)
+    return replace(spec, expect=expect, allowed=frozenset(allowed))
 

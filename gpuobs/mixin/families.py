@@ -65,7 +65,7 @@ APP = "instrument the framework (PyTorch allocator metrics, design §4.2)"
 
 FAMILIES: tuple[Family, ...] = (
     Family("xid", ("GpuXidCritical", "GpuXidWarning", "GpuKernelXidCritical", "GpuKernelXidWarning",
-                   "GpuKernelXidRepeated", "GpuKernelLogWatching"), True,
+                   "GpuKernelXidRepeated"), True,
            stock=(Signal("DCGM_FI_DEV_XID_ERRORS", sparse=True),),
            enhanced=(Signal("DCGM_EXP_XID_ERRORS_COUNT", enable=CSV),),
            # logwatch reading its source is the kernel-log path's signal: gpuobs_xid_events_total exists

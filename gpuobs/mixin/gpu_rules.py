@@ -43,6 +43,12 @@ POWER_COLLAPSE_RATIO = 0.5
 #: Fragmentation / FB growth threshold: 16 KiB/s (~1.4 GB/day), the slow leak that OOMs on day 3.
 GROWTH_BYTES_PER_S = 16384
 MIB = 1048576
+#: How long a series may be missing (failed scrapes, an exporter or agent restart, a MIG re-partition)
+#: before the rules treat it as gone: the "present now" term of an incident reads
+#: ``last_over_time(...[GAP_TOLERANCE])``, so such a gap neither resolves an open incident (a second
+#: page when it comes back) nor looks like a GPU gone. Its cost: an alert resolves, and a GPU truly gone
+#: pages, up to this much later.
+GAP_TOLERANCE = "2m"
 
 
 class Rules:
@@ -101,10 +107,18 @@ class Rules:
         # simulator) cannot page for a GPU that is back; the kernel-log path below does carry it.
         dcgm_rx = "|".join(str(c) for c in codes if c not in xid.DCGM_UNREPORTABLE_XIDS)
         gauge = self.dcgm("DCGM_FI_DEV_XID_ERRORS", f'err_code=~"{dcgm_rx}"')
-        # stock: a (GPU, err_code) series that was not there in the hour before the last 5 minutes.
-        stock = (f'max by ({GPU}, xid) (label_replace({gauge}, "xid", "$1", "err_code", "(.+)"))\n'
+        # stock: a (GPU, err_code) series (seen within the gap tolerance) that was not there in the hour
+        # before the last 5 minutes, unless the whole GPU was away for that hour after being seen in the
+        # 6 hours before it (an exporter back after an outage longer than the memory shows its last code
+        # again and must not page it twice; a GPU never seen before, e.g. a new node, still pages).
+        temp = self.dcgm("DCGM_FI_DEV_GPU_TEMP")
+        returning = (f"group by ({I}, gpu) (max_over_time({temp}[6h] offset 65m))\n"
+                     f"unless on ({I}, gpu)\n"
+                     f"group by ({I}, gpu) (max_over_time({temp}[1h] offset 5m))")
+        stock = (f'max by ({GPU}, xid) (label_replace(last_over_time({gauge}[{GAP_TOLERANCE}]), "xid", "$1", "err_code", "(.+)"))\n'
                  f"unless on ({I}, gpu, xid)\n"
-                 f'max by ({I}, gpu, xid) (label_replace(max_over_time({gauge}[1h] offset 5m), "xid", "$1", "err_code", "(.+)"))')
+                 f'max by ({I}, gpu, xid) (label_replace(max_over_time({gauge}[1h] offset 5m), "xid", "$1", "err_code", "(.+)"))\n'
+                 f"unless on ({I}, gpu)\n(\n{_indent(returning)}\n)")
         count = self.dcgm("DCGM_EXP_XID_ERRORS_COUNT", f'xid=~"{dcgm_rx}"')
         enhanced = f"max by ({GPU}, xid) (max_over_time({count}[1m])) > 0"
         present = f"group by ({I}, gpu) ({self.dcgm('DCGM_EXP_XID_ERRORS_COUNT')})"
@@ -117,20 +131,30 @@ class Rules:
             ts = self.agent("gpuobs_xid_last_event_timestamp_seconds", f'xid=~"{rx}"')
             ident = (f"topk by ({I}, gpu) (1, group by ({GPU}) "
                      f"(last_over_time({self.dcgm('DCGM_FI_DEV_GPU_TEMP')}[1h])))")
-            logged = f"max by ({I}, gpu, xid) (time() - {ts} < 300)"
+            logged = f"max by ({I}, gpu, xid) (time() - last_over_time({ts}[{GAP_TOLERANCE}]) < 300)"
             kernel = (f"(\n{_indent(logged)}\n  * on ({I}, gpu) group_left (UUID, pci_bus_id, modelName)\n"
                       f"{_indent(ident)}\n)\nor on ({I}, gpu, xid)\n{logged}")
-            expr = (f"(\n{_indent(kernel)}\n)\nor\n(\n{_indent(expr)}\n  unless on ({I})\n"
-                    f"  group by ({I}) ({self.agent('gpuobs_logwatch_source_up')} == 1)\n)")
-        return expr
+            return f"(\n{_indent(kernel)}\n)\nor\n(\n{_indent(expr)}\n  unless on ({I})\n  {self.logwatch_reading()}\n)"
+        # The kernel-log rule file (gpu-kernel-log.yml) pages Xids where logwatch reads the node's log:
+        # the DCGM paths stand aside there, decided here rather than by an Alertmanager inhibition
+        # (whose source must first reach a restarted Alertmanager, issue 32).
+        return f"(\n{_indent(expr)}\n)\nunless on ({I})\n{self.logwatch_reading()}"
+
+    def logwatch_reading(self) -> str:
+        """The nodes whose logwatch read its kernel-log source within :data:`GAP_TOLERANCE` (one identity
+        label per node): where the kernel-log path pages Xids."""
+        up = self.agent("gpuobs_logwatch_source_up")
+        return f"group by ({self.identity}) (max_over_time({up}[{GAP_TOLERANCE}]) == 1)"
 
     def xid_alert(self, name: str, codes: list[int], severity: str, summary: str) -> dict:
         return {
             "#": ("Stock: a (GPU, err_code) series of DCGM_FI_DEV_XID_ERRORS that was absent for the hour before\n"
                   "the last 5 minutes (the gauge holds the LAST code forever, so `> 0` pages forever and\n"
                   "changes() never fires): pages once per new code, and the same code coming back after an\n"
-                  "exporter restart or a scrape gap does not page again. Enhanced (where the GPU has\n"
-                  "DCGM_EXP_XID_ERRORS_COUNT): every repeat of a code within the exporter's window."),
+                  "exporter restart or a scrape gap does not page again; nor does an exporter back after more than\n"
+                  "that hour (up to 6 h) with its old code. Enhanced (where the GPU\n"
+                  "has DCGM_EXP_XID_ERRORS_COUNT): every repeat of a code within the exporter's window. Both stand\n"
+                  "aside on nodes whose logwatch reads the kernel log (gpu-kernel-log.yml pages there)."),
             "alert": name,
             "expr": self.xid_expr(codes),
             "labels": {"severity": severity, "family": "xid"},
@@ -158,12 +182,12 @@ class Rules:
         energy = self.dcgm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
         dcgm_up = self.up(self.cfg.dcgm_selector)
         stock_missing = (f"group by ({GPU}) (last_over_time({temp}[1h]))\n"
-                         f"unless on ({IG}) {temp}\n"
+                         f"unless on ({IG}) last_over_time({temp}[{GAP_TOLERANCE}])\n"
                          f"and on ({I}) (max by ({I}) ({dcgm_up}) == 1)")
         expected = self.agent("gpuobs_node_expected_gpus")
         enhanced_missing = (f"max by ({I}) ({expected})\n"
                             f"- on ({I})\n"
-                            f"(\n  count by ({I}) (count by ({IG}) ({temp}))\n"
+                            f"(\n  count by ({I}) (count by ({IG}) (last_over_time({temp}[{GAP_TOLERANCE}])))\n"
                             f"  or on ({I}) (0 * max by ({I}) ({expected}))\n)\n> 0")
         if self.cfg.paths["gpu-missing"] == "both":
             # `or on (node)`: the node-level count only where no per-GPU alert explains the deficit.
@@ -222,12 +246,14 @@ class Rules:
             {"#": ("Stock: a (node, gpu) that reported DCGM_FI_DEV_GPU_TEMP within the last hour and reports nothing\n"
                    "now while the node's DCGM target is up (DCGM cannot report Xid 79: the GPU just vanishes). Per\n"
                    "GPU index, so MIG re-partitioning (new instance series) and exporter restarts (new instance or\n"
-                   "pod labels; no target while it restarts) do not fire it, and it names WHICH GPU. Enhanced:\n"
+                   "pod labels; no target while it restarts) do not fire it, and it names WHICH GPU. A GPU counts as\n"
+                   f"present for {GAP_TOLERANCE} after its last sample (no `for:`): a re-partition or restart gap up to\n"
+                   f"that long never pages, and a GPU truly gone pages {GAP_TOLERANCE} + one scrape and evaluation after\n"
+                   "its last sample. Enhanced:\n"
                    "gpuobs_node_expected_gpus, which also sees a GPU missing since boot (node-level, no gpu label);\n"
                    "used only when no per-GPU alert explains the node's deficit."),
              "alert": "GpuMissing",
              "expr": missing,
-             "for": "30s",
              "labels": {"severity": "critical", "family": "gpu-missing"},
              "annotations": {
                  "summary": "A GPU has disappeared from a node's DCGM page (fallen off the bus or driver lost it).",

@@ -17,14 +17,14 @@ def test_kernel_log_variants_of_the_xid_drills():
     x = kernel_log_variant(DRILLS["xid"])
     assert [(e.alertname, e.receiver, e.labels) for e in x.expect] == [
         ("GpuKernelXidCritical", "page", {"gpu": "0", "xid": "48"})]
-    assert "GpuXidCritical" in x.allowed and x.observe == ("GpuXidCritical",)
-    assert x.fire_deadline_s >= 120  # Xid 48 is a memory code: its page waits for: 1m (20 s in the drill profile)
+    assert "GpuXidCritical" in x.allowed
+    assert x.fire_deadline_s == DRILLS["xid"].fire_deadline_s  # no hold for memory codes any more
     gm = kernel_log_variant(DRILLS["gpu-missing"])
     assert [(e.alertname, e.labels) for e in gm.expect] == [("GpuFallenOffBus", {"gpu": "6"})]
-    assert {"GpuMissing", "ServingEngineDown"} <= gm.allowed and gm.observe == ("GpuMissing",)
+    assert {"GpuMissing", "ServingEngineDown"} <= gm.allowed
     ecc = kernel_log_variant(DRILLS["ecc-dbe"])
     assert [e.alertname for e in ecc.expect] == ["GpuEccDoubleBitError"]
-    assert {"GpuKernelXidCritical", "GpuKernelXidWarning"} <= ecc.allowed and ecc.observe == ()
+    assert {"GpuKernelXidCritical", "GpuKernelXidWarning"} <= ecc.allowed
     assert kernel_log_variant(DRILLS["thermal"]) == DRILLS["thermal"]
     assert kernel_log_variant(x) == x  # idempotent
     assert kernel_log_variant(xid_drill(13)).expect[0].alertname == "GpuKernelXidWarning"

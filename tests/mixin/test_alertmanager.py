@@ -208,14 +208,47 @@ def test_exporter_down_does_not_silence_itself_elsewhere():
 
 
 @pytest.mark.parametrize("target", [
-    {"alertname": "GpuXidCritical", "severity": "critical", "xid": "48", **gpu(2)},
     {"alertname": "GpuXidWarning", "severity": "warning", "xid": "63", **gpu(2)},
+    {"alertname": "GpuKernelXidWarning", "severity": "warning", "xid": "63", **gpu(2)},
     {"alertname": "GpuRowRemapPending", "severity": "warning", **gpu(2)},
 ])
-def test_ecc_dbe_silences_its_xids_and_pending_remap_on_the_same_gpu(target):
+def test_ecc_dbe_silences_its_ticket_class_xids_and_pending_remap_on_the_same_gpu(target):
     assert inhibits(ECC_DBE, target)
     assert not inhibits(ECC_DBE, {**target, **gpu(3)})  # another GPU of the node
     assert not inhibits(ECC_DBE, {**target, **gpu(2, "gpu-node-02")})  # same index, other node
+
+
+@pytest.mark.parametrize("target", [
+    {"alertname": "GpuXidCritical", "severity": "critical", "family": "xid", "xid": "48", **gpu(2)},
+    {"alertname": "GpuKernelXidCritical", "severity": "critical", "family": "xid", "xid": "48", **gpu(2)},
+])
+def test_ecc_dbe_does_not_mute_the_xid_48_of_its_own_group(target):
+    """The Xid 48 page may go out before the DBE arrives: muting it afterwards would hide its resolution
+    from the pager (an incident that never closes). Both are in one group (one incident) instead."""
+    assert not inhibits(ECC_DBE, target)
+
+
+def hardware_route() -> dict:
+    route = yaml.safe_load(CONFIG.read_text())["route"]
+    return next(r for r in route["routes"] if any("family" in m for m in r.get("matchers", [])))
+
+
+@pytest.mark.parametrize("alerts", [
+    # Xid 48 (kernel log or DCGM) and the DBE and row-remap failure of the same fault
+    [{"alertname": "GpuKernelXidCritical", "family": "xid", "xid": "48"}, {"alertname": "GpuEccDoubleBitError", "family": "ecc"},
+     {"alertname": "GpuXidCritical", "family": "xid", "xid": "48"}, {"alertname": "GpuRowRemapFailure", "family": "ecc"}],
+    # Xid 79: the GPU off the bus and missing from DCGM's page
+    [{"alertname": "GpuFallenOffBus", "family": "gpu-missing"}, {"alertname": "GpuMissing", "family": "gpu-missing"}],
+])
+def test_one_gpus_hardware_alerts_join_one_group_whatever_fires_first(alerts):
+    """amtool names the route each alert takes; the route's group_by (node, gpu) puts them in one group."""
+    hw = hardware_route()
+    assert hw["group_by"] == [IDENTITY, "gpu"]
+    for a in alerts:
+        labels = [f"{k}={v}" for k, v in {**a, "severity": "critical", **gpu(2)}.items()]
+        r = run("amtool", "config", "routes", "test", f"--config.file={CONFIG.relative_to(ROOT)}", "--tree", *labels)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "family" in r.stdout and "page" in r.stdout, r.stdout
 
 
 def test_ecc_dbe_does_not_silence_a_remap_failure():
@@ -325,7 +358,7 @@ def test_a_fault_on_one_node_never_silences_another_nodes_page(mode):
     node 1's exporter-down or GPU-missing alert node 2's, whatever host label the exporters print."""
     pairs = [
         (_gpu_alert("GpuEccDoubleBitError", "critical", "k8s-gpu-1", mode),
-         _gpu_alert("GpuXidCritical", "critical", "k8s-gpu-2", mode, xid="48")),
+         _gpu_alert("GpuXidWarning", "warning", "k8s-gpu-2", mode, xid="63")),
         (_gpu_alert("GpuXidCritical", "critical", "k8s-gpu-1", mode, xid="79"),
          _gpu_alert("GpuEccDoubleBitError", "critical", "k8s-gpu-2", mode)),
         ({"alertname": "GpuExporterDown", "severity": "critical", IDENTITY: "k8s-gpu-1", **HOST_MODES[mode]("k8s-gpu-1")},

@@ -35,7 +35,7 @@ ALERTS_WITHOUT_DASHBOARD = {
     "Watchdog", "GpuExporterDown", "ServingEngineDown", "GpuTelemetryStale", "GpuTelemetryWithoutIdentity",
     "GpuNvlinkErrors", "GpuPcieReplays", "GpuXidCritical", "GpuXidWarning", "GpuMissing",
     # kernel-log alerts (gpu-kernel-log.yml): the runbook starts from the node's log lines
-    "GpuKernelLogWatching", "GpuKernelXidCritical", "GpuKernelXidWarning", "GpuKernelXidRepeated",
+    "GpuKernelXidCritical", "GpuKernelXidWarning", "GpuKernelXidRepeated",
     "GpuFallenOffBus", "GpuNvSwitchSXidFatal",
 }
 
