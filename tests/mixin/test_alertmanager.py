@@ -465,3 +465,32 @@ def test_real_alertmanager_alerts_without_identity_inhibit_nothing(alertmanager)
         _gpu_alert("GpuXidCritical", "critical", None, "localhost", xid="48"),
     ])
     assert state == {"GpuEccDoubleBitError@": [], "GpuXidCritical@": []}
+
+
+def test_real_alertmanager_one_gpus_fault_is_one_group_whatever_fires_first(alertmanager):
+    """Issue 32: Xid 48 (kernel log, first) with the DBE that follows, and Xid 79 with its GPU missing,
+    are one page each: the Xid's and the DBE's alerts share one aggregation group on the page receiver
+    (the pager keys an incident on (channel, groupKey)); Xid 63's ticket and GpuMissing are inhibited."""
+    import time
+
+    import requests
+
+    tag = f"t{time.monotonic_ns()}"
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5))
+
+    def post(*alerts: dict[str, str]) -> None:
+        body = [{"labels": {**a, "case": tag}, "annotations": {}, "startsAt": now} for a in alerts]
+        assert requests.post(f"{alertmanager}/api/v2/alerts", json=body, timeout=5).status_code == 200
+
+    node = {IDENTITY: "k8s-gpu-1"}
+    post({"alertname": "GpuKernelXidCritical", "severity": "critical", "family": "xid", "xid": "48", "gpu": "2", **node})
+    time.sleep(1)  # the DBE arrives later (DCGM's collect interval)
+    post({"alertname": "GpuEccDoubleBitError", "severity": "critical", "family": "ecc", "gpu": "2", **node},
+         {"alertname": "GpuKernelXidWarning", "severity": "warning", "family": "xid", "xid": "63", "gpu": "2", **node},
+         {"alertname": "GpuFallenOffBus", "severity": "critical", "family": "gpu-missing", "gpu": "6",
+          "pci_bus_id": "00000000:BA:00.0", **node},
+         {"alertname": "GpuMissing", "severity": "critical", "family": "gpu-missing", **node})
+    groups = requests.get(f"{alertmanager}/api/v2/alerts/groups", params={"filter": f'case="{tag}"'}, timeout=5).json()
+    active = sorted((g["receiver"]["name"], names) for g in groups
+                    if (names := sorted(a["labels"]["alertname"] for a in g["alerts"] if not a["status"]["inhibitedBy"])))
+    assert active == [("page", ["GpuEccDoubleBitError", "GpuKernelXidCritical"]), ("page", ["GpuFallenOffBus"])], groups
