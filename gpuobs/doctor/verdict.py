@@ -11,7 +11,7 @@ an ``up`` vLLM target for serving families, else the whole TSDB (application-onl
 * live = enhanced works (or there is no enhanced path and stock works); degraded = only stock works;
   blind = neither, or the family reads the driver label and the target has none;
 * then identity: a target without the identity label is blind for an ``identity_join`` family and at best
-  degraded for the others (its pages carry no node); two targets with one identity value, or an identity
+  degraded for the others (their alerts' degraded twins page it, named by its instance); two targets with one identity value, or an identity
   that is the exporter pod's name, make it at best degraded;
 * MIG: a signal of the path in use that some MIG instances lack (GPU_UTIL: dcgm-exporter #105; FB_*
   on H100 instances: #512, #380) makes it at best degraded.
@@ -469,12 +469,13 @@ def judge_family(ctx: _Context, fam: Family) -> FamilyVerdict:
             status = "blind"
             reasons["DCGM_FI_DRIVER_VERSION label missing (the Helm chart's ConfigMap drops it)"].append(uname)
             want_stock.append(Signal("DCGM_FI_DRIVER_VERSION"))
-        if key is not None:
+        if key is not None and not fam.fleet_wide:
             if not ctx.ident.get(key):
                 status = "blind" if fam.identity_join else max(status, "degraded", key=RANK.get)
                 reasons[f"identity label {snap.identity_label!r} missing or empty {{where}}"
-                        + (": the family's rules compare series per node" if fam.identity_join
-                           else ": pages carry no node")].append(uname)
+                        + (": none of the family's alerts can fire without it (they read per-node recordings "
+                           "or join across jobs)" if fam.identity_join
+                           else ": its pages name the scrape target (instance), not the node")].append(uname)
                 identity_fix = True
             elif key in ctx.dup or key in ctx.unstable:
                 status = max(status, "degraded", key=RANK.get)

@@ -41,8 +41,12 @@ class Family:
     ``alternatives``: signals any one of which satisfies the enhanced path (e.g. the clock-event field
     under its legacy name). ``blind_on_stock``: the family has no stock path at all (say why in
     ``note``). ``needs_driver_label``: the family reads the ``DCGM_FI_DRIVER_VERSION`` label.
-    ``identity_join``: the family's rules compare or join series on the identity label (guarded with
-    ``=~".+"``), so a target without it is blind for the family, not merely paged without a host.
+    ``identity_join``: none of the family's alerts can fire for a target without the identity label
+    (they read recording rules grouped by it, or join across jobs on it), so such a target is blind for
+    the family; the other families' alerts page it degraded, named by its ``instance``
+    (:func:`gpuobs.mixin.gpu_rules.degrade`; tests/mixin/test_render.py checks the two agree).
+    ``fleet_wide``: the family's rules aggregate over the fleet and read no identity label (the SLOs, per
+    model), so a target without it loses nothing there.
     ``optional``: signals only some of the family's alerts read (e.g. ServingEngineDown's ``up`` of
     the vLLM targets); without them the family is degraded, never blind."""
 
@@ -55,6 +59,7 @@ class Family:
     blind_on_stock: bool = False
     needs_driver_label: bool = False
     identity_join: bool = False
+    fleet_wide: bool = False
     optional: tuple[Signal, ...] = ()
     runbook: str = ""
     note: str = ""
@@ -78,7 +83,7 @@ FAMILIES: tuple[Family, ...] = (
            stock=(Signal("DCGM_FI_DEV_GPU_TEMP"),),
            enhanced=(Signal("gpuobs_node_expected_gpus", "agent", "run the gpuobs NVML exporter or logwatch"),),
            alternatives=(Signal("gpuobs_gpu_fallen_off_bus", "agent", "run `gpuobs logwatch` on every GPU node"),),
-           identity_join=True, runbook="xid.md",
+           runbook="xid.md",
            note="stock: fewer GPUs reporting than the node had in the last hour (DCGM cannot report Xid 79)"),
     Family("ecc", ("GpuEccDoubleBitError", "GpuRowRemapFailure", "GpuRowRemapPending"), True,
            stock=(Signal("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"), Signal("DCGM_FI_DEV_ROW_REMAP_FAILURE")),
@@ -92,7 +97,7 @@ FAMILIES: tuple[Family, ...] = (
            enhanced=(Signal("DCGM_FI_DEV_THERMAL_VIOLATION", enable=CSV), Signal("DCGM_FI_DEV_POWER_VIOLATION", enable=CSV)),
            alternatives=(Signal("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", enable=CSV),
                          Signal("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", enable=CSV)),
-           runbook="throttling.md",
+           identity_join=True, runbook="throttling.md",
            note="stock: SM clock far below its recent maximum while busy, with temperature at the slowdown "
                 "point or power collapsed; enhanced: violation counters and clock-event bits"),
     Family("interconnect", ("GpuNvlinkErrors", "GpuPcieReplays", "GpuNvSwitchSXidFatal"), False,
@@ -111,7 +116,7 @@ FAMILIES: tuple[Family, ...] = (
            note="stock: GPU_UTIL high while tensor activity and power collapse on a node that was busy"),
     Family("training", ("TrainingStraggler",), False,
            stock=(Signal("training_step_duration_seconds_count", "app", "export step-time histograms from the job"),),
-           runbook="straggler.md"),
+           identity_join=True, runbook="straggler.md"),
     Family("memory", ("KVFragmentationRisk", "GpuFrameworkOom"), False,
            stock=(Signal("DCGM_FI_DEV_FB_USED"), Signal("DCGM_FI_DEV_FB_FREE")),
            enhanced=(Signal("pytorch_cuda_memory_reserved_bytes", "app", APP),
@@ -124,13 +129,14 @@ FAMILIES: tuple[Family, ...] = (
            stock=(Signal("up"), Signal("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")),
            optional=(Signal("up", "vllm"),), runbook="exporter.md"),
     Family("driver-skew", ("GpuDriverSkew",), False,
-           stock=(Signal("DCGM_FI_DEV_GPU_TEMP"),), needs_driver_label=True, runbook="driver-skew.md",
+           stock=(Signal("DCGM_FI_DEV_GPU_TEMP"),), needs_driver_label=True, identity_join=True,
+           runbook="driver-skew.md",
            note="needs the DCGM_FI_DRIVER_VERSION label, which the dcgm-exporter Helm chart's ConfigMap drops "
                 "(chart 4.0.0-4.4.2, 4.5.3-4.8.2): restore the `DCGM_FI_DRIVER_VERSION, label` CSV line"),
     Family("kv-cache", ("ServingKVCachePressure",), False,
            stock=(Signal("vllm:kv_cache_usage_perc", "vllm"), Signal("vllm:num_preemptions_total", "vllm")),
-           identity_join=True, runbook="kv-cache.md"),
+           runbook="kv-cache.md"),
     Family("slo", ("ServingErrorBudgetBurn",), True,
            stock=(Signal("vllm:request_success_total", "vllm"), Signal("vllm:time_to_first_token_seconds_bucket", "vllm")),
-           runbook="slo.md"),
+           fleet_wide=True, runbook="slo.md"),
 )

@@ -22,6 +22,8 @@ Contract of every rule (design §4.6, §6; tests/mixin check it):
 
 from __future__ import annotations
 
+import re
+
 from gpuobs.core.fleet import FleetConfig
 from gpuobs.mixin.runbooks import runbook_url
 from gpuobs.reference import xid
@@ -51,13 +53,34 @@ MIB = 1048576
 GAP_TOLERANCE = "2m"
 
 
-class Rules:
-    """Builds every rule group for one FleetConfig."""
+#: The label that names a target whose series lack the identity label (a scrape without the identity
+#: relabelling): unique per target on every scrape shape, unlike dcgm-exporter's ``Hostname``
+#: (``localhost`` or the exporter pod's name on every node alike, design §4.1).
+FALLBACK_IDENTITY = "instance"
+#: Alerts that never get a degraded twin: meta alerts, the ticket that names the targets without the
+#: identity label, and fleet-level alerts (no identity in their labels).
+NEVER_DEGRADED = frozenset({"Watchdog", "GpuTelemetryWithoutIdentity", "GpuDriverSkew"})
+#: A recording rule's name (level:metric:operations); recorded series carry only the identity label's
+#: grouping, so an alert that reads one cannot degrade.
+_RECORDED = re.compile(r"\b[a-z_]+:[a-z_]+:[a-z0-9_]+\b")
 
-    def __init__(self, cfg: FleetConfig):
+
+class Rules:
+    """Builds every rule group for one FleetConfig.
+
+    ``fallback=True`` builds the same expressions for the series that LACK the identity label
+    (``<identity>="", instance!=""``), grouped and joined on :data:`FALLBACK_IDENTITY` instead:
+    :func:`degrade` adds them to the alerts so that a fleet scraped without the relabelling still
+    pages, named by its targets (issue 32, "degrade, never go blind")."""
+
+    def __init__(self, cfg: FleetConfig, fallback: bool = False):
         self.cfg = cfg
+        self.fallback = fallback
         #: the identity label, the labels that name one GPU, and (identity, gpu): ``by``/``on`` lists
-        self.identity = cfg.identity_label
+        self.identity = FALLBACK_IDENTITY if fallback else cfg.identity_label
+        #: the matchers every selector carries: a non-empty identity (or, for the fallback, none and a target)
+        self.has_identity = (f'{cfg.identity_label}="", {FALLBACK_IDENTITY}!=""' if fallback
+                             else f'{cfg.identity_label}!=""')
         self.gpu_labels = f"{self.identity}, gpu, UUID, pci_bus_id, modelName"
         self.identity_gpu = f"{self.identity}, gpu"
 
@@ -65,21 +88,21 @@ class Rules:
     def dcgm(self, metric: str, extra: str = "") -> str:
         """A DCGM series through the configured selector, with a non-empty identity."""
         more = f", {extra}" if extra else ""
-        return f'{metric}{{{self.cfg.dcgm_selector}, {self.identity}!=""{more}}}'
+        return f'{metric}{{{self.cfg.dcgm_selector}, {self.has_identity}{more}}}'
 
     def vllm(self, metric: str, extra: str = "") -> str:
         """A vLLM series through the configured selector, with a non-empty identity."""
         more = f", {extra}" if extra else ""
-        return f'{metric}{{{self.cfg.vllm_selector}, {self.identity}!=""{more}}}'
+        return f'{metric}{{{self.cfg.vllm_selector}, {self.has_identity}{more}}}'
 
     def agent(self, metric: str, extra: str = "") -> str:
         """An application / agent series (framework allocator, training job, gpuobs agents): any job,
         non-empty identity."""
         more = f", {extra}" if extra else ""
-        return f'{metric}{{{self.identity}!=""{more}}}'
+        return f'{metric}{{{self.has_identity}{more}}}'
 
     def up(self, selector: str) -> str:
-        return f'up{{{selector}, {self.identity}!=""}}'
+        return f'up{{{selector}, {self.has_identity}}}'
 
     def dashboard(self, path: str) -> str:
         """``<dashboard_base>/d/<path>``: a link into one of the shipped dashboards (``path`` = uid/slug?...)."""
@@ -230,18 +253,23 @@ class Rules:
                  "description": (f"Prometheus has failed to scrape {{{{ $labels.instance }}}} (node {{{{ $labels.{I} }}}}) "
                                  "for at least 1 minute. Either the node is down or the exporter process is."),
                  "runbook_url": self.runbook("exporter", "GpuExporterDown")}},
-            {"#": ("Series that arrive without the identity label never join, group or alert: every rule requires\n"
-                   f"{I}!=\"\". This ticket names the targets whose scrape config does not set it."),
+            {"#": ("Series that arrive without the identity label page through the degraded twins of the alerts\n"
+                   "(gpu_rules.degrade: named by their instance); this ticket names the targets whose scrape config\n"
+                   "does not set it, and how many there are."),
              "alert": "GpuTelemetryWithoutIdentity",
              "expr": no_identity,
              "for": "10m",
              "labels": {"severity": "warning", "family": "exporter"},
              "annotations": {
-                 "summary": f"GPU or serving telemetry arrives without the `{I}` label; gpuobs's rules cannot see it.",
+                 "summary": (f"GPU or serving telemetry arrives without the `{I}` label; its alerts name the scrape "
+                             "target instead of the node."),
                  "description": (f"Target {{{{ $labels.instance }}}} (job {{{{ $labels.job }}}}) serves DCGM or vLLM series "
-                                 f"without a `{I}` label, so no alert fires for its GPUs. Add the relabelling from "
-                                 "README 'Pointing it at a real fleet' (e.g. from __meta_kubernetes_pod_node_name) "
-                                 "and run `gpuobs doctor`."),
+                                 f"without a `{I}` label ({{{{ with query `count({_oneline(no_identity)})` }}}}"
+                                 "{{ . | first | value }}{{ end }} such target(s) in all). Its per-target alerts still "
+                                 "fire, named by the target (label identity_source=\"instance\"); alerts that join "
+                                 "it with another job's series (the kernel-log Xid path, serving, KV cache, SLO "
+                                 "burn) cannot. Add the relabelling from README 'Pointing it at a real fleet' "
+                                 "(e.g. from __meta_kubernetes_pod_node_name) and run `gpuobs doctor`."),
                  "runbook_url": self.runbook("exporter", "GpuTelemetryWithoutIdentity")}},
             {"#": ("Stock: a (node, gpu) that reported DCGM_FI_DEV_GPU_TEMP within the last hour and reports nothing\n"
                    "now while the node's DCGM target is up (DCGM cannot report Xid 79: the GPU just vanishes). Per\n"
@@ -268,7 +296,7 @@ class Rules:
     def hardware_file(self) -> dict:
         I, GPU, IG = self.identity, self.gpu_labels, self.identity_gpu
         bits_raw = (f'max by ({GPU}) ({{__name__=~"{"|".join(CLOCK_EVENT_FIELDS)}", '
-                    f'{self.cfg.dcgm_selector}, {I}!=""}})')
+                    f'{self.cfg.dcgm_selector}, {self.has_identity}}})')
         bits = " + ".join(f"(floor({bits_raw} / {b}) % 2)" for _, b in THROTTLE_BITS)
         # `and` the counters' presence now: a GPU gone from the page (fallen off the bus) stops at once.
         viol = (f"max by ({GPU}) (rate({self.dcgm('DCGM_FI_DEV_THERMAL_VIOLATION')}[2m]) "
@@ -578,6 +606,36 @@ class Rules:
                  "runbook_url": self.runbook("driver-skew", "GpuDriverSkew"),
                  "dashboard_url": self.dashboard("gpuobs-fleet/gpu-fleet?viewPanel=1")}},
         ]}]}
+
+
+def degrade(main: dict, fallback: dict, cfg: FleetConfig) -> dict:
+    """``main`` (a rule file as built by :class:`Rules`) with every alert that can degrade extended by
+    its twin from ``fallback`` (the same file built with ``Rules(cfg, fallback=True)``): ``main or
+    <twin>``, the twin's identity label set to its target's ``instance`` and marked
+    ``identity_source="instance"``, its description saying so and how to fix it. Alerts in
+    :data:`NEVER_DEGRADED` and alerts that read a recording rule keep ``main``'s expression."""
+    I = cfg.identity_label
+    note = ("{{ if $labels.identity_source }} IDENTITY DEGRADED: this target's series lack the `%s` label, so "
+            "the alert names the scrape target (instance) instead of the node; add the relabelling from "
+            "README 'Pointing it at a real fleet' and run `gpuobs doctor`.{{ end }}" % I)
+    out = {"groups": []}
+    for g_main, g_fb in zip(main["groups"], fallback["groups"], strict=True):
+        rules = []
+        for r, fb in zip(g_main["rules"], g_fb["rules"], strict=True):
+            if "alert" in r and r["alert"] not in NEVER_DEGRADED and not _RECORDED.search(fb["expr"]) \
+                    and f'{I}="", {FALLBACK_IDENTITY}!=""' in fb["expr"]:
+                twin = (f'label_replace(\n  label_replace(\n{_indent(fb["expr"], 4)}\n  , "{I}", "$1", '
+                        f'"{FALLBACK_IDENTITY}", "(.+)"),\n  "identity_source", "{FALLBACK_IDENTITY}", "", "")')
+                r = {**r, "expr": f"(\n{_indent(r['expr'])}\n)\nor\n{twin}",
+                     "annotations": {**r["annotations"], "description": r["annotations"]["description"] + note}}
+            rules.append(r)
+        out["groups"].append({**g_main, "rules": rules})
+    return out
+
+
+def _oneline(expr: str) -> str:
+    """``expr`` on one line (for a template's query)."""
+    return " ".join(part.strip() for part in expr.splitlines())
 
 
 def _indent(text: str, n: int = 2) -> str:

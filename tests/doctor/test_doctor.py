@@ -164,18 +164,24 @@ def test_lowercase_hostname_and_absent_host_label():
     assert finding(doctor(fleet("stock", host="none")), "hostname-absent").severity == "info"
 
 
-def test_no_identity_label_blinds_per_node_families_and_exits_1():
+def test_no_identity_label_degrades_the_pages_and_blinds_only_the_families_that_need_it():
+    """Without the identity label the alerts' degraded twins still page, named by the target (issue 32):
+    the paging families are degraded, not blind (exit 0); the families whose alerts all read per-node
+    recordings (throttling, driver skew) are blind. The identity finding stays an error."""
     rep = doctor(fleet("stock", node_label=False))
     st = statuses(rep)
-    assert st["gpu-missing"] == "blind" and st["kv-cache"] == "blind"
+    assert st["gpu-missing"] == "degraded" and st["kv-cache"] == "degraded"
     assert st["xid"] == "degraded" and st["exporter"] == "degraded"
-    assert rep.exit_code == 1 and "gpu-missing" in rep.blind_paging
+    assert st["throttling"] == "blind" and st["driver-skew"] == "blind"
+    assert rep.exit_code == 0 and rep.blind_paging == []
     f = finding(rep, "dcgm-identity-missing")
     assert f.severity == "error" and "on all 4 DCGM targets" in f.message
     titles = " | ".join(fx.title for fx in f.fixes)
     assert "ServiceMonitor" in titles and "PodMonitor" in titles and "file_sd" in titles
-    assert any("identity label 'node' missing or empty on all 4 DCGM targets: the family's rules compare series per node"
-               == w for w in family(rep, "gpu-missing").why)
+    assert any("identity label 'node' missing or empty on all 4 DCGM targets: its pages name the scrape target "
+               "(instance), not the node" == w for w in family(rep, "gpu-missing").why)
+    assert any(w.startswith("identity label 'node' missing or empty on all 4 DCGM targets: none of the family's alerts")
+               for w in family(rep, "throttling").why)
     assert finding(rep, "vllm-identity-missing").fixes == []  # the snippets are given once
     sm = next(fx for fx in f.fixes if fx.title.startswith("ServiceMonitor"))
     assert "- sourceLabels: [__meta_kubernetes_pod_node_name]\n          targetLabel: node" in sm.text
@@ -205,8 +211,8 @@ def test_default_selectors_match_servicemonitor_job_names_like_the_rules():
     codes = {f.code for f in rep.findings}
     assert not codes & {"dcgm-selector-matches-nothing", "vllm-selector-matches-nothing"}, codes
     assert "dcgm-identity-missing" in codes
-    assert family(rep, "gpu-missing").status == "blind" and family(rep, "xid").status == "degraded"
-    assert rep.exit_code == 1
+    assert family(rep, "gpu-missing").status == "degraded" and family(rep, "xid").status == "degraded"
+    assert family(rep, "throttling").status == "blind" and rep.exit_code == 0
 
 
 def test_selectors_matching_no_target_are_blind_and_say_which_selector():
@@ -224,7 +230,7 @@ def test_selectors_matching_no_target_are_blind_and_say_which_selector():
 
 def test_servicemonitor_with_right_selectors_but_no_node_relabelling():
     rep = doctor(fleet("stock", scrape="servicemonitor", node_label=False), dcgm_selector=SM, vllm_selector=SM_VLLM)
-    assert family(rep, "gpu-missing").status == "blind" and rep.exit_code == 1
+    assert family(rep, "gpu-missing").status == "degraded" and rep.exit_code == 0
     assert any("ServiceMonitor" in fx.title for fx in finding(rep, "dcgm-identity-missing").fixes)
     assert "exported_pod" in finding(rep, "exported-workload-labels").message
 
@@ -306,9 +312,12 @@ def test_cli_text_json_and_exit_codes(capsys):
         assert cli(["doctor", "--prometheus", prom.url, "--dcgm-selector", "job=dcgm"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("gpuobs doctor: error: --dcgm-selector") and "Traceback" not in err
-    with FakePrometheus(fleet("stock", node_label=False)) as prom:
-        assert cli(["doctor", "--prometheus", prom.url, "--json"]) == 1
-        assert json.loads(capsys.readouterr().out)["blind_paging"] == ["gpu-missing"]
+    with FakePrometheus(fleet("stock", node_label=False)) as prom:  # degraded pages, exit 0
+        assert cli(["doctor", "--prometheus", prom.url, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["blind_paging"] == []
+        # a selector that matches no target blinds every paging family: exit 1
+        assert cli(["doctor", "--prometheus", prom.url, "--json", "--dcgm-selector", 'job="none"']) == 1
+        assert "gpu-missing" in json.loads(capsys.readouterr().out)["blind_paging"]
     assert cli(["doctor", "--prometheus", url_of_closed_port(), "--timeout", "2"]) == 1
     assert "unavailable" in capsys.readouterr().err
 

@@ -35,6 +35,8 @@ CASES = {
     "recommended": ({"exporter_profile": "recommended"}, {}),
     "stock-servicemonitor-podname": ({"exporter_profile": "stock", "scrape_mode": "servicemonitor",
                                       "host_label_mode": "pod"}, SERVICEMONITOR),
+    # the fleet config names an identity label the scrapes do not set (a relabelling missing)
+    "stock-without-identity": ({"exporter_profile": "stock"}, {"identity_label": "k8s_node"}),
 } if HAS_PROFILES else {"default": ({}, {})}
 #: case -> doctor's verdicts on that stack.
 EXPECTED = {
@@ -45,9 +47,14 @@ EXPECTED = {
     "helm": {**STOCK, "driver-skew": "blind"},
     "recommended": ALL_LIVE,
     "stock-servicemonitor-podname": STOCK,
+    # The alerts' degraded twins page every target named by its instance: degraded, not blind, except
+    # the families whose alerts all read per-node recordings (issue 32).
+    "stock-without-identity": {**STOCK, "throttling": "blind", "driver-skew": "blind", "kv-cache": "degraded",
+                               "exporter": "degraded"},
 }
 #: case -> the error/warning findings (none where file_sd gives every target `node`).
-FINDINGS = {"helm": ["driver-label-missing"], "stock-servicemonitor-podname": ["hostname-pod-name"]}
+FINDINGS = {"helm": ["driver-label-missing"], "stock-servicemonitor-podname": ["hostname-pod-name"],
+            "stock-without-identity": ["dcgm-identity-missing", "vllm-identity-missing"]}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

@@ -53,16 +53,19 @@ def _texts(cfg: FleetConfig) -> dict[str, str]:
 
 
 def test_every_rule_reads_series_with_a_non_empty_identity():
-    """No selector of a DCGM, vLLM or gpuobs metric lacks `node!=""` (GpuTelemetryWithoutIdentity alone
-    looks for the series WITHOUT it), and no rule groups or joins on Hostname."""
+    """No selector of a DCGM, vLLM or gpuobs metric lacks `node!=""` (GpuTelemetryWithoutIdentity and the
+    alerts' degraded twins alone read the series WITHOUT it), and no rule groups or joins on Hostname."""
     for name, text in _texts(FleetConfig()).items():
         for rule in (r for g in yaml.safe_load(text)["groups"] for r in g["rules"]):
             expr = rule["expr"]
             assert "Hostname" not in expr, (name, rule.get("alert") or rule.get("record"))
             if rule.get("alert") == "GpuTelemetryWithoutIdentity":
                 continue
+            degraded = '"identity_source", "instance", "", "")' in expr
             for m in re.finditer(r"\b(DCGM_[A-Z_]+|vllm:[a-z_:]+|gpuobs_[a-z_]+|pytorch_[a-z_]+|up)\{([^}]*)\}", expr):
-                assert 'node!=""' in m.group(2), (name, m.group(0))
+                # the degraded twin (gpu_rules.degrade) reads the series WITHOUT the identity, per target
+                assert 'node!=""' in m.group(2) or (degraded and 'node="", instance!=""' in m.group(2)), \
+                    (name, m.group(0))
 
 
 @pytest.mark.parametrize("paths", ["both", "stock", "enhanced"])
@@ -288,3 +291,19 @@ def test_render_into_a_place_that_cannot_take_it_writes_nothing(tmp_path, capsys
     assert "--out" in err and "nothing was written" in err and "Traceback" not in err
     if make_out != "file":
         assert sorted(p.name for p in out.iterdir()) == ["alertmanager"]
+
+
+def test_the_families_blind_without_identity_are_those_without_degraded_twins():
+    """families.identity_join (doctor: blind without the identity label) holds exactly for the families
+    none of whose alerts has a degraded twin (gpu_rules.degrade); fleet-wide ones (the SLOs) read none."""
+    from gpuobs.mixin.families import FAMILIES
+
+    twin: dict[str, bool] = {}
+    for text in _texts(FleetConfig()).values():
+        for r in (r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "alert" in r):
+            twin[r["alert"]] = twin.get(r["alert"], False) or '"identity_source", "instance"' in r["expr"]
+    for fam in FAMILIES:
+        if fam.fleet_wide:
+            assert not fam.identity_join and not any(twin.get(a, False) for a in fam.alerts), fam.name
+            continue
+        assert fam.identity_join == (not any(twin[a] for a in fam.alerts)), fam.name
