@@ -261,7 +261,7 @@ def _started(rec: R.RunRecord, analyzer: Analyzer) -> dict[str, Any]:
     return {"verdict": "HOLD", "reasons": ["analysis run registered; the window starts now"], "warnings": [],
             "metrics": [], "canary": analyzer.canary, "baseline": analyzer.baseline, "start": rec.start,
             "end": rec.start, "time_fraction": 0.0, "final": False, "alpha": analyzer.config.alpha, "score": None,
-            "exit_code": 3, "run": rec.info(False)}
+            "exit_code": 3, "deciding": [], "assumptions": [], "run": rec.info(False)}
 
 
 _QUERY = re.compile(r"^\s*" + OK_METRIC + r"\s*\{(.*)\}\s*$", re.S)
