@@ -64,13 +64,13 @@ from scipy.stats import norm
 from scipy.stats import t as student_t
 
 from gpuobs.canary.config import CanaryConfig, MetricSpec, fill_selector, parse_selector
-from gpuobs.canary.histstats import HistContext, NoData, NotApplicable, errors_needed, node_spread_note
+from gpuobs.canary.histstats import HistContext, NoData, NotApplicable, errors_needed, node_spread_assumption
 from gpuobs.canary.sequential import (MIN_INFO_GROWTH, binomial_upper_bound, group_sequential_boundaries,
                                       planned_looks, rate_ratio_interval, rate_ratio_log_evalue)
 from gpuobs.canary.stats import (CLASS_NAMES, Clustered, Shift, bin_log_centres, classify, common_bounds,
                                  fold_nonpositive, harmful, histogram_quantile, paired_shift, parse_buckets, rebin,
                                  unit_moments)
-from gpuobs.canary.verdict import MetricResult, Verdict, combine
+from gpuobs.canary.verdict import MetricResult, Verdict, assumptions, combine, deciding_tests
 from gpuobs.core import log
 from gpuobs.promapi.prometheus import PromClient, QueryResult
 
@@ -144,9 +144,6 @@ class Analyzer:
                 res.classification, res.reason = "NoData", str(why)
             results.append(res)
         verdict, reasons, warnings = combine(results)
-        # the node-spread assumption is part of why: few nodes, the prior decides the intervals' width
-        reasons.extend(f"assumption: {m.name}: {n}" for m in results if m.critical for n in m.notes
-                       if "node_spread" in n)
         reachable, outlook = self._outlook(results, a, end)
         if not reachable and verdict == "HOLD":
             reasons.extend(outlook)
@@ -156,8 +153,12 @@ class Analyzer:
         if verdict == "HOLD" and frac >= 1.0:
             reasons.append("the analysis horizon is reached: later looks cannot change the latency verdicts; "
                            "treat this HOLD as inconclusive (e.g. Argo inconclusiveLimit, or end the stage)")
+        # the node-spread assumption is part of why (few nodes: the prior decides the intervals' width);
+        # said once per look, not per metric or reason
         out = Verdict(verdict, reasons, warnings, results, self.canary, self.baseline, start, end, frac,
-                      frac >= 1.0, self.config.alpha, promote_reachable=reachable, warmup_s=cfg.warmup_s)
+                      frac >= 1.0, self.config.alpha, promote_reachable=reachable, warmup_s=cfg.warmup_s,
+                      deciding=deciding_tests(results) if verdict == "ROLLBACK" else [],
+                      assumptions=assumptions(results))
         LOG.info("canary analysis", extra={"fields": {
             "verdict": verdict, "window_s": round(end - start, 1), "time_fraction": round(frac, 3),
             "metrics": {m.name: m.classification for m in results}}})
@@ -446,7 +447,8 @@ class Analyzer:
             allowed = spec.allowed_effect if name == "location" else spec.quantile_allowed_effect
             if name not in HARM_ONLY_TESTS:
                 needed.append(t["need"](float(norm.isf(alphas[name])), allowed))
-        note = node_spread_note(ctx, unit, cfg.node_spread, cfg.node_spread_df, len(nb_u), len(nc_u))
+        res.assumption, note = node_spread_assumption(ctx, unit, cfg.node_spread, cfg.node_spread_df, len(nb_u),
+                                                      len(nc_u))
         if note:
             res.notes.append(note)
         # in the unit of n_canary (observations: tokens for ITL), from effective requests

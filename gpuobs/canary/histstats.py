@@ -27,7 +27,7 @@ The tests, each at its share of the metric's alpha (:meth:`HistContext.test`):
   the baseline's p90 bound, its null exact by FFT convolution (:func:`score_sum_z`), reported as the
   p99 change it implies (:meth:`HistContext._tail`).
 
-Also: :func:`node_spread_note` (the node-spread assumption in words, when it carries weight) and
+Also: :func:`node_spread_assumption` (the node-spread assumption in words, when it carries weight) and
 :func:`errors_needed` (the canary requests an error-ratio metric needs to pass, for the analyzer's
 outlook, as the tests' ``need`` is for the histogram metrics).
 
@@ -167,16 +167,23 @@ def _savage_scores(counts: np.ndarray) -> tuple[np.ndarray, float]:
     return scores, float((pi * scores * scores).sum())
 
 
-def node_spread_note(ctx: "HistContext", unit: str, spread: float, prior_df: float, kb: int, kc: int) -> str:
-    """The node-spread assumption in words when it carries weight (few nodes), else ``""``."""
+def node_spread_assumption(ctx: "HistContext", unit: str, spread: float, prior_df: float, kb: int,
+                           kc: int) -> tuple[str, str]:
+    """The node-spread assumption when it carries weight (few nodes), else ``("", "")``.
+
+    Returns ``(assumption, note)``: the assumption in words that do not depend on the metric (the
+    nodes, degrees of freedom and the prior's weight; said once per verdict,
+    :func:`gpuobs.canary.verdict.assumptions`), and the metric's own note, the node sd it used
+    (relative, e.g. ``node sd 2.7% used``). ``spread``: the configured node_spread (relative sd);
+    ``prior_df``: its degrees of freedom; ``kb``/``kc``: baseline/canary units."""
     try:
         loc = ctx.location_stat()
     except (ValueError, ZeroDivisionError, FloatingPointError):
-        return ""
+        return "", ""
     d = loc.node_df
     weight = 1.0 if d == 0 or math.isinf(prior_df) else prior_df / (prior_df + d)
     if weight < PRIOR_NOTE_WEIGHT:
-        return ""
+        return "", ""
     used = math.expm1(math.sqrt(loc.tau2))
     if d == 0:
         src = (f"{kb} baseline and {kc} canary {unit}(s) cannot estimate node-to-node variation; assuming the "
@@ -184,8 +191,9 @@ def node_spread_note(ctx: "HistContext", unit: str, spread: float, prior_df: flo
     else:
         src = (f"node-to-node variation from {kb} baseline and {kc} canary {unit}(s) ({d} df) pooled with the "
                f"assumed node_spread {spread:.1%} ({prior_df:g} df, {weight:.0%} of the weight)")
-    return (f"{src}: node sd {used:.1%} used; a canary {unit} that differs from the baseline by more than "
-            f"the assumed spread can be rolled back (more baseline {unit}s let the data decide)")
+    return (f"{src}; a canary {unit} that differs from the baseline by more than the assumed spread can be "
+            f"rolled back (more baseline {unit}s let the data decide)",
+            f"node sd {used:.1%} used (the node_spread assumption carries {weight:.0%} of the weight)")
 
 
 def errors_needed(p_b: float, allowed: float, alpha: float) -> float:

@@ -192,4 +192,5 @@ def inconclusive(rec: RunRecord, now: float, why: str, canary: str, baseline: st
     """The INCONCLUSIVE answer of a run whose horizon passed without a usable look (``why``)."""
     return {"verdict": INCONCLUSIVE, "reasons": [why], "warnings": [], "metrics": [], "canary": canary,
             "baseline": baseline, "start": rec.start, "end": now, "time_fraction": (now - rec.start) / horizon_s,
-            "final": True, "alpha": alpha, "score": None, "exit_code": CODES[INCONCLUSIVE]}
+            "final": True, "alpha": alpha, "score": None, "exit_code": CODES[INCONCLUSIVE], "deciding": [],
+            "assumptions": []}

@@ -22,6 +22,9 @@ Routes (configuration, and the mapping to each controller's outcomes: docs/canar
 * ``GET /api/v1/query?query=gpuobs_canary_ok{namespace="NS",name="NAME",canary="SEL",baseline="SEL"}``:
   Prometheus-API-shaped one-sample vector for a Flagger MetricTemplate (prometheus provider): 1
   while the analysis may still promote, 0 on ROLLBACK or INCONCLUSIVE; ``thresholdRange: {min: 1}``.
+  A constant ``vector(<number>)`` answers that number (one sample, no labels) without analysing:
+  Flagger's prometheus provider checks a MetricTemplate's address with ``vector(1)`` and wants 1
+  (``IsOnline``, ``pkg/metrics/providers/prometheus.go``); :func:`constant_query`.
 * ``GET /healthz`` (no token needed).
 
 Authentication: with a token (``--token-file``, on by default) the analysis routes need
@@ -261,11 +264,22 @@ def _started(rec: R.RunRecord, analyzer: Analyzer) -> dict[str, Any]:
     return {"verdict": "HOLD", "reasons": ["analysis run registered; the window starts now"], "warnings": [],
             "metrics": [], "canary": analyzer.canary, "baseline": analyzer.baseline, "start": rec.start,
             "end": rec.start, "time_fraction": 0.0, "final": False, "alpha": analyzer.config.alpha, "score": None,
-            "exit_code": 3, "run": rec.info(False)}
+            "exit_code": 3, "deciding": [], "assumptions": [], "run": rec.info(False)}
 
 
+_CONSTANT = re.compile(r"^\s*vector\s*\(\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*\)\s*$")
 _QUERY = re.compile(r"^\s*" + OK_METRIC + r"\s*\{(.*)\}\s*$", re.S)
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
+
+
+def constant_query(query: str) -> str | None:
+    """The sample value of a constant ``vector(<number>)`` query as Prometheus writes it (``"1"``,
+    ``"0.5"``), or None for any other query (then :func:`parse_ok_query` reads it)."""
+    m = _CONSTANT.match(query or "")
+    if not m:
+        return None
+    v = float(m.group(1))
+    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
 
 
 def parse_ok_query(query: str) -> dict[str, str]:
@@ -354,7 +368,13 @@ class CanaryHandler(httpd.Handler):
             self._send(404, {"error": f"no route {url.path}; try /api/v1/analysis"})
 
     def _query(self, params: dict[str, str]) -> None:
-        """Flagger MetricTemplate (prometheus provider): a one-sample vector of ``gpuobs_canary_ok``."""
+        """Flagger MetricTemplate (prometheus provider): a one-sample vector of ``gpuobs_canary_ok``, or
+        of a constant (``vector(1)``: Flagger's check of the template's address)."""
+        const = constant_query(params.get("query", ""))
+        if const is not None:
+            sample = {"metric": {}, "value": [self.server.clock(), const]}
+            self._send(200, {"status": "success", "data": {"resultType": "vector", "result": [sample]}})
+            return
         try:
             labels = parse_ok_query(params.get("query", ""))
             analyzer = self.server._analyzer(labels)

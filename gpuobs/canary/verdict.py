@@ -10,6 +10,11 @@ Combination (:func:`decide`, vectorised so the benchmark applies the same rule):
 
 Non-critical metrics are advisory: reported (and listed as warnings when harmful) but never decide.
 Verdict codes equal the CLI exit codes of design §8: PROMOTE 0, ROLLBACK 1, HOLD 3.
+
+Said once: a ROLLBACK's reasons are one short line per deciding test (:func:`deciding_tests`,
+:func:`deciding_line`: ``ttft: High (+29.8% [+0.6%, +67.3%])``); the assumptions a look rests on
+(the node-spread prior, :mod:`gpuobs.canary.histstats`) are :attr:`Verdict.assumptions`, one entry per
+distinct assumption, never repeated in the reasons or per metric.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class MetricResult:
     ``evidence``: the statistic and its boundary (``z`` vs ``boundary``, or ``log_e`` vs ``threshold``).
     ``data_start``: unix time the counter metrics' ``increase()`` was read from (the look's start, or
     later when the series began inside the window; :mod:`gpuobs.canary.analyzer`); None for series metrics.
+    ``assumption``: the assumption this metric's intervals rest on (the node-spread prior when it
+    carries weight), metric-independent words so the verdict can say it once; ``""`` when none.
     """
 
     name: str
@@ -81,6 +88,7 @@ class MetricResult:
     notes: list[str] = field(default_factory=list)
     needed_canary: float | None = None
     data_start: float | None = None
+    assumption: str = ""
 
     @property
     def code(self) -> int:
@@ -90,7 +98,12 @@ class MetricResult:
 
 @dataclass
 class Verdict:
-    """The analysis of one look: verdict, reasons, per-metric results and the look's position."""
+    """The analysis of one look: verdict, reasons, per-metric results and the look's position.
+
+    ``reasons``: short lines (a ROLLBACK's: one per deciding test, :func:`deciding_line`).
+    ``deciding``: a ROLLBACK's deciding tests as :func:`deciding_tests` gives them (empty otherwise).
+    ``assumptions``: each distinct assumption of the critical metrics once, as
+    ``"<metric>[, <metric>...]: <assumption>"`` (:func:`assumptions`)."""
 
     verdict: str
     reasons: list[str]
@@ -105,6 +118,8 @@ class Verdict:
     alpha: float
     promote_reachable: bool = True
     warmup_s: float = 0.0
+    deciding: list[dict[str, Any]] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -124,8 +139,10 @@ class Verdict:
         doc["exit_code"] = self.exit_code
         return _clean(doc)
 
-    def table(self) -> str:
-        """Text report: a header, one row per metric, then reasons and warnings."""
+    def table(self, assumptions: bool = True) -> str:
+        """Text report: a header, one row per metric, then reasons, warnings, the assumptions (each
+        once; ``assumptions=False`` leaves them to a caller that prints them in its own header, e.g.
+        a rollout's report across its looks) and notes."""
         head = (f"Canary verdict: {self.verdict}  (window {self.end - self.start:.0f} s = {self.time_fraction:.0%} "
                 f"of the horizon{', final' if self.final else ''}; family-wise alpha {self.alpha:g})\n"
                 f"canary: {self.canary}   baseline: {self.baseline}")
@@ -137,6 +154,7 @@ class Verdict:
         widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
         lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines += [f"reason: {r}" for r in self.reasons] + [f"warning: {w}" for w in self.warnings]
+        lines += [f"assumption: {a}" for a in self.assumptions] if assumptions else []
         lines += [f"note: {m.name}: {n}" for m in self.metrics for n in m.notes]
         lines.append(f"note: alpha {self.alpha:g} is per stage; a rollout of k stages rolls back a healthy release "
                      f"with probability at most k x {self.alpha:g} "
@@ -217,8 +235,49 @@ def describe(m: MetricResult) -> str:
     return f"{m.name}: {m.classification} ({fmt_effect(m.effect, scale)}{iv})"
 
 
+def deciding_tests(metrics: list[MetricResult]) -> list[dict[str, Any]]:
+    """The tests that make a look ROLLBACK: each harmful test of each harmful critical metric
+    (histograms), or the metric itself (errors, series). One dict each: ``metric``, ``test`` (None for
+    a metric without tests), ``classification``, ``effect`` and ``interval`` ``[lo, hi]`` (on ``scale``:
+    ``relative`` = ratio - 1, +0.1 = +10%; ``absolute`` in the metric's unit), ``scale``."""
+    out = []
+    for m in metrics:
+        if not (m.critical and m.harmful):
+            continue
+        harm = [t for t in m.tests if t.get("harmful")]
+        if harm:
+            out += [{"metric": m.name, "test": t["test"], "classification": t["classification"],
+                     "effect": t["effect"], "interval": list(t["interval"]), "scale": "relative"} for t in harm]
+        else:
+            out.append({"metric": m.name, "test": None, "classification": m.classification, "effect": m.effect,
+                        "interval": None if m.interval is None else list(m.interval),
+                        "scale": "relative" if m.kind == "errors" else m.scale})
+    return out
+
+
+def deciding_line(d: dict[str, Any]) -> str:
+    """One deciding test (:func:`deciding_tests`, or its JSON form) in one short line:
+    ``ttft: High (+29.8% [+0.6%, +67.3%])``; a test other than the location test is named
+    (``ttft p99: High (...)``)."""
+    name = d["metric"] + (f" {d['test']}" if d.get("test") not in (None, "location") else "")
+    iv = d.get("interval")
+    span = "" if not iv else f" [{fmt_effect(iv[0], d['scale'])}, {fmt_effect(iv[1], d['scale'])}]"
+    return f"{name}: {d['classification']} ({fmt_effect(d.get('effect'), d['scale'])}{span})"
+
+
+def assumptions(metrics: list[MetricResult]) -> list[str]:
+    """Each distinct :attr:`MetricResult.assumption` of the critical metrics once, prefixed with the
+    metrics it applies to: ``["ttft, itl: node-to-node variation from ..."]``, in metric order."""
+    seen: dict[str, list[str]] = {}
+    for m in metrics:
+        if m.critical and m.assumption:
+            seen.setdefault(m.assumption, []).append(m.name)
+    return [f"{', '.join(names)}: {text}" for text, names in seen.items()]
+
+
 def combine(metrics: list[MetricResult]) -> tuple[str, list[str], list[str]]:
-    """Apply :func:`decide` to metric results; returns (verdict name, reasons, warnings)."""
+    """Apply :func:`decide` to metric results; returns (verdict name, reasons, warnings). A
+    ROLLBACK's reasons are :func:`deciding_line` of each :func:`deciding_tests` entry."""
     codes = np.array([m.code for m in metrics])
     harm = np.array([m.harmful for m in metrics])
     crit = np.array([m.critical for m in metrics])
@@ -227,7 +286,7 @@ def combine(metrics: list[MetricResult]) -> tuple[str, list[str], list[str]]:
     if verdict == "PROMOTE" and any(m.classification == "NoData" for m in critical):  # decide() forbids it
         raise AssertionError("PROMOTE with a critical metric lacking data")
     if verdict == "ROLLBACK":
-        reasons = [describe(m) + " is harmful" for m in critical if m.harmful]
+        reasons = [deciding_line(d) for d in deciding_tests(metrics)]
     elif verdict == "PROMOTE":
         reasons = ["every critical metric is within its allowed effect: "
                    + ", ".join(m.name for m in critical)]

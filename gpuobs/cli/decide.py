@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuobs.cli.common import env, fail
+from gpuobs.cli.common import env, fail, fleet_config
 from gpuobs.core import activity
 from gpuobs.core.durations import parse_duration
 from gpuobs.core.errors import ConfigError
-from gpuobs.core.fleet import shipped_fleet
+from gpuobs.core.fleet import FleetConfig, FleetConfigError, shipped_fleet
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError
 from gpuobs.rollout import decisions, tracing
@@ -106,15 +106,26 @@ class Driver:
 
 def group_options() -> argparse.ArgumentParser:
     """The parent parser of every subcommand of both groups: ``--run-dir``, ``--prometheus``,
-    ``--config`` (each with its ``GPUOBS_*`` environment default) and ``--json``."""
+    ``--config``, ``--fleet`` (each with its ``GPUOBS_*`` environment default) and ``--json``."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--run-dir", default=env("RUN_DIR", ".run"), help="stack run directory (env GPUOBS_RUN_DIR)")
     common.add_argument("--prometheus", default=env("PROMETHEUS_URL"), metavar="URL",
                         help="Prometheus URL (env GPUOBS_PROMETHEUS_URL; default: the stack's)")
     common.add_argument("--config", default=env("CANARY_CONFIG"), metavar="FILE",
                         help="canary metrics YAML (env GPUOBS_CANARY_CONFIG; default: packaged metrics.yaml)")
+    common.add_argument("--fleet", default=env("FLEET_CONFIG"), metavar="FILE",
+                        help="fleet config (format of prometheus/fleet.yaml; env GPUOBS_FLEET_CONFIG; default: the "
+                             "shipped one): the identity label of the gates' queries and the runbook_base of the "
+                             "notices' runbook_url")
     common.add_argument("--json", action="store_true", help="final report as one JSON object")
     return common
+
+
+def fleet_of(args: argparse.Namespace) -> FleetConfig:
+    """The fleet config the rollout acts under: ``--fleet FILE`` (or ``$GPUOBS_FLEET_CONFIG``) through
+    :func:`gpuobs.cli.common.fleet_config`, else the shipped one (``prometheus/fleet.yaml``, which the
+    local stack's scrape config follows). Raises FleetConfigError (an input error naming the flag)."""
+    return fleet_config(args.fleet) if getattr(args, "fleet", None) else shipped_fleet()
 
 
 def add_drive_options(p: argparse.ArgumentParser, bake_help: str) -> None:
@@ -242,14 +253,16 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
     the running stack's fleet and Prometheus (``--prometheus``, else the stack's), create ``spec`` (a
     :class:`gpuobs.rollout.model.RolloutSpec`) or take rollout ``rid``, call ``fn(controller, rid)``
     (``run`` or ``abort``; it returns the final record), record the rollout in the activity file
-    before and after (:func:`note`), post its notice (:func:`gpuobs.rollout.notices.send`) and print
-    the report. Returns the exit code of its final state (:data:`gpuobs.rollout.model.EXIT_CODES`),
-    or 2 with one error line: no running stack, the lock held by another controller, a usage,
+    before and after (:func:`note`), post its notice (:func:`gpuobs.rollout.notices.send`, its
+    runbook link under the fleet config's ``runbook_base``, :func:`fleet_of`) and print the report.
+    Returns the exit code of its final state (:data:`gpuobs.rollout.model.EXIT_CODES`), or 2 with one
+    error line: no running stack, a bad fleet config, the lock held by another controller, a usage,
     config, fleet or store error."""
     kind = driver.kind
     try:
         stack = running_stack(args)
-    except UsageError as err:
+        fleet_cfg = fleet_of(args)
+    except (UsageError, FleetConfigError) as err:
         return fail(err)
     try:
         client = PromClient(args.prometheus or stack.urls.prometheus)
@@ -263,7 +276,7 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
                         "`abort`")
         flag = parse_variant(spec.version if spec is not None else store.get(rid).version)[0] if kind.flags else None
         fleet = driver.fleet(stack, flag)
-        ctl = driver.controller(store, fleet, PromSignals(client, shipped_fleet()), analyzer_factory(client, args.config),
+        ctl = driver.controller(store, fleet, PromSignals(client, fleet_cfg), analyzer_factory(client, args.config),
                                 out=lambda line: print(line, flush=True), tracer=tr)
         rid = rid if spec is None else ctl.create(spec).id
         note(args, kind, store, rid, flag)
@@ -272,7 +285,9 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
         finally:
             note(args, kind, store, rid, flag)
         tr.shutdown()
-        line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir), flag=flag)  # RolledBack/... -> Alertmanager
+        ended_in = store.stage(rec.id, rec.stage) if rec.stage >= 0 else None
+        line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir), fleet_cfg.runbook_base, flag=flag,
+                           stage=ended_in)  # RolledBack/... -> Alertmanager
         if line:
             print(line, flush=True)
         print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus, kind.group), flush=True)

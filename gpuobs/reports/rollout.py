@@ -24,11 +24,14 @@ Input contract (a plain dict, e.g. the rollout controller's final document; ever
                                      "interval": [-0.01, 0.05], "evidence": {"z": 1.2, "boundary": 3.1},
                                      "baseline": {"p50": 0.1, "p99": 0.9}, "canary": {...},
                                      "scale": "relative", "critical": true, "harmful": false}]},
+      "assumptions": ["ttft, itl: node-to-node variation from ..."],  # each once (gpuobs.rollout.report.
+                                                  # run_assumptions); default: final_verdict.assumptions
       "prometheus": "http://127.0.0.1:9090",      # no URL: tables only, plots omitted (noted)
       "canary_selector": 'track="canary"', "baseline_selector": 'track="baseline"'
     }
 
-The report has: a header (versions, state, duration, selectors), the stages table, the compatibility
+The report has: a header (versions, state, reason, the assumptions the canary verdicts rest on, each
+once, duration, selectors), the stages table, the compatibility
 gate's table (always when the gate ran; first thing after the summary on a Rejected rollout), the
 timeline (transitions and operator decisions in UTC), the final verdict table, canary-vs-baseline
 distributions of TTFT, ITL and E2E latency from
@@ -391,6 +394,7 @@ def _header(doc: dict, start: float, end: float, sels: dict[str, str]) -> list[h
         ("canary version", doc.get("version") or "-"),
         ("baseline version", baseline_version(doc) or "not recorded"),
         ("state", h.badge(state, _STATE_KIND.get(state, "info"))), ("reason", doc.get("reason") or "-"),
+        *[("assumption", a) for a in assumptions_of(doc)],
         ("started", h.utc(start)), ("ended", h.utc(end) if state in _STATE_KIND else "- (not ended)"),
         ("duration", _duration(end - start)),
         ("canary selector", h.Raw(f"<code>{h.esc(sels['canary'])}</code>")),
@@ -420,6 +424,14 @@ def _header(doc: dict, start: float, end: float, sels: dict[str, str]) -> list[h
             h.section("Final verdict", h.paragraph("Verdict: ", h.badge(verdict, _VERDICT_KIND.get(verdict, "info"))),
                       metrics, h.bullet_list([f"reason: {r}" for r in fv.get("reasons") or []]
                                              + [f"warning: {w}" for w in fv.get("warnings") or []], empty=""))]
+
+
+def assumptions_of(doc: dict) -> list[str]:
+    """The rollout's assumptions, each once: ``doc["assumptions"]``, else the final verdict's (a
+    document written before the rollout report collected them); ``[]`` when none."""
+    fv = doc.get("final_verdict") if isinstance(doc.get("final_verdict"), dict) else {}
+    got = doc.get("assumptions") if isinstance(doc.get("assumptions"), list) else fv.get("assumptions")
+    return [str(a) for a in got] if isinstance(got, list) else []
 
 
 def _duration(seconds: float) -> str:

@@ -37,6 +37,7 @@ from gpuobs.rollout.interfaces import (
 from gpuobs.rollout.model import (
     ABORTED,
     CANARY,
+    CANARY_ROLLBACK,
     COMPAT_CHECKED,
     EXIT_CODES,
     PENDING,
@@ -238,7 +239,8 @@ class Controller:
                     sp.set_attributes(tracing.verdict_attrs(v))
             if done or v is None:
                 continue
-            st.verdict, st.verdict_doc, st.verdict_table = v.verdict, v.to_dict(), v.table()
+            # the table without the assumptions: the rollout's report says them once, in its header
+            st.verdict, st.verdict_doc, st.verdict_table = v.verdict, v.to_dict(), v.table(assumptions=False)
             st.analysis_state = state.to_dict()
             self.store.save_stage(rec.id, st)
             self.store.log_analysis(rec.id, st.idx, st.looks, v.end - v.start, v.verdict, v.final,
@@ -252,7 +254,7 @@ class Controller:
                 self._say(rec, f"{name}: verdict {v.verdict} not acted on: paused by {held.get('operator')}")
                 continue
             if v.verdict == "ROLLBACK":
-                self._begin_rollback(rec, ROLLED_BACK, f"canary analysis ROLLBACK in {name}: " + "; ".join(v.reasons),
+                self._begin_rollback(rec, ROLLED_BACK, f"{CANARY_ROLLBACK} in {name}: " + "; ".join(v.reasons),
                                      st, "failed")
             elif v.verdict == "PROMOTE":
                 self._end_stage(rec, st, "passed")

@@ -57,6 +57,9 @@ ROLLING_BACK, SUCCEEDED, ROLLED_BACK = "RollingBack", "Succeeded", "RolledBack"
 REJECTED, ABORTED = "Rejected", "Aborted"
 TERMINAL = (SUCCEEDED, ROLLED_BACK, REJECTED, ABORTED)
 EXIT_CODES = {SUCCEEDED: 0, ROLLED_BACK: 1, REJECTED: 1, ROLLING_BACK: 1, ABORTED: 3}
+#: How the reason of a rollback the canary analysis decided begins (``<this> in stage k/N: <reasons>``);
+#: :mod:`gpuobs.rollout.notices` then reads the deciding tests from that stage's verdict.
+CANARY_ROLLBACK = "canary analysis ROLLBACK"
 
 
 class UsageError(InputError):

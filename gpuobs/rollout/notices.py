@@ -2,11 +2,17 @@
 
 Posted through Alertmanager's API v2 (``POST /api/v2/alerts``), so routing, grouping, inhibition and
 silences apply as to any alert. Labels: ``alertname`` = ``RolloutRolledBack`` | ``RolloutRejected`` |
-``RolloutAborted``, ``severity="warning"`` (the stack routes warnings to the ``ticket`` receiver: the
-platform already returned to the known release; a person has to decide what next), ``rollout`` (id),
-``version``. Annotations: ``summary``, ``description`` (the verdict and reason), ``report`` (the
-commands that write the rollout's HTML report). The alert ends after ``NOTICE_TTL_S`` (then
-Alertmanager sends the resolution), so a notice nobody acknowledged does not stay open for ever.
+``RolloutAborted`` (``Flag``-prefixed for a feature-flag rollout), ``severity="warning"`` (the stack
+routes warnings to the ``ticket`` receiver: the platform already returned to the known release; a
+person has to decide what next), ``rollout`` (id), ``version``. Annotations: ``summary``,
+``description`` (at most :data:`MAX_DESCRIPTION_LINES` short lines, :func:`description`: where it
+ended, the deciding test with its effect and interval or else why, and where the report is),
+``report`` (the commands that write the rollout's HTML report) and ``runbook_url``
+(``<runbook_base>/runbooks/rollout.md#<alertname-lowercase>``, :func:`gpuobs.mixin.runbooks.runbook_url`;
+the base is the fleet config's, :attr:`gpuobs.core.fleet.FleetConfig.runbook_base`). The
+assumptions the verdicts rest on are in the report, not in the ticket. The alert ends after
+``NOTICE_TTL_S`` (then Alertmanager sends the resolution), so a notice nobody acknowledged does not
+stay open for ever.
 """
 
 from __future__ import annotations
@@ -14,18 +20,63 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gpuobs.canary.verdict import deciding_line
+from gpuobs.mixin.runbooks import runbook_url
 from gpuobs.promapi.silences import AlertmanagerClient, SilenceApiError, rfc3339
-from gpuobs.rollout.model import ABORTED, REJECTED, ROLLED_BACK
+from gpuobs.rollout.model import ABORTED, CANARY_ROLLBACK, REJECTED, ROLLED_BACK
 
-#: Terminal states that raise a notice -> alertname.
+#: Terminal states that raise a notice -> alertname (a flag rollout's is prefixed ``Flag``).
 NOTICE_STATES = {ROLLED_BACK: "RolloutRolledBack", REJECTED: "RolloutRejected", ABORTED: "RolloutAborted"}
 #: Seconds a notice stays firing.
 NOTICE_TTL_S = 3600.0
+#: The runbook (``runbooks/<file>.md``) with a section per notice alertname.
+RUNBOOK_FILE = "rollout"
+#: A ticket's description is at most this many lines, each at most MAX_LINE_CHARS characters.
+MAX_DESCRIPTION_LINES = 5
+MAX_LINE_CHARS = 200
 
 
-def notice(rec: Any, run_dir: str, now: float | None = None, flag: str | None = None) -> dict[str, Any] | None:
+def alertnames(flag: bool = False) -> list[str]:
+    """Every notice alertname, of release rollouts or (``flag``) of feature-flag rollouts."""
+    return [("Flag" if flag else "") + name for name in NOTICE_STATES.values()]
+
+
+def _cut(text: str) -> str:
+    """``text`` on one line of at most MAX_LINE_CHARS characters (cut with ``...``)."""
+    one = " ".join(str(text).split())
+    return one if len(one) <= MAX_LINE_CHARS else one[:MAX_LINE_CHARS - 3].rstrip() + "..."
+
+
+def description(rec: Any, run_dir: str, stage: Any = None, flag: str | None = None) -> str:
+    """The ticket's description, at most :data:`MAX_DESCRIPTION_LINES` lines: the rollout, its end
+    state and the stage it ended in (``stage``: that stage's
+    :class:`~gpuobs.rollout.store.StageRecord`, None when none ran); the deciding test's metric,
+    effect and interval (:func:`gpuobs.canary.verdict.deciding_line`) when the canary analysis
+    decided, else the recorded reason, cut to one line; and the status command that shows the report."""
+    hosts = rec.spec.get("hosts") or []
+    total = len(rec.spec.get("stages") or [])
+    where = (f"in stage {stage.idx + 1}/{total} ({len(stage.hosts)} of {len(hosts)} serving node(s))"
+             if stage is not None else f"before any stage (nothing deployed on its {len(hosts)} serving node(s))")
+    lines = [f"Rollout {rec.id} of {rec.version} ended {rec.state} {where}."]
+    doc = (stage.verdict_doc or {}) if stage is not None else {}
+    deciding = doc.get("deciding") or []
+    if rec.state == ROLLED_BACK and str(rec.reason).startswith(CANARY_ROLLBACK) and deciding:
+        more = f" (+{len(deciding) - 1} more test(s), see the report)" if len(deciding) > 1 else ""
+        lines.append(_cut(f"Deciding: {deciding_line(deciding[0])}{more}"))
+    else:
+        lines.append(_cut(f"Why: {rec.reason or 'no reason recorded'}"))
+    group = "rollout" if flag is None else "flag"
+    lines.append(f"Report: gpuobs {group} status --run-dir {run_dir} --id {rec.id} (HTML: the report annotation)")
+    return "\n".join(lines[:MAX_DESCRIPTION_LINES])
+
+
+def notice(rec: Any, run_dir: str, runbook_base: str, now: float | None = None, flag: str | None = None,
+           stage: Any = None) -> dict[str, Any] | None:
     """The Alertmanager alert for a finished rollout record, or None when its state raises none.
 
+    ``runbook_base``: the fleet config's runbook base (``runbook_url`` is
+    ``<base>/runbooks/rollout.md#<alertname-lowercase>``). ``stage``: the
+    :class:`~gpuobs.rollout.store.StageRecord` the rollout ended in (for :func:`description`).
     ``flag``: the record is a feature-flag rollout (``gpuobs flag``) of that flag: the alertname is
     prefixed ``Flag`` (``FlagRolloutRolledBack``...), a ``flag`` label is added and the report
     command reads ``gpuobs flag status``."""
@@ -33,28 +84,30 @@ def notice(rec: Any, run_dir: str, now: float | None = None, flag: str | None = 
     if name is None:
         return None
     t = time.time() if now is None else now
-    hosts = rec.spec.get("hosts") or []
     group = "rollout" if flag is None else "flag"
     report = (f"gpuobs {group} status --run-dir {run_dir} --id {rec.id} --json > {rec.id}.json && "
               f"gpuobs report rollout --run-dir {run_dir} --file {rec.id}.json")
-    labels = {"alertname": name if flag is None else "Flag" + name, "severity": "warning", "rollout": rec.id,
+    alertname = name if flag is None else "Flag" + name
+    labels = {"alertname": alertname, "severity": "warning", "rollout": rec.id,
               "version": rec.version, **({} if flag is None else {"flag": flag})}
     return {
         "labels": labels,
         "annotations": {
             "summary": f"Rollout of {rec.version} ended {rec.state}",
-            "description": f"Rollout {rec.id} of {rec.version} on {len(hosts)} serving node(s) ended {rec.state}: "
-                           f"{rec.reason or 'no reason recorded'}",
+            "description": description(rec, run_dir, stage, flag),
             "report": report,
+            "runbook_url": runbook_url(runbook_base, RUNBOOK_FILE, alertname),
         },
         "startsAt": rfc3339(t), "endsAt": rfc3339(t + NOTICE_TTL_S), "generatorURL": "",
     }
 
 
-def send(alertmanager_url: str, rec: Any, run_dir: str, flag: str | None = None) -> str | None:
-    """Post the notice of ``rec`` (if its state raises one); returns a line for the operator, or None
-    when there is nothing to send. Never raises: a notice that cannot be sent is reported, not fatal."""
-    alert = notice(rec, run_dir, flag=flag)
+def send(alertmanager_url: str, rec: Any, run_dir: str, runbook_base: str, flag: str | None = None,
+         stage: Any = None) -> str | None:
+    """Post the notice of ``rec`` (if its state raises one; arguments as :func:`notice`); returns a
+    line for the operator, or None when there is nothing to send. Never raises: a notice that cannot
+    be sent is reported, not fatal."""
+    alert = notice(rec, run_dir, runbook_base, flag=flag, stage=stage)
     if alert is None:
         return None
     try:

@@ -1,6 +1,7 @@
 """A rollout's report, read from its store: the text ``gpuobs rollout`` and ``gpuobs flag`` print
-(state, reason, pending decisions, stage table, deploy log, fleet versions, operator decisions and the
-deciding canary verdict table) or, as JSON, the rollout document that
+(state, reason, the assumptions the canary verdicts rest on, each once, pending decisions, stage table,
+deploy log, fleet versions, operator decisions and the deciding canary verdict table) or, as JSON, the
+rollout document that
 :func:`gpuobs.reports.rollout.write_rollout_report` turns into HTML (``gpuobs report rollout --file``).
 
 Release and flag rollouts share the format (their stores are both
@@ -19,12 +20,24 @@ from typing import Any
 from gpuobs.rollout.adapters.prometheus import BASELINE_SELECTOR, CANARY_SELECTOR
 from gpuobs.rollout.interfaces import Fleet, FleetError
 from gpuobs.rollout.model import EXIT_CODES, TERMINAL, RolloutSpec
-from gpuobs.rollout.store import RolloutStore
+from gpuobs.rollout.store import RolloutStore, StageRecord
 
 
 def _ts(t: float | None) -> str:
     """Epoch seconds as ``HH:MM:SSZ`` (UTC); ``-`` for None."""
     return "-" if t is None else time.strftime("%H:%M:%SZ", time.gmtime(t))
+
+
+def run_assumptions(stages: list[StageRecord]) -> list[str]:
+    """Each distinct assumption of the stages' last canary verdicts once, in stage order (the
+    verdict documents' ``assumptions``, :attr:`gpuobs.canary.verdict.Verdict.assumptions`): the run's
+    header says them, so no look line, reason or verdict table repeats them."""
+    out: list[str] = []
+    for s in stages:
+        for a in (s.verdict_doc or {}).get("assumptions") or []:
+            if a not in out:
+                out.append(a)
+    return out
 
 
 def report_doc(store: RolloutStore, rid: str, versions: dict[str, str] | None = None,
@@ -33,7 +46,7 @@ def report_doc(store: RolloutStore, rid: str, versions: dict[str, str] | None = 
     too (gpuobs/reports/rollout.py: rollout_id, baseline_version, started_at/ended_at in epoch
     seconds, stages with index/share/nodes, final_verdict, selectors, prometheus). ``versions``:
     ``{host: version}`` as the fleet reports it now (``fleet_versions``; empty when not asked).
-    Raises KeyError for an unknown ``rid``."""
+    ``assumptions``: :func:`run_assumptions`. Raises KeyError for an unknown ``rid``."""
     rec = store.get(rid)
     spec = RolloutSpec.from_dict(rec.spec)
     stages, transitions = store.stages(rid), store.transitions(rid)
@@ -51,6 +64,7 @@ def report_doc(store: RolloutStore, rid: str, versions: dict[str, str] | None = 
             "versions_before": rec.spec.get("versions_before") or {}, "stage_count": len(spec.stages),
             "started_at": rec.created_at, "ended_at": transitions[-1]["ts"] if rec.state in TERMINAL else None,
             "final_verdict": judged[-1].verdict_doc if judged else None, "prometheus": prometheus,
+            "assumptions": run_assumptions(stages),
             "canary_selector": CANARY_SELECTOR, "baseline_selector": BASELINE_SELECTOR}
 
 
@@ -62,8 +76,9 @@ def _majority(versions: Any, exclude: str) -> str | None:
 
 def report(store: RolloutStore, rid: str, fleet: Fleet | None = None, as_json: bool = False,
            prometheus: str | None = None, group: str = "rollout") -> str:
-    """Rollout ``rid``'s report: state, reason, stage table, deploy log, live fleet versions (when a
-    fleet is given: its ``version(host)`` per planned host) and the deciding canary verdict table;
+    """Rollout ``rid``'s report: state, reason, the assumptions (:func:`run_assumptions`, each once),
+    stage table, deploy log, live fleet versions (when a fleet is given: its ``version(host)`` per
+    planned host) and the deciding canary verdict table;
     or, with ``as_json``, all of it as one JSON object (:func:`report_doc`; ``prometheus`` is
     recorded there for the HTML report). ``group``: the command group whose ``resume``/``promote``
     a paused rollout's line names (``rollout`` or ``flag``). Raises KeyError for an unknown ``rid``."""
@@ -82,6 +97,7 @@ def report(store: RolloutStore, rid: str, fleet: Fleet | None = None, as_json: b
     n = len(spec.hosts)
     lines = [f"Rollout {rec.id}: {rec.state}" + (f" (exit {EXIT_CODES[rec.state]})" if rec.state in EXIT_CODES else ""),
              f"reason: {rec.reason or '-'}"]
+    lines += [f"assumption: {a}" for a in run_assumptions(stages)]
     if rec.paused and rec.state not in TERMINAL:
         lines.append(f"PAUSED by {rec.paused.get('operator')} at {_ts(rec.paused.get('ts'))}: "
                      f"{rec.paused.get('reason')} (`gpuobs {group} resume` or `promote`)")

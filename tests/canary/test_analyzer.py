@@ -59,7 +59,14 @@ def test_twenty_percent_ttft_regression_rolls_back_with_the_effect_in_its_interv
     assert ttft.effect == pytest.approx(0.2, abs=0.06)
     assert ttft.canary["p99"] > ttft.baseline["p99"]
     assert ttft.evidence["z"] > ttft.evidence["boundary"]
-    assert any("ttft" in r for r in v.reasons)
+    # reasons: one short line per deciding test, its effect and interval, nothing else
+    harmful = [t["test"] for t in ttft.tests if t.get("harmful")]
+    assert [d["test"] for d in v.deciding] == harmful and "location" in harmful
+    loc = next(t for t in ttft.tests if t["test"] == "location")
+    assert v.reasons[0] == (f"ttft: High ({loc['effect'] * 100:+.1f}% [{loc['interval'][0] * 100:+.1f}%, "
+                            f"{loc['interval'][1] * 100:+.1f}%])")
+    assert len(v.reasons) == len(harmful) and all(len(r) < 60 for r in v.reasons)
+    assert v.to_dict()["deciding"][0]["metric"] == "ttft"
 
 
 def test_error_regression_rolls_back():
@@ -68,6 +75,7 @@ def test_error_regression_rolls_back():
     assert er.classification == "High" and v.verdict == "ROLLBACK"
     assert er.canary["ratio"] == pytest.approx(30 / 2400) and er.interval[0] > 0
     assert er.evidence["log_e"] >= er.evidence["threshold"]
+    assert v.deciding[0]["test"] is None and v.reasons[0].startswith("error_ratio: High (+")
 
 
 def test_too_little_data_is_hold_never_promote():

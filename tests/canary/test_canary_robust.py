@@ -167,7 +167,10 @@ def test_tail_test_catches_a_tail_stretch_with_more_evidence_than_p99():
     v = analyze(data, load_config().select(["ttft", "error_ratio"]).with_timing(horizon_s=END - START))
     tests = {t["test"]: t for t in row(v, "ttft").tests}
     tail = tests["tail"]
-    assert v.verdict == "ROLLBACK" and tail["harmful"] and "tail" in v.reasons[0]
+    assert v.verdict == "ROLLBACK" and tail["harmful"]
+    # one short line per deciding test, each with its effect and interval
+    assert {r.split(":")[0] for r in v.reasons} == {f"ttft {t}" for t in tests if tests[t].get("harmful")}
+    assert any(r.startswith("ttft tail: High (+") and r.endswith("])") for r in v.reasons)
     assert tail["z"] > tail["boundary"] > 0 and tail["z"] > tests["p99"]["z"] and tail["tail_hazard_ratio"] > 1.2
     lo, hi = tail["interval"]
     assert 0 < lo < tail["effect"] < hi and 0.1 < tail["effect"] < 0.6 and lo < 0.3 < hi
@@ -355,11 +358,18 @@ def test_single_baseline_node_uses_the_prior_and_says_so():
     data.units = {"canary": 1, "baseline": 1}
     v = analyze(data)
     ttft = row(v, "ttft")
-    assert any("cannot estimate node-to-node variation" in n and "node_spread 1.5%" in n for n in ttft.notes)
+    assert "cannot estimate node-to-node variation" in ttft.assumption and "node_spread 1.5%" in ttft.assumption
+    assert ttft.notes == ["node sd 1.5% used (the node_spread assumption carries 100% of the weight)"]
     loc = next(t for t in ttft.tests if t["test"] == "location")
     assert loc["node_tau_source"] == "prior" and loc["node_tau"] == pytest.approx(math.log1p(0.015))
-    assert "note: ttft: 1 baseline and 1 canary instance(s) cannot estimate" in v.table()
-    assert any(r.startswith("assumption: ttft: ") for r in v.reasons)
+    # said once: in the verdict's assumptions (one entry for every critical metric it applies to), not
+    # in the reasons, and once in the text table
+    assert len(v.assumptions) == 1 and v.assumptions[0].startswith("ttft, itl: 1 baseline and 1 canary instance(s)")
+    assert not any("node_spread" in r for r in v.reasons)
+    table = v.table()
+    assert table.count(ttft.assumption) == 1 and "assumption: ttft, itl: 1 baseline and 1 canary" in table
+    assert ttft.assumption not in v.table(assumptions=False)
+    assert v.to_dict()["assumptions"] == v.assumptions
 
 
 # ---- warm-up and outlook -------------------------------------------------------------------------

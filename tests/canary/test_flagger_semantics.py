@@ -136,3 +136,23 @@ def test_metric_template_endpoint_is_prometheus_shaped(flagger_env):
     assert sample["metric"]["__name__"] == "gpuobs_canary_ok" and sample["value"][1] == "1"
     bad = requests.get(f"{env.url}/api/v1/query", params={"query": "up"}, timeout=10)
     assert bad.status_code == 400 and bad.json()["errorType"] == "bad_data"
+
+
+def test_flaggers_start_up_check_vector_1_answers_one(flagger_env):
+    """Flagger's prometheus provider checks a MetricTemplate's address with ``vector(1)`` and needs
+    ``data.result[0].value[1] == 1`` (``IsOnline``); a constant answers itself, nothing is analysed."""
+    import requests
+
+    from gpuobs.canary.serve import constant_query
+
+    env, _ = flagger_env()
+    r = requests.get(f"{env.url}/api/v1/query", params={"query": "vector(1)"}, timeout=10)
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "success" and body["data"]["resultType"] == "vector"
+    (sample,) = body["data"]["result"]
+    assert sample["metric"] == {} and float(sample["value"][1]) == 1.0 and sample["value"][1] == "1"
+    assert env.srv.store.count() == 0  # no run was started by the check
+    assert [constant_query(q) for q in (" vector( 1 ) ", "vector(0.5)", "vector(-2e3)", "vector(up)", "1",
+                                        "vector(1) + vector(1)")] == ["1", "0.5", "-2000", None, None, None]
+    bad = requests.get(f"{env.url}/api/v1/query", params={"query": "vector(up)"}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["errorType"] == "bad_data"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuobs.canary.analyzer import AnalysisState
-from gpuobs.canary.verdict import MetricResult, Verdict
+from gpuobs.canary.verdict import MetricResult, Verdict, assumptions, combine, deciding_tests
 from gpuobs.compat.inventory import InventoryRow
 from gpuobs.rollout.controller import Controller
 from gpuobs.rollout.interfaces import FleetError, SignalsUnavailable
@@ -20,6 +20,10 @@ from gpuobs.rollout.store import RolloutStore
 HOSTS = ("gpu-node-00", "gpu-node-01", "gpu-node-02")
 H100, DRIVER = "NVIDIA H100 80GB HBM3", "550.54.15"
 T0 = 1_800_000_000.0
+#: The node-spread assumption as the analyzer words it for a 3-node fleet (every fake verdict rests on it).
+ASSUMPTION = ("node-to-node variation from 2 baseline and 1 canary instance(s) (1 df) pooled with the assumed "
+              "node_spread 1.5% (4 df, 80% of the weight); a canary instance that differs from the baseline by more "
+              "than the assumed spread can be rolled back (more baseline instances let the data decide)")
 
 
 class Crash(BaseException):
@@ -113,7 +117,9 @@ class FakeSignals:
 
 
 def make_verdict(name: str, start: float, end: float, horizon_s: float, effect: float = 0.0) -> Verdict:
-    """A real Verdict whose critical TTFT metric is classified to give ``name``."""
+    """A real Verdict whose critical TTFT metric is classified to give ``name``; reasons, deciding tests
+    and assumptions as the analyzer makes them (:func:`gpuobs.canary.verdict.combine`), the TTFT
+    metric resting on :data:`ASSUMPTION`."""
     cls, harm, iv = {"PROMOTE": ("Pass", False, (effect - 0.05, effect + 0.05)),
                      "ROLLBACK": ("High", True, (effect - 0.08, effect + 0.08)),
                      "HOLD": ("Inconclusive", False, (effect - 0.3, effect + 0.3))}[name]
@@ -121,10 +127,14 @@ def make_verdict(name: str, start: float, end: float, horizon_s: float, effect: 
                         classification=cls, harmful=harm, effect=effect, interval=iv,
                         baseline={"p50": 0.25, "p90": 0.6, "p99": 1.1}, canary={"p50": 0.25 * (1 + effect),
                                                                                   "p90": 0.6, "p99": 1.3},
-                        evidence={"z": effect / 0.03, "boundary": 2.7}, n_canary=600.0, n_baseline=1200.0)
+                        evidence={"z": effect / 0.03, "boundary": 2.7}, n_canary=600.0, n_baseline=1200.0,
+                        notes=["node sd 2.7% used (the node_spread assumption carries 80% of the weight)"],
+                        assumption=ASSUMPTION)
     frac = (end - start) / horizon_s
-    reasons = [f"ttft: {cls}"]
-    return Verdict(name, reasons, [], [ttft], 'track="canary"', 'track="baseline"', start, end, frac, frac >= 1, 0.01)
+    verdict, reasons, warnings = combine([ttft])
+    assert verdict == name
+    return Verdict(name, reasons, warnings, [ttft], 'track="canary"', 'track="baseline"', start, end, frac, frac >= 1,
+                   0.01, deciding=deciding_tests([ttft]) if name == "ROLLBACK" else [], assumptions=assumptions([ttft]))
 
 
 class ScriptedAnalyzers:

@@ -136,6 +136,9 @@ def test_bad_release_is_rolled_back(stack):
     assert re.search(r"reason: canary analysis ROLLBACK in stage 1/2: (ttft|itl): High \(\+\d", out), out
     assert "stage 1/2: 2/4 node(s) on 1.6.0, deployed gpu-node-00 (1.4.0 -> 1.6.0), gpu-node-01 (1.4.0 -> 1.6.0)" in out
     assert "Canary verdict: ROLLBACK" in out and re.search(r"\n(ttft|itl)\s+High!", out), out
+    # said once: the 2-vs-2 node-spread assumption only in the report's header, no look, reason or table
+    said = re.findall(r"^assumption: (.+)$", out, re.M)
+    assert len(said) <= 1 and all(out.count(a) == 1 for a in said), out
     assert versions(stack) == dict.fromkeys(stack.hostnames, "1.4.0")
     assert all("track" not in labels for labels in vllm_labels(stack))
     assert prometheus_versions(stack, "1.4.0") == ["1.4.0"] * 4

@@ -72,3 +72,20 @@ def test_pause_and_promote_are_recorded_in_the_flag_store(flag_run, capsys):  # 
     flags.close()
     assert rec.paused["operator"] == "alice" and rec.promote_request["reason"] == "SRE approved"
     assert not (run_dir / "rollout.sqlite").exists()  # release rollouts untouched
+
+
+def test_flag_status_says_each_assumption_once_in_its_header(tmp_path, capsys):
+    from tests.fakes.flag_rollout import flag_rig, fspec
+    from tests.fakes.rollout import ASSUMPTION
+
+    r = flag_rig(tmp_path, {1: ["PROMOTE"], 2: ["HOLD", "ROLLBACK"]})
+    rec = r.controller.run(r.controller.create(fspec()).id)
+    r.store.close()
+    capsys.readouterr()
+    assert run(["flag", "status", "--run-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"Rollout {rec.id}: RolledBack (exit 1)"
+    assert lines[1] == "reason: canary analysis ROLLBACK in stage 2/3: ttft: High (+20.0% [+12.0%, +28.0%])"
+    assert lines[2] == f"assumption: ttft: {ASSUMPTION}"
+    assert out.count(ASSUMPTION) == 1  # three looks over two stages rested on it

@@ -148,7 +148,12 @@ def test_spans_and_notice_name_the_flag(tmp_path):
     assert kill.attributes["flag.key"] == FLAG and list(kill.attributes["kill.hosts_were_on"]) == [H0]
     gate = next(s for s in exp.get_finished_spans() if s.name == "rollout.gate")
     assert gate.attributes["gate.name"] == "flag"
-    a = notice(rec, "/tmp/run", now=T0, flag=FLAG)
+    a = notice(rec, "/tmp/run", "https://runbooks.example", now=T0, flag=FLAG, stage=r.store.stage(rec.id, rec.stage))
     assert a["labels"] == {"alertname": "FlagRolloutRolledBack", "severity": "warning", "rollout": rec.id,
                            "version": ON, "flag": FLAG}
     assert "gpuobs flag status --run-dir /tmp/run" in a["annotations"]["report"]
+    # from the stored stage: where it ended and the deciding test, in at most five lines
+    lines = a["annotations"]["description"].splitlines()
+    assert len(lines) <= 5 and "ended RolledBack in stage 1/3" in lines[0]
+    assert lines[1] == "Deciding: ttft: High (+20.0% [+12.0%, +28.0%])"
+    assert a["annotations"]["runbook_url"] == "https://runbooks.example/runbooks/rollout.md#flagrolloutrolledback"

@@ -18,7 +18,7 @@ from gpuobs.stack.render import write_targets
 from gpuobs.stack.state import StackState
 from tests.conftest import TOKEN
 from tests.fakes.prometheus import FakePrometheus, ok, vector
-from tests.fakes.rollout import rig, spec
+from tests.fakes.rollout import ASSUMPTION, rig, spec
 
 
 def cli(argv: list[str]) -> int:
@@ -129,6 +129,23 @@ def test_a_bad_prometheus_url_or_an_unknown_id_is_one_plain_line(tmp_path, capsy
         assert "nope" in err and '"' not in err, (argv, err)  # the store's message, not a KeyError's repr
 
 
+def test_the_notices_runbook_base_comes_from_the_fleet_config(tmp_path, capsys, monkeypatch):
+    from gpuobs.cli.decide import fleet_of, group_options
+    from gpuobs.core.fleet import shipped_fleet
+
+    monkeypatch.delenv("GPUOBS_FLEET_CONFIG", raising=False)
+    (tmp_path / "fleet.yaml").write_text("runbook_base: https://runbooks.example/\n")
+    assert fleet_of(group_options().parse_args([])) == shipped_fleet()
+    assert fleet_of(group_options().parse_args(["--fleet", str(tmp_path / "fleet.yaml")])).runbook_base == \
+        "https://runbooks.example"
+    make_stack(tmp_path, [f"http://127.0.0.1:{9400 + i}/metrics" for i in range(4)])
+    (tmp_path / "bad.yaml").write_text("runbook_base: not-a-url\n")
+    assert cli(["rollout", "start", "--run-dir", str(tmp_path), "--version", "1.5.0",
+                "--fleet", str(tmp_path / "bad.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "runbook_base: expected an http(s) URL" in err and "Traceback" not in err
+
+
 def test_start_rejects_stages_without_a_baseline(tmp_path, capsys):
     make_stack(tmp_path, [f"http://127.0.0.1:{9400 + i}/metrics" for i in range(4)])
     assert cli(["rollout", "start", "--run-dir", str(tmp_path), "--version", "1.5.0", "--stages", "100%"]) == 2
@@ -142,13 +159,21 @@ def test_status_reports_stage_times_and_json(tmp_path, capsys):
     r.store.close()
     capsys.readouterr()
     assert cli(["rollout", "status", "--run-dir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out.splitlines()
+    text = capsys.readouterr().out
+    out = text.splitlines()
     assert out[0] == f"Rollout {rec.id}: RolledBack (exit 1)"
-    assert out[3].split()[:7] == ["1/3", "canary", "1/3", "gpu-node-00", "passed", "1", "PROMOTE"]
-    assert out[4].split()[:7] == ["2/3", "canary", "2/3", "gpu-node-00,gpu-node-01", "failed", "1", "ROLLBACK"]
-    assert out[5].startswith("deploys: gpu-node-00 1.4.0 -> 1.5.0 (stage 1); gpu-node-01 1.4.0 -> 1.5.0 (stage 2)")
-    assert out[6] == "Deciding canary verdict (stage 2/3, look 1):"
-    assert out[7].startswith("Canary verdict: ROLLBACK")
+    # the header: a short reason (the deciding test, effect and interval), then each assumption once
+    assert out[1] == "reason: canary analysis ROLLBACK in stage 2/3: ttft: High (+20.0% [+12.0%, +28.0%])"
+    assert out[2] == f"assumption: ttft: {ASSUMPTION}"
+    assert out[4].split()[:7] == ["1/3", "canary", "1/3", "gpu-node-00", "passed", "1", "PROMOTE"]
+    assert out[5].split()[:7] == ["2/3", "canary", "2/3", "gpu-node-00,gpu-node-01", "failed", "1", "ROLLBACK"]
+    assert out[6].startswith("deploys: gpu-node-00 1.4.0 -> 1.5.0 (stage 1); gpu-node-01 1.4.0 -> 1.5.0 (stage 2)")
+    assert out[7] == "Deciding canary verdict (stage 2/3, look 1):"
+    assert out[8].startswith("Canary verdict: ROLLBACK")
+    # said once: both stages' verdicts rested on it, and neither the verdict table nor a reason repeats it
+    assert text.count(ASSUMPTION) == 1
+    assert "reason: ttft: High (+20.0% [+12.0%, +28.0%])" in out
+    assert not any(ASSUMPTION in line for line in r.lines)  # nor any progress line of the run
     assert cli(["rollout", "status", "--run-dir", str(tmp_path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["state"] == "RolledBack" and doc["exit_code"] == 1
@@ -160,11 +185,13 @@ def test_status_reports_stage_times_and_json(tmp_path, capsys):
     assert [(s["index"], s["share"], s["nodes"]) for s in doc["stages"]] == [
         (0, "33%", ["gpu-node-00"]), (1, "67%", ["gpu-node-00", "gpu-node-01"])]
     assert doc["final_verdict"]["verdict"] == "ROLLBACK" and doc["final_verdict"]["metrics"][0]["name"] == "ttft"
+    assert doc["assumptions"] == [f"ttft: {ASSUMPTION}"] and doc["final_verdict"]["deciding"][0]["metric"] == "ttft"
     assert doc["ended_at"] == doc["transitions"][-1]["ts"] and doc["prometheus"] is None
     from gpuobs.reports.rollout import write_rollout_report
 
     html = write_rollout_report(doc, tmp_path / "reports").read_text()
     assert rec.id in html and "RolledBack" in html
+    assert html.count("node-to-node variation from 2 baseline and 1 canary instance(s)") == 1  # once, in the summary
 
 
 def test_abort_asks_a_live_controller_through_the_database(tmp_path, capsys):
