@@ -286,8 +286,9 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
             note(args, kind, store, rid, flag)
         tr.shutdown()
         ended_in = store.stage(rec.id, rec.stage) if rec.stage >= 0 else None
-        line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir), fleet_cfg.runbook_base, flag=flag,
-                           stage=ended_in)  # RolledBack/... -> Alertmanager
+        # the stack's rules link runbooks to its own pager: so do its notices
+        line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir), stack.runbook_base or fleet_cfg.runbook_base,
+                           flag=flag, stage=ended_in)  # RolledBack/... -> Alertmanager
         if line:
             print(line, flush=True)
         print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus, kind.group), flush=True)

@@ -96,6 +96,9 @@ class StackState:
     #: ha: base URL of every member by component name (``prometheus-s0-r1``, ``alertmanager-2``,
     #: ``victoria-metrics``, ``vmalert``).
     members: dict[str, str] = field(default_factory=dict)
+    #: The base of the runbook links in the stack's rules (its pager's URL unless the fleet config sets
+    #: one): notices the stack's rollouts send link there too.
+    runbook_base: str = ""
 
     @property
     def running(self) -> bool:
@@ -144,7 +147,8 @@ class StackState:
                        mode=str(doc.get("mode", "native")), logwatch=bool(doc.get("logwatch", False)),
                        containers=[str(c) for c in doc.get("containers") or []],
                        topology=str(doc.get("topology", "single")),
-                       members={str(k): str(v) for k, v in (doc.get("members") or {}).items()})
+                       members={str(k): str(v) for k, v in (doc.get("members") or {}).items()},
+                       runbook_base=str(doc.get("runbook_base", "")))
         except KeyError as exc:
             raise StateError(f"missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:

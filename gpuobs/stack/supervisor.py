@@ -393,7 +393,7 @@ def _up(cfg: StackConfig, out) -> StackState:
                        exporter_profile=cfg.exporter_profile, host_label_mode=cfg.host_label_mode,
                        scrape_mode=cfg.scrape_mode,
                        hostnames=[h for h, _ in nodes], token_file=str(run / "admin-token"), urls=urls,
-                       logwatch=cfg.logwatch)
+                       logwatch=cfg.logwatch, runbook_base=fleet.runbook_base)
     deadline = time.monotonic() + cfg.timeout_s
     lw_own = {f"logwatch-{i}": u for i, u in enumerate(lw_urls)}
     try:

@@ -93,7 +93,7 @@ def test_rollout_notice_lands_in_the_console_as_a_ticket(stack):
 
     rec = RolloutRecord("9.9.9-live", "9.9.9", "RolledBack", 1, {"hosts": ["gpu-node-00"]},
                         "canary verdict ROLLBACK: errors +3 pp")
-    line = send(stack.urls.alertmanager, rec, stack.run_dir)
+    line = send(stack.urls.alertmanager, rec, stack.run_dir, stack.runbook_base)
     assert line and line.startswith("notice RolloutRolledBack sent")
 
     def notice_incident():
@@ -102,9 +102,13 @@ def test_rollout_notice_lands_in_the_console_as_a_ticket(stack):
 
     inc = _poll(notice_incident, 60, "the rollout notice to reach the console")
     assert inc["state"] == "open" and inc["severity"] == "warning"
-    assert inc["descriptions"] == ["Rollout 9.9.9-live of 9.9.9 on 1 serving node(s) ended RolledBack: "
-                                   "canary verdict ROLLBACK: errors +3 pp"]
-    assert "gpuobs report rollout" in inc["alerts"][0]["annotations"]["report"]
+    (desc,) = inc["descriptions"]
+    assert len(desc.splitlines()) <= 5 and "Why: canary verdict ROLLBACK: errors +3 pp" in desc, desc
+    ann = inc["alerts"][0]["annotations"]
+    assert "gpuobs report rollout" in ann["report"]
+    # the stack's rules link runbooks to its own pager, and so does the notice (stack.json's runbook_base)
+    assert stack.runbook_base and ann["runbook_url"] == f"{stack.runbook_base}/runbooks/rollout.md#rolloutrolledback"
+    assert requests.get(ann["runbook_url"], timeout=5).status_code == 200
 
 
 def _chromium(args: list[str], profile) -> str:
