@@ -128,6 +128,10 @@ class DrillResult:
     problems: list[str] = field(default_factory=list)
     #: False when the drill did not wait for the resolution (``--no-wait-resolve``).
     resolve_waited: bool = True
+    #: The page's pipeline bound on this stack (gpuobs.drills.bounds): scrape + evaluation + for +
+    #: group_wait in seconds, and its parts as text; None when the stack could not be read.
+    bound_s: float | None = None
+    bound: str = ""
 
     @property
     def ok(self) -> bool:
@@ -205,6 +209,7 @@ class _Session:
 
     def __init__(self, state: StackState, ident: str):
         self.urls, self.ident = state.urls, ident
+        self.members: dict[str, str] = dict(getattr(state, "members", {}) or {})
         self._alerts, self._pager = alerts_client(state), PagerClient(self.urls.pager)
         if state.mode == "compose":  # node admin APIs are inside the containers
             from gpuobs.stack.compose import ComposeAdmin
@@ -213,6 +218,13 @@ class _Session:
             return
         token = state.token()
         self.admin = [AdminClient(u, token) for u in self.urls.node_bases]
+
+    def bound(self, alertname: str, labels: dict[str, str]):
+        """:func:`gpuobs.drills.bounds.page_bound` on this stack (a Prometheus replica on the HA topology)."""
+        from gpuobs.drills.bounds import page_bound
+
+        prom = next((u for n, u in sorted(self.members.items()) if n.startswith("prometheus-")), self.urls.prometheus)
+        return page_bound(prom, self.urls.alertmanager, alertname, labels)
 
     def has_history(self, host: str) -> bool:
         """Whether Prometheus holds :data:`HISTORY_SAMPLES` scrapes of every GPU of ``host`` in the last 5 min."""
@@ -254,6 +266,7 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
     drill = _Drill(state, name, spec, claims or Claims(), progress or (lambda msg: None), clock, sleep,
                    (fleet or shipped_fleet()).identity_label)
     res = drill.res
+    drill.read_bound()
     drill.wait_for_history()
     drill.fire_phase()
     if not wait_resolve:
@@ -303,6 +316,13 @@ class _Drill:
         self.t0 = 0.0
         self.previous: dict[int, str] = {}  # node index -> version before a deploy fault
         self.injected: list[tuple[int, str]] = []  # (node index, fault id)
+
+    def read_bound(self) -> None:
+        """Note the first expected alert's pipeline bound on this stack (:mod:`gpuobs.drills.bounds`)."""
+        exp = self.spec.expect[0]
+        b = self.session.bound(exp.alertname, exp.labels)
+        if b is not None:
+            self.res.bound_s, self.res.bound = b.seconds, b.text()
 
     def wait_for_history(self) -> None:
         """Wait up to :data:`HISTORY_WAIT_S` for Prometheus to hold the node's first scrapes (polled
@@ -536,6 +556,8 @@ def format_timeline(res: DrillResult) -> str:
             lines.append(f"  {'     -'}s  resolved  {a.alertname}: not awaited (--no-wait-resolve)")
         lines.append(f"  runbook: {a.runbook_url or '-'}")
     lines.append(f"  fault-to-page: {res.paged_s:.1f}s" if res.paged_s is not None else "  fault-to-page: not paged")
+    if res.bound:
+        lines.append(f"  bound: {res.bound} = scrape + evaluation + for + group_wait (docs/drills.md)")
     lines.append(f"  false alerts: {', '.join(res.unexpected) or 'none'}")
     lines.append("  result: PASS" if res.ok else "  result: FAIL\n" + "\n".join(f"    - {p}" for p in res.problems))
     return "\n".join(lines)
@@ -543,13 +565,15 @@ def format_timeline(res: DrillResult) -> str:
 
 def format_table(results: list[DrillResult]) -> str:
     """One row per drill: expected alerts, fired, fault-to-firing, fault-to-page, false alerts, resolved."""
-    head = f"{'drill':<16} {'expected alerts':<34} {'fired':<5} {'to firing s':>11} {'to page s':>9}  " \
+    head = f"{'drill':<16} {'expected alerts':<34} {'fired':<5} {'to firing s':>11} {'to page s':>9} {'bound s':>7}  " \
            f"{'unexpected alerts':<24} {'resolved':<8} result"
     rows = [head, "-" * len(head)]
     for r in results:
         exp = ",".join(f"{a.alertname}->{a.expected_receiver}" for a in r.alerts)
         rows.append(f"{r.drill:<16} {exp[:34]:<34} {'y' if r.firing_s is not None else 'n':<5} "
-                    f"{_t(r.firing_s):>11} {_t(r.paged_s):>9}  {(','.join(r.unexpected) or 'none')[:24]:<24} "
+                    f"{_t(r.firing_s):>11} {_t(r.paged_s):>9} {_t(r.bound_s):>7}  {(','.join(r.unexpected) or 'none')[:24]:<24} "
                     f"{('y' if r.resolved else 'n') if r.resolve_waited else 'skipped':<8} "
                     f"{'PASS' if r.ok else 'FAIL'}")
+    rows.append("bound: scrape + evaluation + for: + group_wait on this stack, for a condition true at the fault's "
+                "first sample; windowed conditions (rates, GPU gone 2m, SLO burn) add their window (docs/drills.md)")
     return "\n".join(rows)

@@ -64,6 +64,7 @@ from gpuobs.stack.supervisor import (
     check_config,
     check_ports,
     down,
+    drop_notification_log,
     find_binaries,
     fleet_parts,
     load_state,
@@ -319,6 +320,7 @@ def _up(cfg: HAConfig, out) -> StackState:
         peers = [f"--cluster.peer=127.0.0.1:{ports[f'alertmanager-{j}-cluster']}"
                  for j in range(cfg.alertmanagers) if j != i]
         (run / name / "data").mkdir(parents=True, exist_ok=True)
+        drop_notification_log(run / name / "data", out)
         specs[name] = [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / name / 'data'}",
                        f"--web.listen-address=127.0.0.1:{ports[name]}", f"--web.external-url={am_urls[i]}",
                        f"--cluster.listen-address=127.0.0.1:{cport}", f"--cluster.advertise-address=127.0.0.1:{cport}",

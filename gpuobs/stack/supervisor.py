@@ -396,6 +396,7 @@ def _up(cfg: StackConfig, out) -> StackState:
                        logwatch=cfg.logwatch, runbook_base=fleet.runbook_base)
     deadline = time.monotonic() + cfg.timeout_s
     lw_own = {f"logwatch-{i}": u for i, u in enumerate(lw_urls)}
+    drop_notification_log(run / "alertmanager" / "data", out)
     try:
         start_components(state, specs, checks, deadline, out, envs, lw_own)
         _wait("Prometheus to report every node target up",
@@ -406,6 +407,28 @@ def _up(cfg: StackConfig, out) -> StackState:
         down(cfg.run_dir, out=out)
         raise
     return state
+
+
+def drop_notification_log(storage: Path, out=sys.stdout) -> bool:
+    """Remove the notification log (``<storage>/nflog``) a previous run of the stack's Alertmanager left
+    in ``storage``, keeping its silences; returns whether there was one.
+
+    Why (issue 32, "a recurrence always pages"): Alertmanager v0.25.0 ``notify/notify.go``
+    ``DedupStage.needsUpdate`` sends a group's notification only when its firing set is not a subset of
+    the last one logged for that group, its resolved set grew, or ``repeat_interval`` (4h) passed. A
+    stack brought down while a page was open never sent that page's resolution, so after ``up`` on
+    the same run directory the same alert firing again (same labels, same fingerprint) was a subset
+    of the logged firing notification and was swallowed for up to 4 hours (reproduced with
+    Alertmanager 0.25: delivered only when the log is removed). The pager keys incidents on the group
+    and ignores a repeated notification of an open one, so starting without the log can re-notify
+    an ongoing incident but never pages it twice. Raises OSError when the file cannot be removed."""
+    nflog = storage / "nflog"
+    if not nflog.exists():
+        return False
+    nflog.unlink()
+    print(f"alertmanager: removed the previous run's notification log ({nflog}): a page left open by "
+          "`down` must not swallow the same alert's next page", file=out, flush=True)
+    return True
 
 
 def _logwatch_specs(cfg: StackConfig, run: Path, nodes: list[tuple[str, int]]):

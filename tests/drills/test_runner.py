@@ -101,6 +101,11 @@ def world(monkeypatch):
             w.history_checks.append((w.t, host))
             return w.t >= w.history_at
 
+        def bound(self, alertname, labels):
+            from gpuobs.drills.bounds import PageBound
+
+            return PageBound(15.0, 5.0, 5.0, 0.0, 5.0)
+
     monkeypatch.setattr(runner, "_Session", Session)
     return w
 
@@ -227,3 +232,25 @@ def test_the_drill_names_its_node_by_the_fleet_config_identity_label(world):
     world.__dict__.update(other.__dict__)
     res = drill(world, wait_resolve=False)
     assert not res.ok and world.session_idents[-1] == "node"
+
+
+def test_the_timeline_and_table_give_the_pages_bound(world):
+    res = drill(world)
+    assert res.bound_s == 15.0 and res.bound == "15s (5+5+0+5)"
+    assert "  bound: 15s (5+5+0+5) = scrape + evaluation + for + group_wait" in runner.format_timeline(res)
+    table = runner.format_table([res])
+    assert "bound s" in table.splitlines()[0] and "  15.0  " in table.splitlines()[2]
+
+
+def test_group_wait_follows_the_shipped_route_tree():
+    """Alertmanager's routing (first matching child, group_wait inherited) on alertmanager/alertmanager.yml."""
+    from pathlib import Path
+
+    import yaml
+
+    from gpuobs.drills.bounds import group_wait
+
+    route = yaml.safe_load((Path(__file__).resolve().parents[2] / "alertmanager" / "alertmanager.yml").read_text())["route"]
+    assert group_wait(route, {"alertname": "GpuKernelXidCritical", "severity": "critical", "family": "xid"}) == 5.0
+    assert group_wait(route, {"alertname": "ServingEngineDown", "severity": "critical", "family": "exporter"}) == 30.0
+    assert group_wait({"routes": [{"matchers": ['a="b"'], "group_wait": "1m"}]}, {"a": "c"}) == 30.0  # the default
