@@ -81,6 +81,8 @@ class Snapshot:
     the selectors (identity "" where missing). ``mig_total[target]``: MIG instances on the target;
     ``mig_served[metric][target]``: of those, how many carry ``metric``.
     ``exported_pod_jobs``: DCGM jobs whose series carry ``exported_pod`` (ServiceMonitor, honorLabels false).
+    ``legacy_xid_targets``: DCGM targets whose ``DCGM_FI_DEV_XID_ERRORS`` has no ``err_code`` label
+    (dcgm-exporter before 3.3.6, where the gauge's value is the last Xid code).
     """
 
     url: str
@@ -95,6 +97,7 @@ class Snapshot:
     mig_served: dict[str, dict[TargetKey, int]] = field(default_factory=dict)
     hosts: list[HostRow] = field(default_factory=list)
     exported_pod_jobs: set[str] = field(default_factory=set)
+    legacy_xid_targets: set[TargetKey] = field(default_factory=set)
 
 
 def signal_metrics(families: Iterable[Family], job: str) -> list[str]:
@@ -120,7 +123,7 @@ def _targets(client: PromClient, selector: str, ident: str) -> list[Target]:
 
 def collect(client: PromClient, identity_label: str, dcgm_selector: str, vllm_selector: str,
             families: tuple[Family, ...] = FAMILIES) -> Snapshot:
-    """Read everything doctor needs from ``client`` (instant queries only; 8 requests): the targets the
+    """Read everything doctor needs from ``client`` (instant queries only; 9 requests, 10 on a fleet with MIG): the targets the
     fleet config's selectors pick (the same targets its rules see; a literal job="dcgm" missed the GPU
     Operator's ServiceMonitor job and reported a working fleet as blind) and its identity label.
 
@@ -170,4 +173,6 @@ def collect(client: PromClient, identity_label: str, dcgm_selector: str, vllm_se
                         key=lambda h: (h.job, h.identity, h.instance, h.hostname, h.driver))
     res = client.query(f'count by (job) ({{__name__=~"DCGM_FI_.+",exported_pod=~".+",{dcgm_selector}}})')
     snap.exported_pod_jobs = {s.labels.get("job", "") for s in res.samples}
+    res = client.query(f'count by (job, instance) (DCGM_FI_DEV_XID_ERRORS{{err_code="",{dcgm_selector}}})')
+    snap.legacy_xid_targets = {(s.labels.get("job", ""), s.labels.get("instance", "")) for s in res.samples}
     return snap

@@ -348,6 +348,20 @@ def _workload_findings(ctx: _Context) -> list[Finding]:
                     f"panels and routes must read the exported_* labels", sorted(ctx.snap.exported_pod_jobs))]
 
 
+def _exporter_generation_findings(ctx: _Context) -> list[Finding]:
+    """dcgm-exporter before 3.3.6 (no ``err_code`` on the Xid gauge; its value is the last code): the
+    stock Xid path pages a change of that code (gpu-xid.yml), so a repeat of the same code is invisible."""
+    legacy = ctx.snap.legacy_xid_targets
+    if not legacy:
+        return []
+    names = sorted({ctx.ident.get(k) or f"{k[0]}/{k[1]}" for k in legacy})
+    return [Finding("warning", "dcgm-exporter-before-3.3.6",
+                    f"DCGM_FI_DEV_XID_ERRORS has no err_code label {_where(names, len(ctx.snap.dcgm_targets), 'DCGM targets')} "
+                    f"(dcgm-exporter before 3.3.6: the value is the last Xid code): Xids page when that code changes, "
+                    f"a repeat of the same code does not; upgrade dcgm-exporter, or run `gpuobs logwatch` (every "
+                    f"kernel-log Xid) or enable DCGM_EXP_XID_ERRORS_COUNT where available", names)]
+
+
 # ---- per family ---------------------------------------------------------------------------------------------
 def _present(ctx: _Context, s: Signal, unit: TargetKey | None) -> bool:
     snap = ctx.snap
@@ -532,7 +546,8 @@ def diagnose(snap: Snapshot, families: tuple[Family, ...] = FAMILIES, skip: Iter
                                           note=fam.note, runbook=fam.runbook))
         else:
             verdicts.append(judge_family(ctx, fam))
-    findings = (_selector_findings(ctx) + _identity_findings(ctx) + _driver_findings(ctx) + _workload_findings(ctx))
+    findings = (_selector_findings(ctx) + _identity_findings(ctx) + _driver_findings(ctx) + _workload_findings(ctx)
+                + _exporter_generation_findings(ctx))
     targets = {"dcgm": {"matched": len(snap.dcgm_targets), "up": sum(t.up for t in snap.dcgm_targets)},
                "vllm": {"matched": len(snap.vllm_targets), "up": sum(t.up for t in snap.vllm_targets)}}
     return Report(snap.url, snap.identity_label, {"dcgm": snap.dcgm_selector, "vllm": snap.vllm_selector}, targets,

@@ -56,7 +56,8 @@ def fleet(profile: str = "stock", nodes: int = 4, gpus: int = 2, host: str = "Ho
           node_label: bool = True, driver: bool | None = None, mig: dict[int, int] | None = None,
           engines: bool = True, training: bool = True, xid: dict[int, int] | None = None,
           per_node_fields: dict[int, tuple[str, ...]] | None = None, same_node: tuple[int, int] | None = None,
-          vllm_names: tuple[str, ...] = VLLM, down: tuple[int, ...] = (), logwatch: bool = False) -> SeriesSet:
+          vllm_names: tuple[str, ...] = VLLM, down: tuple[int, ...] = (), logwatch: bool = False,
+          xid_legacy: bool = False) -> SeriesSet:
     """A fleet's TSDB at one instant.
 
     ``profile``: stock / helm / recommended (recommended adds gpuobs's extras: allocator metrics and
@@ -67,7 +68,8 @@ def fleet(profile: str = "stock", nodes: int = 4, gpus: int = 2, host: str = "Ho
     ``xid``: {node index: code} of the last Xid; ``per_node_fields``: override the field list of some
     nodes; ``same_node``: (i, j) gives node j the node label of node i; ``down``: node indexes whose
     DCGM target is down (up 0, no series); ``logwatch``: every node runs logwatch, which has read its
-    source and counted no Xid yet (``gpuobs_logwatch_source_up`` 1, no ``gpuobs_xid_events_total``)."""
+    source and counted no Xid yet (``gpuobs_logwatch_source_up`` 1, no ``gpuobs_xid_events_total``);
+    ``xid_legacy``: the Xid gauge as dcgm-exporter before 3.3.6 serves it (no err_code; value = code)."""
     ts = SeriesSet()
     driver = profile != "helm" if driver is None else driver
     for i in range(nodes):
@@ -122,8 +124,8 @@ def fleet(profile: str = "stock", nodes: int = 4, gpus: int = 2, host: str = "Ho
                         continue
                     ts.add(m, {**labels, **target})
                 if xid and i in xid and not inst:
-                    ts.add("DCGM_FI_DEV_XID_ERRORS", {**labels, **target, "err_code": str(xid[i]),
-                                                      "err_msg": "Double Bit ECC Error"}, float(xid[i]))
+                    code = {} if xid_legacy else {"err_code": str(xid[i]), "err_msg": "Double Bit ECC Error"}
+                    ts.add("DCGM_FI_DEV_XID_ERRORS", {**labels, **target, **code}, float(xid[i]))
                 if profile == "recommended":
                     for m in ALLOCATOR:
                         ts.add(m, {"gpu": str(g), **target})

@@ -331,7 +331,7 @@ def test_doctor_sends_only_instant_queries():
     with FakePrometheus(fleet("stock", mig={0: 2})) as prom:
         run(prom.url, retries=0)
         assert {r["endpoint"] for r in prom.requests} == {"query"}
-        assert len(prom.requests) == 9
+        assert len(prom.requests) == 10
 
 
 def test_text_report_without_fixes_is_short():
@@ -450,3 +450,11 @@ def test_logwatch_reading_its_source_makes_the_xid_path_live_before_any_xid():
     assert xid.status == "live", xid.why
     assert not any("gpuobs logwatch" in f.text for f in xid.fixes)
     assert family(doctor(fleet("stock")), "xid").status == "degraded"
+
+
+def test_an_exporter_before_3_3_6_is_named_with_what_its_xid_pages_miss():
+    rep = doctor(fleet("stock", xid={0: 48, 2: 13}, xid_legacy=True))
+    f = finding(rep, "dcgm-exporter-before-3.3.6")
+    assert f.severity == "warning" and f.targets == ["gpu-node-00", "gpu-node-02"]
+    assert "on 2 of 4 DCGM targets" in f.message and "a repeat of the same code does not" in f.message
+    assert not any(x.code == "dcgm-exporter-before-3.3.6" for x in doctor(fleet("stock", xid={0: 48})).findings)
