@@ -79,7 +79,8 @@ images: venv
 test-compose: venv
 	@scripts/test-compose.sh $(PYTEST_ARGS)
 
-# One drill against the stack `make up` started (realistic rule timings: some drills take minutes). The
+# One drill against the stack `make up` started (realistic rule timings: some drills take minutes;
+# drill-slo-burn about 29, its deadline derived from the 30d SLO's burn-rate windows, docs/drills.md). The
 # report is written only when the drill ran (exit 0 pass, 1 fail); a usage error (exit 2: an unknown
 # drill, no running stack) stops at its one error line.
 drill-%: venv

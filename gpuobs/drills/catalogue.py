@@ -11,6 +11,7 @@ moves, which the drill report plots (:mod:`gpuobs.reports.drill`): one file owns
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from gpuobs.core.fleet import DEFAULT_DCGM_SELECTOR as DCGM_SELECTOR
@@ -44,6 +45,10 @@ class DrillSpec:
     fire_deadline_s: float = 150.0
     resolve_deadline_s: float = 240.0
     about: str = ""
+    #: A drill that burns an SLO's error budget: (SLO name in prometheus/slo.yaml, error ratio its release
+    #: adds). On the default profile its fire deadline follows from that SLO's burn-rate page rules
+    #: (:func:`slo_fire_deadline`), not from ``fire_deadline_s`` x 6.
+    slo_burn: tuple[str, float] | None = None
 
 
 DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
@@ -87,6 +92,8 @@ DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
     DrillSpec("slo-burn", "fleet", 0,
               (Expect("ServingErrorBudgetBurn", "page", scoped=False, labels={"slo": "availability", "severity": "critical"}),),
               deploy="1.6.1", fire_deadline_s=240, resolve_deadline_s=360,
+              # 1.6.1 adds 3 % errors (gpuobs/exporter/sim/data/behaviour.yaml, checked by tests/drills)
+              slo_burn=("availability", 0.03),
               about="a release with +3% errors on every serving node burns the availability budget; page"),
 )}
 
@@ -98,6 +105,89 @@ LANES: tuple[tuple[str, ...], ...] = (
     ("collective-hang", "straggler"),
 )
 FINAL: tuple[str, ...] = ("slo-burn",)
+
+
+#: What the stack adds between a burn-rate condition holding and the page reaching the pager: a 5 s
+#: scrape, the SLI recording rules' and the alert's 5 s evaluations, Alertmanager's 5 s group_wait and the
+#: pager (docs/drills.md, "Timing of the stack"), with room to spare.
+SLO_PAGE_LATENCY_S = 60.0
+#: Margin on the computed time to page: the request rate varies, and rate() extrapolates at the edges.
+SLO_DEADLINE_MARGIN = 0.15
+
+
+@dataclass(frozen=True)
+class SloDeadline:
+    """The fire deadline of an SLO-burn drill, and how it follows from the rules."""
+
+    deadline_s: float
+    time_to_page_s: float
+    long_s: int
+    short_s: int
+    factor: float
+    threshold: float
+    added_error_ratio: float
+
+    def explain(self) -> str:
+        def mins(s: float) -> str:
+            return f"{int(s // 60)}m{int(round(s % 60)):02d}s"
+        return (f"the {mins(self.long_s)}/{mins(self.short_s)} x{self.factor:g} page condition needs the error ratio over "
+                f"{self.threshold:.2%} in both windows: +{self.added_error_ratio:.2%} errors take the long window there "
+                f"after {mins(self.time_to_page_s)} ({mins(self.long_s)} x {self.threshold:.2%} / {self.added_error_ratio:.2%}); "
+                f"deadline {mins(self.deadline_s)} (+{SLO_DEADLINE_MARGIN:.0%} and {SLO_PAGE_LATENCY_S:.0f} s to the pager, "
+                f"never past the long window's turnover, {mins(self.long_s + SLO_PAGE_LATENCY_S)}, after which this "
+                "condition can no longer start to hold)")
+
+
+def slo_fire_deadline(added_error_ratio: float, objective: float, period_s: int) -> SloDeadline:
+    """The fire deadline of a drill that adds ``added_error_ratio`` errors to an SLO of ``objective`` with
+    an SLO period of ``period_s`` seconds, from the page conditions of the burn-rate rules
+    (:func:`gpuobs.mixin.slo_rules.windows`: long AND short window error ratio over factor x budget).
+
+    With the error ratio stepping from the baseline b to b + d at the injection, a window of length W
+    holds (d x t + b x W) / W after t <= W seconds, over the threshold T from t = W x (T - b) / d; the
+    baseline is taken as 0, an upper bound (the real ~0.02 % only brings the page sooner, as does a stack
+    younger than the window). A pair pages when both its windows are over T: at the long window's time,
+    the short one being shorter. The earliest paging pair gives the time to page; the deadline adds
+    :data:`SLO_DEADLINE_MARGIN` and :data:`SLO_PAGE_LATENCY_S`, capped at that pair's long window (+ the
+    latency): once the long window holds only post-injection samples its ratio stops rising, so a page
+    that has not come by then cannot come from this pair. Raises ValueError when no page pair can fire
+    (d at most every pair's threshold)."""
+    from gpuobs.mixin.slo_rules import windows
+
+    budget = 1.0 - objective
+    best: SloDeadline | None = None
+    for w in windows(period_s):
+        threshold = w.factor * budget
+        if w.severity != "critical" or added_error_ratio <= threshold:
+            continue
+        ttp = max(w.long_s, w.short_s) * threshold / added_error_ratio
+        deadline = math.ceil(round(min(ttp * (1 + SLO_DEADLINE_MARGIN) + SLO_PAGE_LATENCY_S,
+                                        w.long_s + SLO_PAGE_LATENCY_S), 6))  # whole s, no float noise
+        cand = SloDeadline(float(deadline), ttp, w.long_s, w.short_s, w.factor, threshold, added_error_ratio)
+        if best is None or cand.time_to_page_s < best.time_to_page_s:
+            best = cand
+    if best is None:
+        raise ValueError(f"+{added_error_ratio:.2%} errors never page an SLO of {objective:.3%}: every page "
+                         f"threshold is higher ({', '.join(f'{w.factor:g}x' for w in windows(period_s) if w.severity == 'critical')} "
+                         "the budget)")
+    return best
+
+
+def stack_slo_deadline(spec: DrillSpec, profile: str) -> SloDeadline | None:
+    """:func:`slo_fire_deadline` for ``spec`` on a stack of rule ``profile``, from the repository's
+    prometheus/slo.yaml (its period; the drill profile's DRILL_SLO_PERIOD); None for a drill that burns
+    no SLO."""
+    if spec.slo_burn is None:
+        return None
+    from gpuobs.core import assets
+    from gpuobs.mixin.profile import DRILL_SLO_PERIOD
+    from gpuobs.mixin.slo_rules import load_config, parse_period
+
+    name, added = spec.slo_burn
+    cfg = load_config(assets.root() / "prometheus" / "slo.yaml")
+    objective = next(s["objective"] for s in cfg["slos"] if s["name"] == name)
+    period = DRILL_SLO_PERIOD if profile == "drill" else cfg["period"]
+    return slo_fire_deadline(added, objective, parse_period(period))
 
 
 def xid_drill(code: int) -> DrillSpec:

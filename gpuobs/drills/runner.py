@@ -39,6 +39,7 @@ from gpuobs.drills.catalogue import (
     DrillSpec,
     Expect,
     kernel_log_variant,
+    stack_slo_deadline,
 )
 from gpuobs.promapi.alertmanager import AlertApiError, AlertsClient, PagerClient, UnionAlertsClient
 from gpuobs.promapi.exporter_admin import AdminClient
@@ -302,6 +303,13 @@ class _Drill:
         # The default profile keeps production `for:` durations (up to 10 min) and windows (the 1h SLO
         # window): its deadlines stretch accordingly.
         self.scale = 1.0 if state.profile == "drill" else 6.0
+        #: Seconds from the injection to giving up on the expected alerts. An SLO-burn drill's on the
+        #: default profile follows from the burn-rate rules (catalogue.slo_fire_deadline), said at injection.
+        self.fire_deadline_s = spec.fire_deadline_s * self.scale
+        self.deadline_why = ""
+        slo = stack_slo_deadline(spec, state.profile) if state.profile != "drill" else None
+        if slo is not None:
+            self.fire_deadline_s, self.deadline_why = slo.deadline_s, slo.explain()
         self.session = _Session(state, ident)
         host = self.host
         mine = {(e.alertname, host if e.scoped else None) for e in spec.expect}
@@ -339,11 +347,13 @@ class _Drill:
     def fire_phase(self) -> None:
         """Inject the fault(s) (``t0`` = now), poll until every expected alert fired and paged or the
         fire deadline passed, then clear the fault(s), also when anything raised (``cleared_s``)."""
+        if self.deadline_why:
+            self.say(f"{self.name}: fire deadline {self.fire_deadline_s:.0f}s on the {self.state.profile} profile: "
+                     f"{self.deadline_why}")
         self.t0 = self.res.injected_at = self.clock()
         try:
             self.inject()
-            self.poll(self.t0 + self.spec.fire_deadline_s * self.scale, self.fired_and_paged, self.pending_fire,
-                      "fire")
+            self.poll(self.t0 + self.fire_deadline_s, self.fired_and_paged, self.pending_fire, "fire")
         finally:
             self.clear()
 
@@ -363,7 +373,7 @@ class _Drill:
                  + f" on {res.hostname}")
         # until: the latest the drill can end (both deadlines), in case it dies before recording its end
         _note(self.state, res, self.say, self.nodes, started_at=self.t0,
-              until=self.t0 + (spec.fire_deadline_s + spec.resolve_deadline_s) * self.scale + 60.0)
+              until=self.t0 + self.fire_deadline_s + spec.resolve_deadline_s * self.scale + 60.0)
 
     def clear(self) -> None:
         """Clear the injected faults, redeploy the previous versions, note ``cleared_s``."""

@@ -27,7 +27,7 @@ import re
 from gpuobs.core.fleet import FleetConfig
 from gpuobs.mixin.runbooks import runbook_url
 from gpuobs.reference import xid
-from gpuobs.reference.dcgm_exporter import THROTTLE_BITS
+from gpuobs.reference.dcgm_exporter import POWER_FAULT_BITS, THROTTLE_BITS
 
 #: The clock-event field under its current and its legacy name (the metric takes the name the CSV uses).
 CLOCK_EVENT_FIELDS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
@@ -39,7 +39,9 @@ BUSY_UTIL_PCT = 50
 #: ... with the temperature at the slowdown point in the last 2 minutes (within this many degrees under
 #: it: the clock governor holds a throttled GPU just below the slowdown temperature, in a ~2 C band, see
 #: gpuobs/exporter/sim/gpu.py), or power under POWER_COLLAPSE_RATIO of its maximum over the last hour (a
-#: power brake; a GPU at its power cap under dense load keeps its power and runs cooler).
+#: power brake; a GPU at its power cap under dense load keeps its power and runs cooler). The enhanced
+#: path uses the same collapse test, where the clock-event bits are absent, to tell a power brake's
+#: DCGM_FI_DEV_POWER_VIOLATION time from a healthy GPU's time at its power cap.
 SLOWDOWN_BAND_C = 3
 POWER_COLLAPSE_RATIO = 0.5
 #: Fragmentation / FB growth threshold: 16 KiB/s (~1.4 GB/day), the slow leak that OOMs on day 3.
@@ -311,14 +313,30 @@ class Rules:
         bits_raw = (f'max by ({GPU}) ({{__name__=~"{"|".join(CLOCK_EVENT_FIELDS)}", '
                     f'{self.cfg.dcgm_selector}, {self.has_identity}}})')
         bits = " + ".join(f"(floor({bits_raw} / {b}) % 2)" for _, b in THROTTLE_BITS)
-        # `and` the counters' presence now: a GPU gone from the page (fallen off the bus) stops at once.
-        viol = (f"max by ({GPU}) (rate({self.dcgm('DCGM_FI_DEV_THERMAL_VIOLATION')}[2m]) "
-                f"+ rate({self.dcgm('DCGM_FI_DEV_POWER_VIOLATION')}[2m])) / 1e9\n"
-                f"and on ({IG}) {self.dcgm('DCGM_FI_DEV_THERMAL_VIOLATION')}")
-        enhanced_thr = ("gpu:dcgm_throttled_time:ratio_rate2m > 0.25\n"
-                        f"unless on ({IG}) gpu:dcgm_clocks_event_thermal_or_power:bool == 0")
         clock = self.dcgm("DCGM_FI_DEV_SM_CLOCK")
         power = self.dcgm("DCGM_FI_DEV_POWER_USAGE")
+        thermal_v, power_v = self.dcgm("DCGM_FI_DEV_THERMAL_VIOLATION"), self.dcgm("DCGM_FI_DEV_POWER_VIOLATION")
+        # `and` the counters' presence now: a GPU gone from the page (fallen off the bus) stops at once.
+        viol = (f"max by ({GPU}) (rate({thermal_v}[2m]) + rate({power_v}[2m])) / 1e9\n"
+                f"and on ({IG}) {thermal_v}")
+        # Power-violation time is a fault only when the limit is enforced from outside or by protection
+        # (HW_POWER_BRAKE / HW_SLOWDOWN set now), or the power collapsed under POWER_COLLAPSE_RATIO of its
+        # 1h maximum (a brake without the bits, or a limit cut far below what the GPU drew): a healthy GPU
+        # at its configured power cap under dense load accrues it too (SW_POWER_CAP), keeping its power.
+        fault_bits = " + ".join(f"(floor({bits_raw} / {b}) % 2)" for _, b in POWER_FAULT_BITS)
+        power_fault = (f"max by ({IG}) ({fault_bits}) > 0\n"
+                       f"or on ({IG})\n"
+                       f"max by ({IG}) ({power}) < {POWER_COLLAPSE_RATIO} * max by ({IG}) (max_over_time({power}[1h]))")
+        fault_viol = (f"max by ({GPU}) (\n"
+                      f"  rate({thermal_v}[2m])\n"
+                      f"  + (\n"
+                      f"    (rate({power_v}[2m]) and on ({IG}) (\n{_indent(power_fault, 6)}\n    ))\n"
+                      f"    or rate({power_v}[2m]) * 0\n"
+                      f"  )\n"
+                      f") / 1e9\n"
+                      f"and on ({IG}) {thermal_v}")
+        enhanced_thr = ("gpu:dcgm_fault_throttled_time:ratio_rate2m > 0.25\n"
+                        f"unless on ({IG}) gpu:dcgm_clocks_event_thermal_or_power:bool == 0")
         hot = self.cfg.slowdown_temp_c - SLOWDOWN_BAND_C
         stock_thr = (f"max by ({GPU}) ({clock}) / max by ({GPU}) (max_over_time({clock}[1h])) < {THROTTLE_CLOCK_RATIO}\n"
                      f"and on ({IG}) (\n"
@@ -342,8 +360,14 @@ class Rules:
         return {"groups": [
             {"name": "gpu-hardware-recording", "rules": [
                 {"#": ("Fraction of wall time the GPU spent clock-limited by thermal or power constraints (DCGM\n"
-                       "violation counters are in ns: rate / 1e9 = fraction of each second). Enhanced fields."),
+                       "violation counters are in ns: rate / 1e9 = fraction of each second). Enhanced fields. Includes\n"
+                       "time at the configured power cap (SW_POWER_CAP), normal under dense load: capacity, not a fault."),
                  "record": "gpu:dcgm_throttled_time:ratio_rate2m", "expr": viol},
+                {"#": ("The part of it that is a fault, what GPUThrottling reads: all thermal-violation time, plus\n"
+                       "power-violation time only while HW_POWER_BRAKE 0x80 or HW_SLOWDOWN 0x8 is set or the power\n"
+                       f"collapsed under {POWER_COLLAPSE_RATIO:g}x its 1h maximum (a power brake). A GPU at its power cap under dense\n"
+                       "load (SW_POWER_CAP 0x4, power at the cap) counts power-violation time but is not throttled by a fault."),
+                 "record": "gpu:dcgm_fault_throttled_time:ratio_rate2m", "expr": fault_viol},
                 {"#": ("1 when a thermal or power clock-event bit is set now: SW_POWER_CAP 0x4, HW_SLOWDOWN 0x8,\n"
                        "SW_THERMAL 0x20, HW_THERMAL 0x40, HW_POWER_BRAKE 0x80 (PromQL has no bitwise AND: test bits\n"
                        "with floor(x / bit) % 2). The field under either name: DCGM_FI_DEV_CLOCKS_EVENT_REASONS or\n"
@@ -351,9 +375,11 @@ class Rules:
                  "record": "gpu:dcgm_clocks_event_thermal_or_power:bool", "expr": f"{bits} > bool 0"},
             ]},
             {"name": "gpu-hardware", "rules": [
-                {"#": ("Throttling is the symptom that costs throughput; temperature alone is not. Enhanced: the\n"
-                       "violation counters say > 25 % of the time was clock-limited and the clock-event bits (when\n"
-                       f"present) agree. Stock: the SM clock under {THROTTLE_CLOCK_RATIO:g}x its 1h maximum while busy, with the\n"
+                {"#": ("Throttling is the symptom that costs throughput; temperature alone is not, nor is a GPU at\n"
+                       "its configured power cap. Enhanced: the violation counters say > 25 % of the time was\n"
+                       "clock-limited by a fault (thermal time; power time only with the HW power brake / HW slowdown\n"
+                       "bits or the power collapsed: gpu:dcgm_fault_throttled_time:ratio_rate2m) and the clock-event\n"
+                       f"bits (when present) agree. Stock: the SM clock under {THROTTLE_CLOCK_RATIO:g}x its 1h maximum while busy, with the\n"
                        f"temperature at the slowdown point (>= {self.cfg.slowdown_temp_c:g} - {SLOWDOWN_BAND_C} C) or the power collapsed (power brake); a GPU\n"
                        "merely at its power cap under dense load keeps its power and its temperature under the\n"
                        "slowdown point, and is not a ticket. The value is the throttled fraction (enhanced) or the\n"
@@ -365,7 +391,7 @@ class Rules:
                  "annotations": {
                      "summary": "A GPU is losing clock to thermal or power limits.",
                      "description": (f"GPU {{{{ $labels.gpu }}}} on node {{{{ $labels.{I} }}}} is clock-limited by thermal or power "
-                                     "limits ({{ $value | humanizePercentage }}, the time throttled per the violation counters, or "
+                                     "limits ({{ $value | humanizePercentage }}, the time throttled by heat or a power brake per the violation counters, or "
                                      "the SM clock against its 1h maximum on a stock exporter). Its node's latency rises with the lost clock."),
                      "runbook_url": self.runbook("throttling", "GPUThrottling"),
                      "dashboard_url": dash + "6"}},

@@ -37,6 +37,17 @@ HW_POWER_BRAKE = 0x80
 #: rules and the throttling dashboard test.
 THROTTLE_BITS = (("SW_POWER_CAP", SW_POWER_CAP), ("HW_SLOWDOWN", HW_SLOWDOWN), ("SW_THERMAL", SW_THERMAL),
                  ("HW_THERMAL", HW_THERMAL), ("HW_POWER_BRAKE", HW_POWER_BRAKE))
+#: The bits that say the power limit was not merely reached but enforced from outside or by
+#: protection, i.e. a fault: NVML's HW_SLOWDOWN ("HW Slowdown (reducing the core clocks by a factor of 2
+#: or more) is engaged": temperature too high, External Power Brake Assertion, or power draw too high
+#: with Fast Trigger protection) and HW_POWER_BRAKE ("HW Power Brake Slowdown ... External Power Brake
+#: Assertion being triggered (e.g. by the system power supply)"). SW_POWER_CAP is NOT one: "SW Power
+#: Scaling algorithm is reducing the clocks below requested clocks" / "the clocks have been optimized to
+#: ensure not to exceed currently set power limits" is a healthy GPU at its configured power limit under
+#: dense load (NVML API reference, nvmlClocksEventReasons; DCGM dcgmFieldConstants
+#: DCGM_CLOCKS_THROTTLE_REASON_*). The GPUThrottling rule counts DCGM_FI_DEV_POWER_VIOLATION time only
+#: with one of these bits (or power collapsed); thermal time (SW/HW_THERMAL) always counts.
+POWER_FAULT_BITS = (("HW_SLOWDOWN", HW_SLOWDOWN), ("HW_POWER_BRAKE", HW_POWER_BRAKE))
 #: ``err_msg`` for codes outside ``xidErrCodeToText`` (gpu_collector.go ``unknownErr``).
 UNKNOWN_XID_TEXT = "Unknown Error"
 

@@ -254,3 +254,93 @@ def test_group_wait_follows_the_shipped_route_tree():
     assert group_wait(route, {"alertname": "GpuKernelXidCritical", "severity": "critical", "family": "xid"}) == 5.0
     assert group_wait(route, {"alertname": "ServingEngineDown", "severity": "critical", "family": "exporter"}) == 30.0
     assert group_wait({"routes": [{"matchers": ['a="b"'], "group_wait": "1m"}]}, {"a": "c"}) == 30.0  # the default
+
+# ---- slo-burn: its fire deadline on the default profile follows from the burn-rate rules ----------------------
+def test_slo_fire_deadline_from_the_burn_rate_windows():
+    """30d period, 99.9 %: the 1h/5m x14.4 pair pages when the 1h error ratio passes 1.44 %: +3 % errors
+    take 1h x 1.44 / 3 = 28.8 min; +15 % and 60 s to the pager: 34m08s, under the 1h turnover (after
+    which that pair can no longer start to hold). The drill profile's 1d period: 2m/30s, 57.6 s. A
+    smaller burn pages only through the 6h/30m x6 pair, capped at its 6h turnover; one under every page
+    threshold never pages."""
+    from gpuobs.drills.catalogue import SLO_PAGE_LATENCY_S, slo_fire_deadline
+
+    d = slo_fire_deadline(0.03, 0.999, 30 * 86400)
+    assert (d.long_s, d.short_s, d.factor) == (3600, 300, 14.4)
+    assert d.time_to_page_s == pytest.approx(1728.0) and d.deadline_s == 2048.0
+    assert d.deadline_s < 35 * 60 and d.deadline_s <= d.long_s + SLO_PAGE_LATENCY_S
+    assert "28m48s" in d.explain() and "34m08s" in d.explain()
+    fast = slo_fire_deadline(0.03, 0.999, 86400)
+    assert (fast.long_s, fast.short_s) == (120, 30) and fast.time_to_page_s == pytest.approx(57.6)
+    slow = slo_fire_deadline(0.01, 0.999, 30 * 86400)  # under 1.44 %: only the 6h/30m x6 pair (0.6 %) pages
+    assert (slow.long_s, slow.factor) == (21600, 6.0) and slow.time_to_page_s == pytest.approx(12960.0)
+    assert slow.deadline_s == 14964  # 12960 x 1.15 + 60
+    edge = slo_fire_deadline(0.0065, 0.999, 30 * 86400)  # 6h x 0.6/0.65 = 5.5h; +15 % would pass 6h: capped
+    assert edge.deadline_s == 21600 + SLO_PAGE_LATENCY_S
+    with pytest.raises(ValueError, match="never page"):
+        slo_fire_deadline(0.005, 0.999, 30 * 86400)
+
+
+def test_the_slo_burn_release_adds_what_the_drill_assumes():
+    from gpuobs.drills.catalogue import DRILLS
+    from gpuobs.exporter.sim.behaviour import load
+
+    spec = DRILLS["slo-burn"]
+    assert load().profile(spec.deploy).error_rate_delta == spec.slo_burn[1]
+
+
+class SloWorld(World):
+    """ServingErrorBudgetBurn (availability, critical) fires ``fire_after`` s after the deploy."""
+
+    def _labels(self):
+        return {"alertname": "ServingErrorBudgetBurn", "slo": "availability", "severity": "critical"}
+
+
+class DeployAdmin(Admin):
+    def deploy(self, version):
+        if version == "1.6.1":
+            self.world.injected = self.world.t
+        else:
+            self.world.cleared = self.world.t
+        return {"previous": "1.6.0"}
+
+
+@pytest.fixture
+def slo_world(world, monkeypatch):
+    w = SloWorld()
+    w.__dict__.update({k: v for k, v in world.__dict__.items() if k not in w.__dict__})
+    orig = runner._Session
+
+    class Session(orig):
+        def __init__(self, state, ident):
+            super().__init__(state, ident)
+            self.admin = [DeployAdmin(w) for _ in HOSTS]
+            self.alerts, self.pages = w.alerts, w.pages
+    monkeypatch.setattr(runner, "_Session", Session)
+    return w
+
+
+@pytest.mark.parametrize("profile, deadline_s", [("drill", 240.0), ("default", 2048.0)])
+def test_slo_burn_gives_up_at_the_deadline_the_rules_give(slo_world, profile, deadline_s):
+    """A page that never comes: on the drill profile the catalogue's 240 s; on the default profile the
+    deadline derived from the 30d rules (34m08s, not 240 s x 6 = 24 min, before the ~29 min page),
+    said before the injection."""
+    slo_world.fire_after = float("inf")
+    lines = []
+    res = runner.run_drill(SimpleNamespace(**{**vars(STATE), "profile": profile}), "slo-burn", progress=lines.append,
+                           clock=slo_world.time, sleep=slo_world.sleep, wait_resolve=False)
+    assert res.cleared_s == deadline_s and not res.ok
+    said = [line for line in lines if "fire deadline" in line]
+    if profile == "default":
+        assert said == [f"slo-burn: fire deadline 2048s on the default profile: {said[0].split(': ', 2)[2]}"]
+        assert "1.44%" in said[0] and "28m48s" in said[0]
+    else:
+        assert said == []
+
+
+def test_slo_burn_on_the_default_profile_passes_with_the_page_at_29_minutes(slo_world):
+    """What a `make up` stack does (the page ~29 min after the deploy): the drill waits for it and passes."""
+    slo_world.fire_after = 29 * 60.0
+    res = runner.run_drill(SimpleNamespace(**{**vars(STATE), "profile": "default"}), "slo-burn",
+                           clock=slo_world.time, sleep=slo_world.sleep, wait_resolve=False)
+    assert res.ok, (res.problems, res.unexpected)
+    assert res.alerts[0].fired_s == 29 * 60.0 and res.alerts[0].paged_s == 29 * 60.0 + 5

@@ -7,7 +7,7 @@ import pytest
 
 from gpuobs.exporter.histogram import Histogram
 from gpuobs.exporter.sim.faults import FaultRequest
-from gpuobs.exporter.sim.gpu import HW_POWER_BRAKE, HW_SLOWDOWN, SW_THERMAL
+from gpuobs.exporter.sim.gpu import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL, SW_POWER_CAP, SW_THERMAL
 from gpuobs.exporter.sim.node import Node, NodeConfig
 
 
@@ -64,6 +64,30 @@ def test_power_brake_collapses_clock_and_accrues_power_violation():
     assert g.clock_event_reasons & HW_POWER_BRAKE and g.clock_event_reasons & HW_SLOWDOWN
     assert g.power_violation_ns == pytest.approx(10e9)
     assert node.gpus[1].power_violation_ns == 0
+
+
+def test_dense_load_runs_at_the_power_cap_without_a_fault():
+    """A healthy GPU under dense load (training, ~0.93 busy) sits at its 700 W limit: the power governor
+    trims the clock a little, sets SW_POWER_CAP and accrues power-violation time most of the time, with
+    no fault bit, no thermal time and the temperature well under the slowdown point (the case GPUThrottling
+    must stay quiet for, issue 32 item 6). A serving node (~0.65 busy) stays under the cap."""
+    node = Node(NodeConfig(index=3, gpus=4, role="training"))
+    serving = Node(NodeConfig(index=0, gpus=2))
+    v0 = [g.power_violation_ns for g in node.gpus]
+    capped = 0
+    for _ in range(600):
+        node.advance(1.0)
+        serving.advance(1.0)
+        for g in node.gpus:
+            assert not g.clock_event_reasons & (HW_POWER_BRAKE | HW_SLOWDOWN | HW_THERMAL | SW_THERMAL)
+            assert g.power_w <= 700.0 + 1e-9 and g.sm_clock_mhz >= 0.9 * 1980
+            capped += bool(g.clock_event_reasons & SW_POWER_CAP)
+    for g, v in zip(node.gpus, v0):
+        assert 0.3 <= (g.power_violation_ns - v) / 600e9 <= 0.95
+        assert g.thermal_violation_ns == 0 and g.temp_c < 84
+    assert 0.3 <= capped / (600 * 4) <= 0.95
+    for g in serving.gpus:
+        assert g.power_violation_ns == 0 and not g.clock_event_reasons & SW_POWER_CAP and g.power_w < 650
 
 
 def test_ecc_dbe_counts_volatile_and_aggregate_and_raises_xid_48_and_63():

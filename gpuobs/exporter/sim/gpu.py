@@ -5,7 +5,12 @@ Quantities use dcgm-exporter's units (design §4.1): clocks MHz, temperature C, 
 framebuffer MiB, violation counters ns; the allocator uses bytes (torch.cuda.memory_stats).
 The thermal model is a first-order RC circuit with a proportional clock governor:
 
-* power  = idle + (TDP - idle) * activity * f**2   (f = clock factor 0..1; dynamic power ~ f*V^2)
+* power  = idle + (P_boost - idle) * activity * f**2   (f = clock factor 0..1; dynamic power ~ f*V^2;
+  P_boost = what a fully busy GPU would draw at max boost, more than its power limit under dense load)
+* at the power limit (TDP by default) the power governor lowers f so that power stays at the limit, sets
+  SW_POWER_CAP (0x4) and accrues DCGM_FI_DEV_POWER_VIOLATION, as a real H100 does under dense load
+  (training, ~0.93 busy, runs at its cap most of the time): normal operation, not a fault (the
+  GPUThrottling rule ignores it, runbooks/throttling.md)
 * dT/dt  = (ambient + R * cooling * power - T) / tau
 * above the slowdown temperature the governor lowers f until temperature settles inside a 2 C
   band, sets SW_THERMAL (0x20) and, past the hardware slowdown point, HW_SLOWDOWN (0x8) and
@@ -42,6 +47,9 @@ class GpuModel:
 
     name: str = "NVIDIA H100 80GB HBM3"
     tdp_w: float = 700.0
+    #: Power a fully busy GPU would draw at max boost with no limit: dense kernels push an H100 past
+    #: its 700 W TDP, so under dense load the power governor (SW_POWER_CAP) holds it at its limit.
+    boost_power_w: float = 750.0
     idle_w: float = 70.0
     max_sm_clock_mhz: float = 1980.0
     idle_sm_clock_mhz: float = 345.0
@@ -135,6 +143,10 @@ class GpuState:
     present: bool = True
     cooling_factor: float = 1.0
     brake_factor: float = 1.0
+    #: Enforced power limit (W); None = the model's TDP (`nvidia-smi -pl` sets it on a real GPU).
+    power_limit_w: float | None = None
+    #: Clock cap the power governor applies to hold power at the limit (1 = not at the cap).
+    power_cap_factor: float = 1.0
     hung: bool = False
     ecc_sbe_vol: int = 0
     ecc_dbe_vol: int = 0
@@ -175,13 +187,19 @@ class GpuState:
         braked = self.brake_factor < 1.0
         f = min(self.clock_factor, self.brake_factor)
         busy = 0.03 if self.hung else self.activity
-        self.power_w = m.idle_w + (m.tdp_w - m.idle_w) * busy * f ** 2
+        dyn_w = (m.boost_power_w - m.idle_w) * busy
+        limit_w = m.tdp_w if self.power_limit_w is None else self.power_limit_w
+        # Power governor: the clock that holds power at the limit, if the demand at f exceeds it.
+        capped = dyn_w > 0 and m.idle_w + dyn_w * f ** 2 > limit_w
+        self.power_cap_factor = (max(0.0, limit_w - m.idle_w) / dyn_w) ** 0.5 if capped else 1.0
+        f = min(f, self.power_cap_factor)
+        self.power_w = m.idle_w + dyn_w * f ** 2
         self.energy_mj += self.power_w * dt * 1000.0
         t_ss = m.ambient_c + m.thermal_resistance_c_per_w * self.cooling_factor * self.power_w
         self.temp_c += (t_ss - self.temp_c) * min(1.0, dt / m.thermal_tau_s)
         if thermal_throttled:
             self.thermal_violation_ns += dt * 1e9
-        if braked:
+        if braked or capped:
             self.power_violation_ns += dt * 1e9
         reasons = 0
         if self.activity < 0.05 and not self.hung:
@@ -192,6 +210,8 @@ class GpuState:
             reasons |= HW_SLOWDOWN | HW_THERMAL
         if braked:
             reasons |= HW_POWER_BRAKE | HW_SLOWDOWN
+        if capped:
+            reasons |= SW_POWER_CAP
         self.clock_event_reasons = reasons
         self.nvlink_bandwidth_total += busy * m.nvlink_bytes_per_s_at_full_load * dt / 1024  # KiB counter
         if self.nvlink_error_rate:
@@ -204,8 +224,8 @@ class GpuState:
 
     @property
     def effective_clock_factor(self) -> float:
-        """Fraction of max SM clock currently allowed (thermal governor and power brake)."""
-        return min(self.clock_factor, self.brake_factor)
+        """Fraction of max SM clock currently allowed (thermal governor, power brake and power cap)."""
+        return min(self.clock_factor, self.brake_factor, self.power_cap_factor)
 
     @property
     def sm_clock_mhz(self) -> float:
