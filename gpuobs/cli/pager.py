@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from gpuobs.cli.common import PORT, duration, env, fail, fleet_config, run_dir_default
+from gpuobs.stack import alert_timing
 
 
 def cmd_pager(args: argparse.Namespace) -> int:
@@ -42,7 +43,8 @@ def cmd_pager(args: argparse.Namespace) -> int:
               token=token, runbook_base=args.runbook_base, dedupe_window_s=args.dedupe_window,
               alertmanager_url=args.alertmanager_url, escalation=escalation,
               activity_file=Path(args.activity_file) if args.activity_file
-              else Path(args.db).parent / activity.FILE_NAME, identity_label=identity_label)
+              else Path(args.db).parent / activity.FILE_NAME, identity_label=identity_label,
+              reconcile_after_s=args.reconcile_after)
     except sqlite3.Error as exc:
         return fail(f"--db {args.db}: not a usable SQLite database ({exc})")
     except OSError as exc:
@@ -71,6 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default 1h; keep it below Alertmanager's repeat_interval)")
     g.add_argument("--alertmanager-url", default=None, metavar="URL",
                    help="Alertmanager whose API v2 the console's silences use (default: none, silences disabled)")
+    g.add_argument("--reconcile-after", type=duration, default=alert_timing.DEFAULT.resolve_timeout_s,
+                   metavar="DURATION",
+                   help="with --alertmanager-url: resolve an open incident none of whose alerts Alertmanager holds "
+                        "once it had no notification for DURATION (default: the alert validity Prometheus gives a "
+                        "send on the stack, 4 x its resend delay = %(default)gs)")
     g.add_argument("--fleet", default=env("FLEET_CONFIG"), metavar="FILE",
                    help="fleet config the rules were rendered from (format of prometheus/fleet.yaml; env "
                         "GPUOBS_FLEET_CONFIG): its identity label names an incident's nodes (default: the shipped one)")

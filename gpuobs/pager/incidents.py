@@ -14,7 +14,8 @@ notification sets the state of the alerts it names:
 A firing notification for a resolved incident re-opens it (the acknowledgement is cleared: it was for
 the earlier firing). Every change is one row of the incident's timeline (``kind``: ``opened``,
 ``notified``, ``acknowledged``, ``resolved``, ``reopened``, ``silenced``, ``silence_expired``,
-``escalated``; escalation policy: :mod:`gpuobs.pager.escalation`).
+``escalated``, ``reconciled``; escalation policy: :mod:`gpuobs.pager.escalation`; reconciliation with
+Alertmanager: :mod:`gpuobs.pager.reconcile`).
 
 The functions here take an open sqlite3 connection inside the caller's transaction
 (:class:`gpuobs.pager.store.PageStore` holds the lock and commits).
@@ -131,6 +132,29 @@ def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: d
         db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ? WHERE id = ?", (at, iid))
         event(db, iid, at, "resolved")
     return iid
+
+
+def reconcile(db: sqlite3.Connection, present: set[str], at: float, grace_s: float) -> list[int]:
+    """Resolve (timeline ``reconciled``) every open or acknowledged incident whose last notification is
+    at least ``grace_s`` old and none of whose firing alerts' fingerprints is in ``present`` (the
+    alerts Alertmanager holds); its firing alerts are marked resolved. Returns the incident ids."""
+    out = []
+    rows = db.execute("SELECT id, updated_at FROM incidents WHERE state != 'resolved'").fetchall()
+    for iid, updated in rows:
+        if at - updated < grace_s:
+            continue
+        firing = db.execute("SELECT fingerprint, labels FROM incident_alerts WHERE incident_id = ? AND status = 'firing'",
+                            (iid,)).fetchall()
+        if not firing or any(fp in present for fp, _ in firing):
+            continue
+        db.execute("UPDATE incident_alerts SET status = 'resolved' WHERE incident_id = ? AND status = 'firing'", (iid,))
+        db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ?, updated_at = ? WHERE id = ?",
+                   (at, at, iid))
+        event(db, iid, at, "reconciled", alerts=sorted({json.loads(lab)["alertname"] for _, lab in firing}),
+              reason=f"Alertmanager holds none of its alerts and no notification came for {grace_s:g}s "
+                     "(it lost them: a restart, or the stack went down mid-incident)")
+        out.append(iid)
+    return out
 
 
 def acknowledge(db: sqlite3.Connection, incident_id: int, by: str, at: float) -> tuple[str, bool]:

@@ -401,12 +401,14 @@ class PagerHandler(httpd.Handler):
 def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None, token: str | None = None,
           runbook_base: str | None = None, dedupe_window_s: float | None = None,
           alertmanager_url: str | None = None, escalation=None, activity_file: Path | None = None,
-          identity_label: str | None = None) -> None:
+          identity_label: str | None = None, reconcile_after_s: float | None = None) -> None:
     """Run the pager until SIGTERM/SIGINT (``token``: required bearer token of the webhooks;
     ``alertmanager_url``: Alertmanager for silences, None disables them; ``escalation``: a
     :class:`gpuobs.pager.escalation.Policy` or None; ``activity_file``: drills and rollouts to link
     incidents to, :mod:`gpuobs.core.activity`; ``identity_label``: the fleet config's, which names an
-    incident's nodes, default the shipped one's)."""
+    incident's nodes, default the shipped one's; ``reconcile_after_s``: with ``alertmanager_url``, resolve
+    incidents whose alerts Alertmanager no longer holds after that many seconds without a notification,
+    :mod:`gpuobs.pager.reconcile`; None or 0: never)."""
     store = PageStore(db_path, identity_label=identity_label) if dedupe_window_s is None \
         else PageStore(db_path, dedupe_window_s, identity_label)
     srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base, alertmanager_url, activity_file)
@@ -419,10 +421,17 @@ def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None,
     if escalation is not None:
         from gpuobs.pager.escalation import Escalator
         escalator = Escalator(store, escalation).start()
+    reconciler = None
+    if alertmanager_url and reconcile_after_s:
+        from gpuobs.pager.reconcile import Reconciler
+        from gpuobs.promapi.silences import AlertmanagerClient
+        reconciler = Reconciler(store, AlertmanagerClient(alertmanager_url).fingerprints, reconcile_after_s).start()
     _log.info("pager listening", extra={"fields": {"addr": f"{host}:{port}", "db": str(db_path)}})
     done.wait()
     if escalator is not None:
         escalator.stop()
+    if reconciler is not None:
+        reconciler.stop()
     srv.shutdown()
     srv.server_close()
     store.close()

@@ -277,6 +277,13 @@ class PageStore:
         with self._lock, self._db:
             return incidents.record_silence_expired(self._db, incident_id, silence_id, time.time(), by)
 
+    def reconcile(self, present: set[str], now: float, grace_s: float) -> list[int]:
+        """Resolve open or acknowledged incidents none of whose firing alerts Alertmanager holds
+        (``present``: its alerts' fingerprints) and that had no notification for ``grace_s`` seconds
+        (:mod:`gpuobs.pager.reconcile`); one transaction; returns their ids."""
+        with self._lock, self._db:
+            return incidents.reconcile(self._db, present, now, grace_s)
+
     def escalate_due(self, now: float, policy) -> list[dict]:
         """Open, unacknowledged incidents due for escalation under ``policy`` at ``now``, marked escalated
         in the same transaction (so no incident escalates twice in one opening)."""

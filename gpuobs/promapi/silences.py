@@ -73,6 +73,13 @@ class AlertmanagerClient:
             raise SilenceApiError(f"{method} {url}: HTTP {resp.status_code}: {resp.text.strip()[:300]}")
         return resp
 
+    def fingerprints(self) -> set[str]:
+        """The fingerprints of every alert Alertmanager holds now, whatever its state (active,
+        silenced, inhibited, unprocessed). Raises SilenceApiError."""
+        resp = self._call("GET", "/api/v2/alerts", params={"active": "true", "silenced": "true",
+                                                           "inhibited": "true", "unprocessed": "true"})
+        return {a["fingerprint"] for a in resp.json()}
+
     def create(self, labels: dict[str, str], duration_s: float, created_by: str, comment: str,
                now: float | None = None) -> tuple[str, dict[str, Any]]:
         """Silence alerts carrying all of ``labels`` for ``duration_s`` seconds from ``now``; returns

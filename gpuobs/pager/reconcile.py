@@ -1,0 +1,60 @@
+"""Reconcile open incidents with Alertmanager: resolve those whose alerts it no longer has.
+
+An incident opened from Alertmanager's notifications stays open until a notification resolves it. When
+Alertmanager loses the alert instead (it restarted while the alert ended, or the stack went down
+mid-incident: docs/alert-delivery.md), no resolution ever comes and the console shows the incident
+open for good. The reconciler asks Alertmanager for every alert it holds (``GET /api/v2/alerts``,
+active, silenced, inhibited and unprocessed alike) and resolves an open or acknowledged incident none
+of whose firing alerts' fingerprints is among them, once the incident has had no notification for
+``grace_s``. The grace must exceed the time a still-firing alert can be missing from a restarted
+Alertmanager: Prometheus re-sends a firing alert every resend delay (3 min on the stack), so the
+default is the alert validity Prometheus gives each send, 4 x the resend delay
+(:mod:`gpuobs.stack.alert_timing`). Alertmanager unreachable: nothing is resolved.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+_log = logging.getLogger("gpuobs.pager")
+
+
+class Reconciler:
+    """Background reconciliation every ``every_s`` seconds (daemon thread). ``alerts()`` returns the
+    fingerprints Alertmanager holds now and raises when it cannot say (e.g.
+    :meth:`gpuobs.promapi.silences.AlertmanagerClient.fingerprints`); ``store`` is a
+    :class:`gpuobs.pager.store.PageStore`."""
+
+    def __init__(self, store: Any, alerts, grace_s: float, every_s: float = 30.0):
+        if grace_s <= 0 or every_s <= 0:
+            raise ValueError(f"grace_s and every_s must be > 0 seconds, got {grace_s} and {every_s}")
+        self.store, self.alerts, self.grace_s, self.every_s = store, alerts, grace_s, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+
+    def start(self) -> "Reconciler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.check(time.time())
+            except Exception:  # noqa: BLE001 (Alertmanager away: try again next time, resolve nothing)
+                _log.warning("reconciliation skipped: Alertmanager did not answer")
+
+    def check(self, now: float) -> list[int]:
+        """Resolve what Alertmanager no longer holds at ``now``; returns the incident ids."""
+        present = set(self.alerts())
+        ids = self.store.reconcile(present, now, self.grace_s)
+        for iid in ids:
+            _log.warning("incident resolved by reconciliation", extra={"fields": {"incident": iid}})
+        return ids
+
