@@ -18,8 +18,6 @@ drive time explicitly.
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ import yaml
 from gpuobs.core import log
 from gpuobs.core.durations import DurationError, parse_duration
 from gpuobs.core.errors import InputError
+from gpuobs.pager.periodic import Periodic
 
 _log = log.get("pager.escalation")
 
@@ -81,28 +80,14 @@ def load(path: Path) -> Policy:
     return parse(doc, str(path))
 
 
-class Escalator:
+class Escalator(Periodic):
     """Background checker: every ``check_interval_s`` escalates what is due (daemon thread)."""
 
+    failure = "escalation check failed"
+
     def __init__(self, store: Any, policy: Policy, check_interval_s: float = 5.0):
+        super().__init__(check_interval_s, "escalator")
         self.store, self.policy, self.check_interval_s = store, policy, check_interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="escalator", daemon=True)
-
-    def start(self) -> "Escalator":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.check_interval_s):
-            try:
-                self.check(time.time())
-            except Exception:  # noqa: BLE001 (a failed check must not end escalation for good)
-                _log.exception("escalation check failed")
 
     def check(self, now: float) -> list[int]:
         """Escalate every due incident at ``now``; returns their ids."""

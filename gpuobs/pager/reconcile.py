@@ -14,41 +14,27 @@ default is the alert validity Prometheus gives each send, 4 x the resend delay
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from typing import Any
 
-_log = logging.getLogger("gpuobs.pager")
+from gpuobs.core import log
+from gpuobs.pager.periodic import Periodic
+
+_log = log.get("pager.reconcile")
 
 
-class Reconciler:
+class Reconciler(Periodic):
     """Background reconciliation every ``every_s`` seconds (daemon thread). ``alerts()`` returns the
     fingerprints Alertmanager holds now and raises when it cannot say (e.g.
     :meth:`gpuobs.promapi.silences.AlertmanagerClient.fingerprints`); ``store`` is a
     :class:`gpuobs.pager.store.PageStore`."""
 
+    failure = "reconciliation skipped: Alertmanager did not answer"
+
     def __init__(self, store: Any, alerts, grace_s: float, every_s: float = 30.0):
         if grace_s <= 0 or every_s <= 0:
             raise ValueError(f"grace_s and every_s must be > 0 seconds, got {grace_s} and {every_s}")
-        self.store, self.alerts, self.grace_s, self.every_s = store, alerts, grace_s, every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
-
-    def start(self) -> "Reconciler":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.check(time.time())
-            except Exception:  # noqa: BLE001 (Alertmanager away: try again next time, resolve nothing)
-                _log.warning("reconciliation skipped: Alertmanager did not answer")
+        super().__init__(every_s, "reconciler")
+        self.store, self.alerts, self.grace_s = store, alerts, grace_s
 
     def check(self, now: float) -> list[int]:
         """Resolve what Alertmanager no longer holds at ``now``; returns the incident ids."""

@@ -21,18 +21,9 @@ from gpuobs.promapi.exporter_admin import AdminClient
 from gpuobs.stack import supervisor
 from gpuobs.stack.ports import free_port_range
 from gpuobs.stack.render import Ports
+from tests.polling import poll
 
 pytestmark = pytest.mark.live
-
-
-def _wait(what: str, check, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _xid_page_since(pager: str, since: float) -> list[dict]:
@@ -56,7 +47,7 @@ def test_a_page_left_open_by_down_does_not_swallow_the_same_faults_next_page(tmp
     try:
         AdminClient(state.urls.node_bases[0], state.token()).inject({"kind": "xid", "gpu": 1, "code": 48})
         t0 = time.time()
-        _wait("the first Xid 48 page", lambda: _xid_page_since(state.urls.pager, t0 - 1), 60)
+        poll("the first Xid 48 page", lambda: _xid_page_since(state.urls.pager, t0 - 1), 60)
         supervisor.down(cfg.run_dir, out=out)  # the page is still open: its resolution is never sent
         # The Xid stays "recent" for 1 minute (drill profile): it ends while the stack is down, so no
         # resolution ever reaches an Alertmanager and the notification log keeps the page as firing.
@@ -66,7 +57,7 @@ def test_a_page_left_open_by_down_does_not_swallow_the_same_faults_next_page(tmp
         assert not _firing(state.urls.prometheus)
         AdminClient(state.urls.node_bases[0], state.token()).inject({"kind": "xid", "gpu": 1, "code": 48})
         t1 = time.time()
-        page = _wait("the recurrence's page", lambda: _xid_page_since(state.urls.pager, t1 - 1), 90)[-1]
+        page = poll("the recurrence's page", lambda: _xid_page_since(state.urls.pager, t1 - 1), 90)[-1]
         labels = next(a["labels"] for a in page["alerts"] if a["labels"]["alertname"] == "GpuKernelXidCritical")
         assert (labels["gpu"], labels["xid"]) == ("1", "48")
         print(f"\nrecurrence paged {page['received_at'] - t1:.1f}s after the fault, after down/up on the same run dir")
