@@ -1,3 +1,4 @@
 """The pager: the Alertmanager webhook receiver (:mod:`.server`), its SQLite store (:mod:`.store`),
-incidents (:mod:`.incidents`), escalation (:mod:`.escalation`), the incident console
-(:mod:`.console`), postmortems (:mod:`.postmortem`) and the runbooks it serves (:mod:`.runbooks`)."""
+incidents (:mod:`.incidents`), escalation (:mod:`.escalation`), reconciliation with Alertmanager
+(:mod:`.reconcile`), their background loop (:mod:`.periodic`), the incident console (:mod:`.console`),
+postmortems (:mod:`.postmortem`) and the runbooks it serves (:mod:`.runbooks`)."""
