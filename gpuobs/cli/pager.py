@@ -75,8 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Alertmanager whose API v2 the console's silences use (default: none, silences disabled)")
     g.add_argument("--reconcile-after", type=duration, default=alert_timing.DEFAULT.resolve_timeout_s,
                    metavar="DURATION",
-                   help="with --alertmanager-url: resolve an open incident none of whose alerts Alertmanager holds "
-                        "once it had no notification for DURATION (default: the alert validity Prometheus gives a "
+                   help="with --alertmanager-url: resolve an open or acknowledged incident once Alertmanager has "
+                        "held none of its alerts for DURATION (default: the alert validity Prometheus gives a "
                         "send on the stack, 4 x its resend delay = %(default)gs)")
     g.add_argument("--fleet", default=env("FLEET_CONFIG"), metavar="FILE",
                    help="fleet config the rules were rendered from (format of prometheus/fleet.yaml; env "

@@ -134,25 +134,41 @@ def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: d
     return iid
 
 
-def reconcile(db: sqlite3.Connection, present: set[str], at: float, grace_s: float) -> list[int]:
-    """Resolve (timeline ``reconciled``) every open or acknowledged incident whose last notification is
-    at least ``grace_s`` old and none of whose firing alerts' fingerprints is in ``present`` (the
-    alerts Alertmanager holds); its firing alerts are marked resolved. Returns the incident ids."""
+def unheld(db: sqlite3.Connection, present: set[str]) -> list[int]:
+    """Open or acknowledged incidents none of whose firing alerts' fingerprints is in ``present`` (the
+    alerts Alertmanager holds)."""
     out = []
-    rows = db.execute("SELECT id, updated_at FROM incidents WHERE state != 'resolved'").fetchall()
-    for iid, updated in rows:
-        if at - updated < grace_s:
+    for (iid,) in db.execute("SELECT id FROM incidents WHERE state != 'resolved'").fetchall():
+        fps = [r[0] for r in db.execute(
+            "SELECT fingerprint FROM incident_alerts WHERE incident_id = ? AND status = 'firing'", (iid,))]
+        if fps and not any(fp in present for fp in fps):
+            out.append(iid)
+    return out
+
+
+def resolve_unheld(db: sqlite3.Connection, ids: list[int], present: set[str], at: float, missing_s: dict[int, float]
+                   ) -> list[int]:
+    """Resolve (timeline ``reconciled``) those of ``ids`` that are still :func:`unheld` given ``present``:
+    their firing alerts are marked resolved, and the group's delivery keys are forgotten so that the
+    same alert notified again re-opens the incident instead of counting as a duplicate.
+    ``missing_s[id]``: how long Alertmanager has not held the incident's alerts (for the timeline).
+    Returns the incident ids resolved."""
+    still = set(unheld(db, present))
+    out = []
+    for iid in ids:
+        if iid not in still:
             continue
-        firing = db.execute("SELECT fingerprint, labels FROM incident_alerts WHERE incident_id = ? AND status = 'firing'",
-                            (iid,)).fetchall()
-        if not firing or any(fp in present for fp, _ in firing):
-            continue
+        channel, gk = db.execute("SELECT channel, group_key FROM incidents WHERE id = ?", (iid,)).fetchone()
+        names = sorted({json.loads(lab)["alertname"] for (lab,) in db.execute(
+            "SELECT labels FROM incident_alerts WHERE incident_id = ? AND status = 'firing'", (iid,))})
         db.execute("UPDATE incident_alerts SET status = 'resolved' WHERE incident_id = ? AND status = 'firing'", (iid,))
         db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ?, updated_at = ? WHERE id = ?",
                    (at, at, iid))
-        event(db, iid, at, "reconciled", alerts=sorted({json.loads(lab)["alertname"] for _, lab in firing}),
-              reason=f"Alertmanager holds none of its alerts and no notification came for {grace_s:g}s "
-                     "(it lost them: a restart, or the stack went down mid-incident)")
+        db.execute("DELETE FROM deliveries WHERE notification_id IN "
+                   "(SELECT id FROM notifications WHERE channel = ? AND group_key = ?)", (channel, gk))
+        event(db, iid, at, "reconciled", alerts=names,
+              reason=f"Alertmanager has not held any of its alerts for {missing_s.get(iid, 0):.0f}s (it lost "
+                     "them: a restart, or the stack went down mid-incident)")
         out.append(iid)
     return out
 

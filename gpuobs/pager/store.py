@@ -277,12 +277,16 @@ class PageStore:
         with self._lock, self._db:
             return incidents.record_silence_expired(self._db, incident_id, silence_id, time.time(), by)
 
-    def reconcile(self, present: set[str], now: float, grace_s: float) -> list[int]:
-        """Resolve open or acknowledged incidents none of whose firing alerts Alertmanager holds
-        (``present``: its alerts' fingerprints) and that had no notification for ``grace_s`` seconds
-        (:mod:`gpuobs.pager.reconcile`); one transaction; returns their ids."""
+    def unheld(self, present: set[str]) -> list[int]:
+        """Open or acknowledged incidents none of whose firing alerts Alertmanager holds (``present``:
+        its alerts' fingerprints); :mod:`gpuobs.pager.reconcile`."""
+        with self._lock:
+            return incidents.unheld(self._db, present)
+
+    def resolve_unheld(self, ids: list[int], present: set[str], now: float, missing_s: dict[int, float]) -> list[int]:
+        """Resolve those of ``ids`` still unheld (one transaction); returns their ids."""
         with self._lock, self._db:
-            return incidents.reconcile(self._db, present, now, grace_s)
+            return incidents.resolve_unheld(self._db, ids, present, now, missing_s)
 
     def escalate_due(self, now: float, policy) -> list[dict]:
         """Open, unacknowledged incidents due for escalation under ``policy`` at ``now``, marked escalated

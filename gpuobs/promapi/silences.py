@@ -76,9 +76,17 @@ class AlertmanagerClient:
     def fingerprints(self) -> set[str]:
         """The fingerprints of every alert Alertmanager holds now, whatever its state (active,
         silenced, inhibited, unprocessed). Raises SilenceApiError."""
+        url = f"{self.base_url}/api/v2/alerts"
         resp = self._call("GET", "/api/v2/alerts", params={"active": "true", "silenced": "true",
                                                            "inhibited": "true", "unprocessed": "true"})
-        return {a["fingerprint"] for a in resp.json()}
+        try:
+            doc = resp.json()
+        except ValueError:
+            raise SilenceApiError(f"GET {url}: not JSON: {resp.text.strip()[:100]!r}") from None
+        if not isinstance(doc, list) or not all(isinstance(a, dict) and isinstance(a.get("fingerprint"), str)
+                                                for a in doc):
+            raise SilenceApiError(f"GET {url}: expected a list of alerts with fingerprints, got {str(doc)[:100]!r}")
+        return {a["fingerprint"] for a in doc}
 
     def create(self, labels: dict[str, str], duration_s: float, created_by: str, comment: str,
                now: float | None = None) -> tuple[str, dict[str, Any]]:
