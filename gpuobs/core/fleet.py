@@ -89,6 +89,13 @@ def check_label_name(text: str, flag: str) -> str:
     return text
 
 
+#: Labels the rules use for something other than the node: the target (``instance``, the identity of
+#: the degraded alerts, gpuobs.mixin.gpu_rules.FALLBACK_IDENTITY; ``job``), the GPU (``gpu``, ``UUID``,
+#: ``pci_bus_id``, ``modelName``, ``device``), the Xid (``xid``, ``err_code``), the pod and histograms.
+RESERVED_LABELS = frozenset({"instance", "job", "gpu", "UUID", "pci_bus_id", "modelName", "device", "xid",
+                             "err_code", "GPU_I_ID", "pod", "le", "identity_source"})
+
+
 def parse_matchers(text: object, field: str) -> list[str]:
     """The label matchers of a target selector (``job="dcgm"``, ``job=~"a|b", namespace="gpu"`` or the
     same in braces), each normalised to ``name OP "value"``: the one grammar of the fleet config's
@@ -162,6 +169,10 @@ def parse_fleet(doc: object, source: str = "fleet config") -> FleetConfig:
     if ident in ("Hostname", "hostname"):
         raise FleetConfigError(f"identity_label: {ident!r} is dcgm-exporter's own host label, which may be a pod name, "
                                "'localhost' or absent; use a label the scrape config sets (e.g. node)")
+    if ident in RESERVED_LABELS:
+        raise FleetConfigError(f"identity_label: {ident!r} already means something else to the rules (one of "
+                               f"{', '.join(sorted(RESERVED_LABELS))}: per target, per GPU or per Xid); name the "
+                               "node with a label of its own that the scrape config sets (e.g. node)")
     sel = _mapping(doc, "selectors", "a mapping with keys dcgm and/or vllm")
     if set(sel) - {"dcgm", "vllm"}:
         raise FleetConfigError("selectors: expected a mapping with keys dcgm and/or vllm")

@@ -354,9 +354,10 @@ def _exporter_generation_findings(ctx: _Context) -> list[Finding]:
     legacy = ctx.snap.legacy_xid_targets
     if not legacy:
         return []
-    names = sorted({ctx.ident.get(k) or f"{k[0]}/{k[1]}" for k in legacy})
+    names = sorted({ctx.ident.get(k) or "/".join(p for p in k if p) for k in legacy})
+    total = max(len(ctx.snap.dcgm_targets), len(names))
     return [Finding("warning", "dcgm-exporter-before-3.3.6",
-                    f"DCGM_FI_DEV_XID_ERRORS has no err_code label {_where(names, len(ctx.snap.dcgm_targets), 'DCGM targets')} "
+                    f"DCGM_FI_DEV_XID_ERRORS has no err_code label {_where(names, total, 'DCGM targets')} "
                     f"(dcgm-exporter before 3.3.6: the value is the last Xid code): Xids page when that code changes, "
                     f"a repeat of the same code does not; upgrade dcgm-exporter, or run `gpuobs logwatch` (every "
                     f"kernel-log Xid) or enable DCGM_EXP_XID_ERRORS_COUNT where available", names)]

@@ -6,8 +6,7 @@ that sees it (at most one ``evaluation_interval``), the rule's ``for:`` and Aler
 ``GpuExporterDown`` can inhibit it). The bound is their sum, read from the stack itself: the loaded
 Prometheus config and rules (``/api/v1/status/config``, ``/api/v1/rules``, whose ``duration`` is the
 ``for:`` in seconds) and Alertmanager's loaded route tree (``/api/v2/status`` ``config.original``;
-routing as Alertmanager v0.25.0 ``dispatch/route.go`` ``Route.Match``: depth first, the first matching
-child unless ``continue``; a child inherits ``group_wait``).
+routing as :func:`group_wait` describes).
 
 It is the bound for a condition that is true at the fault's first sample (an Xid line, a DBE, a
 target down). Conditions that need a stretch of data first (a violation rate over 2 minutes, a GPU
@@ -25,7 +24,7 @@ from typing import Any
 import requests
 import yaml
 
-from gpuobs.core.durations import parse_duration
+from gpuobs.core.durations import DurationError, parse_duration
 
 
 @dataclass(frozen=True)
@@ -43,28 +42,57 @@ class PageBound:
         return f"{self.seconds:g}s ({self.scrape_s:g}+{self.evaluation_s:g}+{self.for_s:g}+{self.group_wait_s:g})"
 
 
-def _matches(matcher: str, labels: dict[str, str]) -> bool:
-    m = re.fullmatch(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"(.*)"\s*', matcher)
-    if m is None:
-        return False
-    name, op, value = m.groups()
+#: One Alertmanager matcher (v0.25 ``pkg/labels/parse.go``): a label name, an operator, a value that is
+#: double-quoted or bare; several may be joined by commas, in braces or not.
+_MATCHER = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*"|[^,}"]*)\s*,?')
+
+
+def _matchers(route: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """A route's matchers as (name, op, value): ``matchers`` strings plus the legacy ``match`` /
+    ``match_re`` maps. Raises ValueError for a matcher string it cannot read."""
+    out = [(k, "=", str(v)) for k, v in (route.get("match") or {}).items()]
+    out += [(k, "=~", str(v)) for k, v in (route.get("match_re") or {}).items()]
+    for text in route.get("matchers") or []:
+        body = text.strip()
+        if body.startswith("{") and body.endswith("}"):
+            body = body[1:-1]
+        pos = 0
+        while pos < len(body):
+            m = _MATCHER.match(body, pos)
+            if m is None or m.end() == pos:
+                raise ValueError(f"cannot read matcher {text!r}")
+            value = m.group(3)
+            out.append((m.group(1), m.group(2), value[1:-1] if value.startswith('"') else value.strip()))
+            pos = m.end()
+    return out
+
+
+def _matches(name: str, op: str, value: str, labels: dict[str, str]) -> bool:
     v = labels.get(name, "")
     if op == "=":
         return v == value
     if op == "!=":
         return v != value
-    hit = re.fullmatch(value, v) is not None
+    hit = re.fullmatch(value, v) is not None  # Alertmanager anchors regex matchers
     return hit if op == "=~" else not hit
 
 
 def group_wait(route: dict[str, Any], labels: dict[str, str], inherited: float = 30.0) -> float:
-    """Seconds of ``group_wait`` for an alert with ``labels`` under Alertmanager route ``route``
-    (its config's ``route`` dict; Alertmanager's default group_wait is 30 s)."""
+    """Seconds until the first notification of a new group for an alert with ``labels`` under
+    Alertmanager route ``route`` (its config's ``route`` dict): the ``group_wait`` of the route that
+    takes it (Alertmanager's default 30 s, inherited by children). As Alertmanager v0.25.0
+    ``dispatch/route.go`` ``Route.Match``: children in order, the first matching one takes the alert
+    unless it has ``continue: true``, in which case later matching children take it too; the alert's
+    first notification then comes from the shortest of their waits. Raises ValueError,
+    DurationError or re.error for a route it cannot read."""
     wait = parse_duration(route["group_wait"], "group_wait") if "group_wait" in route else inherited
+    waits = []
     for child in route.get("routes") or []:
-        if all(_matches(m, labels) for m in child.get("matchers") or []):
-            return group_wait(child, labels, wait)
-    return wait
+        if all(_matches(n, o, v, labels) for n, o, v in _matchers(child)):
+            waits.append(group_wait(child, labels, wait))
+            if not child.get("continue"):
+                break
+    return min(waits) if waits else wait
 
 
 def page_bound(prometheus: str, alertmanager: str, alertname: str, labels: dict[str, str],
@@ -80,13 +108,16 @@ def page_bound(prometheus: str, alertmanager: str, alertname: str, labels: dict[
                             .json()["config"]["original"])
     except (requests.RequestException, ValueError, KeyError, TypeError, yaml.YAMLError):
         return None
-    rules = [r for g in groups for r in g["rules"] if r.get("name") == alertname]
-    if not rules:
-        return None
-    glob = cfg.get("global") or {}
-    scrape = parse_duration(glob.get("scrape_interval", "1m"), "scrape_interval")
-    evaluation = parse_duration(glob.get("evaluation_interval", "1m"), "evaluation_interval")
-    for_s = max(float(r.get("duration") or 0) for r in rules)
-    wait = group_wait(am["route"], {"alertname": alertname, **{k: str(v) for k, v in labels.items()},
-                                    **{k: str(v) for r in rules for k, v in (r.get("labels") or {}).items()}})
+    try:
+        rules = [r for g in groups for r in g.get("rules") or [] if r.get("name") == alertname]
+        if not rules:
+            return None
+        glob = cfg.get("global") or {}
+        scrape = parse_duration(glob.get("scrape_interval", "1m"), "scrape_interval")
+        evaluation = parse_duration(glob.get("evaluation_interval", "1m"), "evaluation_interval")
+        for_s = max(float(r.get("duration") or 0) for r in rules)
+        wait = group_wait(am["route"], {"alertname": alertname, **{k: str(v) for k, v in labels.items()},
+                                        **{k: str(v) for r in rules for k, v in (r.get("labels") or {}).items()}})
+    except (DurationError, KeyError, TypeError, AttributeError, ValueError, re.error):
+        return None  # a config this module cannot read (e.g. Prometheus's "500ms"): no bound, no failure
     return PageBound(scrape + evaluation + for_s + wait, scrape, evaluation, for_s, wait)

@@ -140,15 +140,18 @@ class Rules:
         returning = (f"group by ({I}, gpu) (max_over_time({temp}[6h] offset 65m))\n"
                      f"unless on ({I}, gpu)\n"
                      f"group by ({I}, gpu) (max_over_time({temp}[1h] offset 5m))")
+        legacy = self.dcgm("DCGM_FI_DEV_XID_ERRORS", 'err_code=""')
+        # ... and, after an upgrade from an exporter without err_code, not the code the old gauge held
         stock_errcode = (
             f'max by ({GPU}, xid) (label_replace(last_over_time({gauge}[{GAP_TOLERANCE}]), "xid", "$1", "err_code", "(.+)"))\n'
             f"unless on ({I}, gpu, xid)\n"
-            f'max by ({I}, gpu, xid) (label_replace(max_over_time({gauge}[1h] offset 5m), "xid", "$1", "err_code", "(.+)"))')
+            f'max by ({I}, gpu, xid) (label_replace(max_over_time({gauge}[1h] offset 5m), "xid", "$1", "err_code", "(.+)"))\n'
+            f"unless on ({I}, gpu, xid)\n"
+            f'count_values by ({I}, gpu) ("xid", last_over_time({legacy}[1h] offset 5m))')
         # dcgm-exporter before 3.3.6 has no err_code label: the gauge's value is the last code. The code
         # becomes the xid label (count_values); the catalogue's codes are kept by renaming theirs
         # ("m48") in a copy that `unless` then cannot match; a GPU pages when its last code differs
         # from its last code 5 minutes before (a repeat of the same code is invisible there).
-        legacy = self.dcgm("DCGM_FI_DEV_XID_ERRORS", 'err_code=""')
         codes = f'count_values by ({GPU}) ("xid", last_over_time({legacy}[{GAP_TOLERANCE}]))'
         stock_legacy = (f"(\n  {codes}\n  unless on ({I}, gpu, xid)\n"
                         f'  label_replace({codes}, "xid", "m$1", "xid", "({dcgm_rx})")\n)\n'

@@ -344,3 +344,48 @@ def test_slo_burn_on_the_default_profile_passes_with_the_page_at_29_minutes(slo_
                            clock=slo_world.time, sleep=slo_world.sleep, wait_resolve=False)
     assert res.ok, (res.problems, res.unexpected)
     assert res.alerts[0].fired_s == 29 * 60.0 and res.alerts[0].paged_s == 29 * 60.0 + 5
+
+
+def test_group_wait_follows_alertmanagers_routing_rules():
+    """continue: true, legacy match/match_re and bare or comma-joined matcher strings (Alertmanager 0.25)."""
+    from gpuobs.drills.bounds import group_wait
+
+    page = {"alertname": "GpuKernelXidCritical", "severity": "critical", "family": "xid"}
+    audit = {"matchers": ['severity=~".+"'], "group_wait": "10m", "continue": True}
+    assert group_wait({"group_wait": "5s", "routes": [audit, {"matchers": ['severity="critical"']}]}, page) == 5.0
+    assert group_wait({"group_wait": "5s", "routes": [{"match": {"severity": "warning"}, "group_wait": "10m"},
+                                                      {"match_re": {"family": "x.d"}, "group_wait": "7s"}]}, page) == 7.0
+    assert group_wait({"routes": [{"matchers": ['severity=critical,family="xid"'], "group_wait": "55s"}]}, page) == 55.0
+    assert group_wait({"routes": [{"matchers": ['{alertname!~"Watch.*", severity="critical"}'], "group_wait": "9s"}]},
+                      page) == 9.0
+
+
+def test_page_bound_never_raises_on_configs_it_cannot_read(monkeypatch):
+    from gpuobs.drills import bounds
+
+    class Resp:
+        def __init__(self, doc):
+            self.doc = doc
+
+        def json(self):
+            return self.doc
+
+    def fake(prom_yaml, am_yaml, groups):
+        def get(url, params=None, timeout=None):
+            if url.endswith("/status/config"):
+                return Resp({"data": {"yaml": prom_yaml}})
+            if url.endswith("/rules"):
+                return Resp({"data": {"groups": groups}})
+            return Resp({"config": {"original": am_yaml}})
+        monkeypatch.setattr(bounds.requests, "get", get)
+
+    rules = [{"rules": [{"name": "X", "duration": 0, "labels": {}}]}]
+    for prom, am, groups in [("global: {scrape_interval: 500ms}", "route: {}", rules),
+                             ("global: {}", "route: {group_wait: 500ms}", rules),
+                             ("global: {}", "receivers: []", rules), ("", "", rules),
+                             ("global: {}", "route: {routes: [{matchers: ['a=~\"(\"']}]}", rules),
+                             ("global: {}", "route: {}", [{}])]:
+        fake(prom, am, groups)
+        assert bounds.page_bound("http://p", "http://a", "X", {}) is None, (prom, am, groups)
+    fake("global: {scrape_interval: 15s, evaluation_interval: 15s}", "route: {group_wait: 5s}", rules)
+    assert bounds.page_bound("http://p", "http://a", "X", {}).seconds == 35.0

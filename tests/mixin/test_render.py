@@ -307,3 +307,11 @@ def test_the_families_blind_without_identity_are_those_without_degraded_twins():
             assert not fam.identity_join and not any(twin.get(a, False) for a in fam.alerts), fam.name
             continue
         assert fam.identity_join == (not any(twin[a] for a in fam.alerts)), fam.name
+
+
+@pytest.mark.parametrize("label", ["instance", "job", "gpu", "xid"])
+def test_an_identity_label_the_rules_use_for_something_else_is_refused(label):
+    """instance names the target of the degraded alerts (gpu_rules.FALLBACK_IDENTITY): as the identity every
+    degraded twin would read `instance="", instance!=""` and never fire (attack review)."""
+    with pytest.raises(FleetConfigError, match=f"identity_label: '{label}' already means something else"):
+        parse_fleet({"identity_label": label})
