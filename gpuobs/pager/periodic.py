@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 
 from gpuobs.core import log
 
 _log = log.get("pager")
 
 
-class Periodic:
+class Periodic(ABC):
     """Subclasses implement ``check(now: float)`` (epoch seconds); ``failure`` is the log line for a
     check that raised."""
 
@@ -38,5 +39,6 @@ class Periodic:
             except Exception:  # noqa: BLE001 (a failed check must not end the loop for good)
                 _log.warning(self.failure, exc_info=True)
 
-    def check(self, now: float):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def check(self, now: float):
+        """One check at ``now`` (epoch seconds)."""
