@@ -46,7 +46,9 @@ def _runbook(inc: dict, safe_url: Callable[[str], str | None]) -> str:
 def _ack_button(inc: dict) -> str:
     if inc["state"] != "open":
         return ""
+    # who acknowledges: the name typed here (the silence form's Author, the CLI's --author); empty: "console"
     return (f'<form class="inline" method="post" action="/incidents/{inc["id"]}/ack">'
+            '<input name="by" size="10" maxlength="100" placeholder="your name" aria-label="acknowledged by"> '
             f'<button type="submit" name="ack" value="{inc["id"]}">Acknowledge</button></form>')
 
 

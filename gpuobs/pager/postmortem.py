@@ -194,11 +194,15 @@ def markdown_draft(inc: dict, plotted: list[tuple[str, str, Path]], metrics_note
            "_To fill from the SLO queries of runbooks/postmortem-template.md for the window "
            f"{_utc((m['first_start'] or inc['opened_at']))} - {_utc(inc['resolved_at'])} UTC._", "",
            "## Timeline (UTC)", "", "| Time | Source | Event |", "|---|---|---|"]
-    for a in sorted(inc["alerts"], key=lambda a: a["startsAt"]):
+    # One table in time order: the alerts' own start times (Prometheus) and the pager's timeline rows. An
+    # alert names its node by whichever label carries one of the incident's nodes (the fleet's identity).
+    nodes = set(inc.get("nodes") or [])
+    rows_t: list[tuple[float, str, str]] = []
+    for a in inc["alerts"]:
         t = _rfc3339(a["startsAt"])
         if t:
-            md.append(f"| {_utc(t)} | Prometheus | {a['labels']['alertname']} started firing "
-                      f"({', '.join(f'{k}={v}' for k, v in sorted(a['labels'].items()) if k in ('Hostname', 'gpu', 'xid'))}) |")
+            named = ", ".join(f"{k}={v}" for k, v in sorted(a["labels"].items()) if k in ("gpu", "xid") or v in nodes)
+            rows_t.append((t, "Prometheus", f"{a['labels']['alertname']} started firing ({named})"))
     for e in inc["timeline"]:
         what = {"notified": lambda e: f"{e.get('status')} notification ({', '.join(e.get('alerts', []))}; "
                                       f"{e.get('firing')} firing) to {e.get('receiver')}",
@@ -211,7 +215,9 @@ def markdown_draft(inc: dict, plotted: list[tuple[str, str, Path]], metrics_note
                                   + (f", {e['outcome']}" if e.get("outcome") else "")) if e.get("title")
             else e["kind"])(e)
         source = e["kind"].split()[0] if e.get("title") else "pager"  # drill / rollout rows: gpuobs.core.activity
-        md.append(f"| {_utc(e['at'])} | {source} | {str(what).replace('|', '/')} |")
+        rows_t.append((e["at"], source, str(what)))
+    md += [f"| {_utc(t)} | {source} | {text.replace('|', '/')} |"
+           for t, source, text in sorted(rows_t, key=lambda r: r[0])]
     md += ["", "## Detection and response", "",
            f"- Alerts: {fired}; severity {inc['severity']} routed to the {inc['channel']} receiver.",
            f"- Time to page {_dur(m['detect'])}, to acknowledge {_dur(m['ack'])}, to resolve {_dur(m['resolve'])}.",

@@ -193,3 +193,14 @@ def test_cli_list_show_ack(pager, capsys):
     assert "no incident 42" in capsys.readouterr().err
     dead = free_port_range(1)
     assert cli_run(["incident", "ack", "1", "--pager-url", f"http://127.0.0.1:{dead}"]) == 1
+
+
+def test_the_console_ack_form_records_the_name_typed_in_it(pager):
+    """Issue 29: the console's Acknowledge always recorded "console"; the form now has a name field."""
+    url, _, _ = pager
+    requests.post(f"{url}/hook/page", json=XID, headers=AUTH, timeout=5)
+    assert '<input name="by"' in requests.get(f"{url}/", timeout=5).text
+    r = requests.post(f"{url}/incidents/1/ack", data={"ack": "1", "by": "alice"}, headers={"Origin": url},
+                      allow_redirects=False, timeout=5)
+    assert r.status_code == 303
+    assert requests.get(f"{url}/api/incidents/1", timeout=5).json()["acknowledged_by"] == "alice"

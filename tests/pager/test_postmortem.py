@@ -82,3 +82,25 @@ def test_cli_postmortem(pager, tmp_path, capsys):  # noqa: F811
     out = capsys.readouterr().out
     assert "postmortem-incident-1.md" in out and "note: Prometheus" in out
     assert (tmp_path / "out" / "postmortem-incident-1.html").is_file()
+
+
+def test_the_timeline_is_one_table_in_time_order_and_names_the_node_by_the_fleet_identity(tmp_path):
+    """Issue 29: the alerts' start rows came first whatever their time (02:58:01 before 02:52:28); the node
+    was named only by dcgm-exporter's Hostname."""
+    store = PageStore(tmp_path / "p.sqlite")
+    start = postmortem._rfc3339("2026-11-30T05:00:00Z")
+    store.add("page", _payload(), received_at=start + 42)
+    store.acknowledge(1, "alice", at=start + 100)
+    late = _payload()
+    late["alerts"][0] = {**late["alerts"][0], "fingerprint": "late", "startsAt": "2026-11-30T05:05:00Z",
+                         "labels": {"alertname": "GpuEccDoubleBitError", "node": "gpu-node-01", "gpu": "3",
+                                    "severity": "critical"}}
+    store.add("page", late, received_at=start + 310)
+    inc = store.incident(1)
+    store.close()
+    md = postmortem.markdown_draft(inc, [], None)
+    rows = [line for line in md.splitlines() if line.startswith("| 2026-11-30")]
+    assert rows == sorted(rows), rows
+    assert any("GpuEccDoubleBitError started firing (gpu=3, node=gpu-node-01)" in r for r in rows), rows
+    assert rows.index(next(r for r in rows if "acknowledged by alice" in r)) < rows.index(
+        next(r for r in rows if "GpuEccDoubleBitError started firing" in r))
