@@ -83,6 +83,8 @@ DEV_LOOKS, LIVE_LOOKS = 60, 32
 # 30 min of it lets the analyzer's node-spread estimate (config node_history, default 30m) see the
 # nodes over ~3,600 requests each instead of the look's ~60-1,200.
 BASELINE_HISTORY_S = 1800.0
+# In-place shapes: every pod (the canary's too) served the baseline for the config's pre_stage (2h)
+PRE_STAGE_S = 7200.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class Shape:
     itl: bool = False           # also ITL (and e2e's request count): the rollout's critical metrics
     itl_mult: float = 1.0       # canary ITL factor (release profile)
     history_s: float = BASELINE_HISTORY_S  # baseline pods' scrapes before the stage (an existing fleet)
+    in_place: bool = False      # the canary pods served the baseline, same instance, before the stage
+    canary_node: float = 1.0    # the canary pods' own node factor (x the random one): a node slower by itself
 
     @property
     def small(self) -> bool:
@@ -130,6 +134,15 @@ SHAPES = (
     Shape("A/A, node spread 5%", aa=True, het=0.05),
     Shape("+5% uniform", mult=1.05), Shape("+10% uniform", mult=1.10, goal="p10"), Shape("+20% uniform", mult=1.20),
     Shape("+10% uniform, node spread 3%", mult=1.10, het=0.03),
+    # the canary's release switched in place: its pod served the baseline, under the same instance, for
+    # the 30 min before the stage (within-node design); the shapes above are fresh pods (no history)
+    Shape("A/A, in place", aa=True, in_place=True, goal="fr", history_s=PRE_STAGE_S),
+    Shape("A/A, in place, node spread 3%", aa=True, het=0.03, in_place=True, goal="fr", history_s=PRE_STAGE_S),
+    Shape("A/A, in place, node spread 5%", aa=True, het=0.05, in_place=True, goal="fr", history_s=PRE_STAGE_S),
+    Shape("+10% uniform, in place", mult=1.10, in_place=True, history_s=PRE_STAGE_S),
+    Shape("+10% uniform, in place, node spread 3%", mult=1.10, het=0.03, in_place=True, history_s=PRE_STAGE_S),
+    Shape("+10% uniform, in place, node spread 5%", mult=1.10, het=0.05, in_place=True, history_s=PRE_STAGE_S),
+    Shape("tail: p99 +30%, in place, node spread 3%", tail=True, het=0.03, in_place=True, history_s=PRE_STAGE_S),
     Shape("tail: p99 +30%, median unchanged", tail=True, goal="p90"),
     Shape("spread: sigma 0.6->0.75 (p99 +42%)", sigma=0.75, goal="p90"),
     Shape("+1 pp error ratio", err=BASE_ERROR + ERROR_DELTA),
@@ -214,7 +227,7 @@ def simulate_run(rng: np.random.Generator, s: Shape, pods: int) -> tuple[list[Po
         canary = p < s.canary_pods
         rate = s.fleet_rps * (s.share / s.canary_pods if canary else (1 - s.share) / (pods - s.canary_pods))
         bounds = np.asarray(s.canary_bounds if canary and s.canary_bounds else s.bounds)
-        node = math.exp(rng.normal(0.0, s.het)) if s.het else 1.0
+        node = (math.exp(rng.normal(0.0, s.het)) if s.het else 1.0) * (s.canary_node if canary else 1.0)
         phase = rng.uniform(0.0, SCRAPE_S)
         t = np.arange(phase, horizon + SCRAPE_S, SCRAPE_S) if canary else np.arange(
             phase - 2 * SCRAPE_S - s.history_s, horizon + SCRAPE_S, SCRAPE_S)
@@ -241,6 +254,8 @@ def simulate_run(rng: np.random.Generator, s: Shape, pods: int) -> tuple[list[Po
             hists["vllm:inter_token_latency_seconds"] = (ITL_BUCKETS, np.cumsum(np.cumsum(itl, 0), 1) + off * 50)
             hists["vllm:e2e_request_latency_seconds"] = ((), np.cumsum(req)[:, None] + off)
         out.append(Pod(labels, t, buckets, rcum, tuple(float(b) for b in bounds), hists))
+        if canary and s.in_place:
+            out.append(_pre_stage_pod(rng, s, rate, node, phase, labels))
         # exact counts per look interval (by each interval's end scrape), on the baseline's layout
         side = 0 if canary else 1
         k_of = np.minimum((t // s.interval).astype(int), looks)
@@ -256,6 +271,28 @@ def simulate_run(rng: np.random.Generator, s: Shape, pods: int) -> tuple[list[Po
         np.add.at(exact_b[:, side], k_of[valid], per[valid])
         np.add.at(exact_e[:, side], k_of[valid], np.stack([n, errs], 1)[valid].astype(float))
     return out, exact_b, exact_e
+
+
+def _pre_stage_pod(rng: np.random.Generator, s: Shape, rate: float, node: float, phase: float,
+                   labels: dict[str, str]) -> Pod:
+    """The canary pod's own series before the stage, when its release was switched in place: the same
+    ``instance``, ``track="baseline"``, the baseline's behaviour with the pod's node factor, scraped
+    every 15 s for ``history_s`` until the last scrape before the switch at 0 (it goes stale there)."""
+    bounds = np.asarray(s.bounds)
+    t = np.arange(phase - SCRAPE_S - s.history_s, 0.0, SCRAPE_S)
+    n = rng.poisson(rate * SCRAPE_S, t.size)
+    per = np.array([np.bincount(np.searchsorted(bounds, sample_ttft(rng, int(k)) * node, side="left"),
+                                minlength=bounds.size + 1) for k in n], dtype=float)
+    errs = rng.binomial(n, s.base_err)
+    base = rng.uniform(1e4, 1e5)
+    reasons = np.cumsum(np.stack([n - errs, errs], 1).astype(float), 0) + np.array([base, base * s.base_err])
+    hists = {}
+    if s.itl:
+        itl, req = _itl_counts(rng, n, rate, node)
+        hists["vllm:inter_token_latency_seconds"] = (ITL_BUCKETS, np.cumsum(np.cumsum(itl, 0), 1) + base * 50)
+        hists["vllm:e2e_request_latency_seconds"] = ((), np.cumsum(req)[:, None] + base)
+    return Pod({**labels, "track": "baseline"}, t, np.cumsum(np.cumsum(per, 0), 1) + base, reasons,
+               tuple(float(b) for b in bounds), hists)
 
 
 def run_shape(args: tuple[Shape, int, int, int]) -> dict:

@@ -70,7 +70,7 @@ from gpuobs.canary.sequential import (MIN_INFO_GROWTH, binomial_upper_bound, gro
 from gpuobs.canary.stats import (CLASS_NAMES, Clustered, Shift, bin_log_centres, classify, common_bounds,
                                  fold_nonpositive, harmful, histogram_quantile, paired_shift, parse_buckets, rebin,
                                  unit_moments)
-from gpuobs.canary.verdict import MetricResult, Verdict, assumptions, combine, deciding_tests
+from gpuobs.canary.verdict import MetricResult, Verdict, assumptions, combine, deciding_tests, design_line
 from gpuobs.core import log
 from gpuobs.promapi.prometheus import PromClient, QueryResult
 
@@ -158,7 +158,7 @@ class Analyzer:
         out = Verdict(verdict, reasons, warnings, results, self.canary, self.baseline, start, end, frac,
                       frac >= 1.0, self.config.alpha, promote_reachable=reachable, warmup_s=cfg.warmup_s,
                       deciding=deciding_tests(results) if verdict == "ROLLBACK" else [],
-                      assumptions=assumptions(results))
+                      assumptions=assumptions(results), design=design_line(results))
         LOG.info("canary analysis", extra={"fields": {
             "verdict": verdict, "window_s": round(end - start, 1), "time_fraction": round(frac, 3),
             "metrics": {m.name: m.classification for m in results}}})
@@ -354,6 +354,48 @@ class Analyzer:
         s2 = float(ss[ok].sum() / max(n[ok].sum() - ok.sum(), 1.0))
         return m[ok], s2 / (n[ok] * per_observation), end - lo
 
+    def _pre_stage(self, spec: MetricSpec, stage_start: float, common: np.ndarray) -> dict[str, np.ndarray]:
+        """Every node's latency buckets under the baseline before the stage, for the within-node design
+        (:meth:`gpuobs.canary.histstats.HistContext._within_node`).
+
+        Reads ``sum by (le, <node_label>) (increase(<metric>_bucket{<baseline>}[H]))`` at ``stage_start``
+        (an instant query at that time, valid PromQL and MetricsQL), ``H`` = ``config.pre_stage_s``
+        cut one step after the baseline's first sample in it (as :meth:`_data_window` cuts a look).
+        A canary node that served the baseline release right before the stage (a release switched in
+        place, a canary pod on the node the stable pod just left) has a series there under its own
+        ``node_label`` value; a new pod on a new node has none. Returns ``{node: counts (B+1,)}`` on
+        the ``common`` bounds; empty when disabled or when the query is empty. Series without the
+        node label are left out (they cannot be matched to a canary node). Raises PrometheusError
+        subclasses."""
+        cfg = self.config
+        if cfg.pre_stage_s <= 0:
+            return {}
+        series = f"{spec.metric}_bucket"
+        lo = stage_start - cfg.pre_stage_s
+        first = self.first_sample(series, spec, self.baseline, lo, stage_start)
+        if first is not None and first + cfg.step_s > lo:
+            lo = first + cfg.step_s
+        if lo >= stage_start - cfg.step_s:
+            return {}
+        sel = spec.selector(self.baseline)
+        q = f"sum by (le, {cfg.node_label}) (increase({series}{{{sel}}}[{max(1, round(stage_start - lo))}s]))"
+        try:
+            r = self._instant(q, stage_start, "pre-stage baseline")
+        except NoData:
+            return {}
+        pairs: dict[str, list[tuple[str, float]]] = {}
+        for smp in r.samples:
+            node = smp.labels.get(cfg.node_label, "")
+            if node:
+                pairs.setdefault(node, []).append((smp.labels.get("le", ""), smp.value))
+        out = {}
+        for node, pp in pairs.items():
+            try:
+                out[node] = rebin(*fold_nonpositive(*parse_buckets(pp)), common)
+            except ValueError:
+                continue  # a node with a broken layout has no usable pre-stage period
+        return out
+
     def _histogram(self, spec: MetricSpec, res: MetricResult, start: float, end: float,
                    state: AnalysisState | None) -> None:
         """Location, quantile and spread tests of a latency histogram (docs/canary.md).
@@ -428,8 +470,15 @@ class Analyzer:
         clustering = float(eb_u.sum() / max(nb_u.sum() * sides["baseline"]["factor"], 1e-9))
         history = self._node_history(spec, float(res.data_start if res.data_start is not None else start), end,
                                      common, x, min(1.0, clustering))
+        pre = self._pre_stage(spec, start - cfg.warmup_s, common)
+        pre_arrays = None
+        if pre:
+            none = np.zeros(common.size + 1)
+            (names_c, *_), (names_b, *_) = data["canary"], data["baseline"]
+            pre_arrays = (np.array([pre.get(u, none) if u else none for u in names_c]),
+                          np.array([pre.get(u, none) if u else none for u in names_b]), min(1.0, clustering))
         ctx = HistContext(common, x, cc, cb, nc_u, nb_u, ec_u, eb_u, log1p(cfg.node_spread), cfg.node_spread_df,
-                           history)
+                          history, pre_arrays, (cfg.node_drift, cfg.node_drift_df))
         if history is not None:
             res.evidence["node_history_s"] = float(history[2])
         needed = []
@@ -449,6 +498,11 @@ class Analyzer:
                 needed.append(t["need"](float(norm.isf(alphas[name])), allowed))
         res.assumption, note = node_spread_assumption(ctx, unit, cfg.node_spread, cfg.node_spread_df, len(nb_u),
                                                       len(nc_u))
+        res.design = ctx.design
+        if ctx.design == "within-node":
+            res.evidence["canary_node_offset"] = math.expm1(ctx.offset)
+        res.design_note = ctx.design_note if (pre or ctx.design == "within-node") else \
+            f"no pre-stage data under the baseline (pre_stage {cfg.pre_stage_s:g} s)"
         if note:
             res.notes.append(note)
         # in the unit of n_canary (observations: tokens for ITL), from effective requests

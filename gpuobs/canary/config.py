@@ -44,7 +44,8 @@ TEST_NAMES = ("location", "spread", "tail")
 # literal job="vllm" would select nothing on a real fleet and every look would HOLD on missing data.
 DEFAULT_SELECTORS = {"vllm": DEFAULT_VLLM_SELECTOR, "dcgm": DEFAULT_DCGM_SELECTOR}
 TOP_LEVEL_KEYS = ("alpha", "horizon", "interval", "step", "spending", "tail_spending", "pass_spending", "warmup",
-                  "node_label", "node_spread", "node_spread_df", "node_history", "selectors", "metrics")
+                  "node_label", "node_spread", "node_spread_df", "node_history", "pre_stage", "node_drift", "node_drift_df",
+                  "selectors", "metrics")
 METRIC_KEYS = ("name", "title", "kind", "metric", "matchers", "error_matchers", "clustered_by", "query", "unit",
                "direction", "scale", "allowed_effect", "min_effect", "critical", "alpha_share", "min_samples",
                "tests", "quantile_allowed_effect")
@@ -133,6 +134,9 @@ class CanaryConfig:
     node_spread: float = 0.015
     node_spread_df: float = 4.0
     node_history_s: float = 1800.0  # baseline nodes' spread also read over this much time before the look's window
+    pre_stage_s: float = 7200.0  # the within-node design's pre-stage period: this much time before the stage
+    node_drift: float = 0.005  # assumed sd of a node's own latency factor change from before the stage to during it
+    node_drift_df: float = 4.0
     critical_share_total: float = 0.0  # sum of the critical alpha shares of the full config (select keeps it)
 
     def metric_alpha(self, spec: MetricSpec) -> float:
@@ -149,6 +153,7 @@ class CanaryConfig:
         doc = {f: getattr(self, f) for f in ("alpha", "horizon_s", "interval_s", "step_s", "spending", "metrics",
                                               "warmup_s", "tail_spending", "pass_spending", "node_label",
                                               "node_spread", "node_spread_df", "node_history_s",
+                                              "pre_stage_s", "node_drift", "node_drift_df",
                                               "critical_share_total")}
         doc.update(kw)
         return CanaryConfig(**doc)
@@ -376,12 +381,20 @@ def parse_config(doc: Any, source: str = "config", selectors: dict[str, str] | N
         raise ConfigError(f"{source}.node_history", history, "a duration >= 0 such as 30m, 1h (0 = off)") from None
     if node_history_s > 7 * 86400:
         raise ConfigError(f"{source}.node_history", history, "a duration of at most 7d (0 = the look's window only)")
+    pre = doc.get("pre_stage", "2h")
+    try:
+        pre_stage_s = parse_duration(pre, "pre_stage", allow_zero=True)
+    except DurationError:
+        raise ConfigError(f"{source}.pre_stage", pre, "a duration >= 0 such as 2h, 30m (0 = off)") from None
+    if pre_stage_s > 7 * 86400:
+        raise ConfigError(f"{source}.pre_stage", pre, "a duration of at most 7d (0 = compare between nodes only)")
     return CanaryConfig(alpha, horizon, parse_duration(doc.get("interval", "30s"), "interval"),
                         parse_duration(doc.get("step", "15s"), "step"), spending, specs, warmup_s=warmup_s,
                         tail_spending=tail_spending, pass_spending=pass_spending,
                         node_label=node_label, node_spread=_num(doc, "node_spread", source, 0.0, 1.0, 0.015),
                         node_spread_df=_num(doc, "node_spread_df", source, 0.0, 1e6, 4.0),
-                        node_history_s=node_history_s)
+                        node_history_s=node_history_s, pre_stage_s=pre_stage_s, node_drift=_num(doc, "node_drift", source, 0.0, 1.0, 0.005),
+                        node_drift_df=_num(doc, "node_drift_df", source, 0.0, 1e6, 4.0))
 
 
 def load_config(path: str | Path | None = None, selectors: dict[str, str] | None = None) -> CanaryConfig:

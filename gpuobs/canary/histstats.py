@@ -181,6 +181,20 @@ def node_spread_assumption(ctx: "HistContext", unit: str, spread: float, prior_d
     except (ValueError, ZeroDivisionError, FloatingPointError):
         return "", ""
     d = loc.node_df
+    if ctx.design == "within-node":
+        drift, drift_df = ctx.drift
+        weight = 1.0 if d == 0 or math.isinf(drift_df) else drift_df / (drift_df + d)
+        if weight < PRIOR_NOTE_WEIGHT:
+            return "", ""
+        src = (f"the {unit}s' own change between the pre-stage period and the stage cannot be estimated from "
+               f"{kb} baseline and {kc} canary {unit}(s); assuming the configured node_drift {drift:.1%}"
+               if d == 0 else
+               f"the {unit}s' drift between the pre-stage period and the stage from {kb} baseline and {kc} canary "
+               f"{unit}(s) ({d} df) pooled with the assumed node_drift {drift:.1%} ({drift_df:g} df, "
+               f"{weight:.0%} of the weight)")
+        return (f"{src}; a canary {unit} whose speed changed by more than that for reasons of its own can be "
+                f"rolled back", f"node term sd {math.expm1(math.sqrt(loc.tau2 * ctx.g)):.1%} after removing "
+                f"the canary's own offset (the node_drift assumption carries {weight:.0%} of the weight)")
     weight = 1.0 if d == 0 or math.isinf(prior_df) else prior_df / (prior_df + d)
     if weight < PRIOR_NOTE_WEIGHT:
         return "", ""
@@ -223,9 +237,15 @@ class HistContext:
     ``needed(c1)`` inputs, ``extra`` (descriptive fields).
     """
 
-    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc, prior_df, history=None):
+    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc, prior_df, history=None, pre=None,
+                 drift=(0.005, 4.0)):
         self.bounds, self.x, self.cc, self.cb, self.nc, self.nb, self.ec, self.eb = bounds, x, cc, cb, nc, nb, ec, eb
         self.tau_loc, self.prior_df, self.history = tau_loc, prior_df, history
+        self.pre, self.drift = pre, drift
+        # the canary's node offset removed from every test's statistic (within-node design; 0 between
+        # nodes) and why the design is what it is (location_stat)
+        self.offset, self.design, self.design_note = 0.0, "between-node", ""
+        self.within: dict[str, Any] | None = None
         self.Nc, self.Nb, self.Ec, self.Eb = nc.sum(), nb.sum(), ec.sum(), eb.sum()
         self.wc, self.wb = nc / self.Nc, nb / self.Nb
         self.g = float((self.wc ** 2).sum() + (self.wb ** 2).sum())
@@ -268,9 +288,125 @@ class HistContext:
             else:
                 base_group = (self.mb_u[okb], self.s2b / self.eb[okb])
             groups = [base_group, (self.mc_u[okc], s2c / self.ec[okc])]
-            self._loc = clustered(mean_c - mean_b, v_req, self.wc, self.wb, groups, self.tau_loc ** 2, self.prior_df,
-                                  label="nodes" if self.history is None else "nodes with history")
+            between = clustered(mean_c - mean_b, v_req, self.wc, self.wb, groups, self.tau_loc ** 2, self.prior_df,
+                                label="nodes" if self.history is None else "nodes with history")
+            self._loc = self._within_node(between, v_req, s2c) or between
         return self._loc
+
+    def _within_node(self, between: Clustered, v_req: float, s2c: float) -> Clustered | None:
+        """The location comparison with each canary node compared with itself (a difference in
+        differences), or None when the between-node one is kept; sets ``self.within`` for the other
+        tests (:meth:`_pre_difference`).
+
+        ``self.pre``: ``(canary nodes' pre-stage bucket counts (kc, B+1), the baseline nodes' (kb, B+1),
+        effective requests per request)`` on the look's bounds, zeros for a node without pre-stage data
+        (the analyzer reads them over ``pre_stage`` before the stage under the baseline's selector:
+        :meth:`gpuobs.canary.analyzer.Analyzer._pre_stage`). Model: node ``u``'s log latency is
+        ``mu_period + nu_u + delta_u,period + release effect``. Each test's statistic is compared as
+        ``(canary - baseline during the stage) - (the same canary and baseline nodes before it)``, the
+        nodes weighted by their request shares in the stage: the node offsets ``nu`` cancel (and
+        fleet-wide drift ``mu``), and the node variance is the pre-stage statistics' sampling
+        variance plus the drift of the offsets between the periods, ``tau_d^2 g``, in place of the
+        between-node ``tau^2 g`` that no traffic removes. Nodes without pre-stage data keep their
+        ``tau^2`` share. ``tau_d^2``: DerSimonian-Laird on the nodes' own changes of mean log latency
+        (stage minus pre-stage; baseline nodes and, with several, canary nodes, each around its
+        group's mean), pooled with the configured ``node_drift`` prior as :func:`clustered` pools the
+        spread: the assumption is checked every look by the baseline nodes' changes, and offsets that
+        moved widen the comparison. Source: the difference-in-differences design (Angrist & Pischke,
+        "Mostly Harmless Econometrics", 2009, ch. 5); the pre-period as the covariate of CUPED (Deng,
+        Xu, Kohavi & Walker, "Improving the sensitivity of online controlled experiments by utilizing
+        pre-experiment data", WSDM 2013) at coefficient 1.
+
+        Why each test's own pre-stage statistic and not one offset through each test's slope: the
+        slope of a share above a tail bound rests on the few baseline requests in the bucket above
+        it; multiplied by a real offset its noise became bias (in place, 5% node spread: the p99 z had
+        an sd of 1.23 and the tail's 1.16).
+
+        The between-node comparison is kept when it is narrower and the canary's own pre-stage offset
+        is one the between-node spread covers (within 2 sd of it): that design assumes the canary's
+        node is typical, which its pre-stage period can contradict (a canary node 6% slower than the
+        fleet, no spread otherwise: picking by the smaller variance alone gave the location z a mean
+        of +0.4 and an sd of 1.3). The offset is pre-stage data, independent of the release's
+        effect, so the choice does not bias the test. The returned :class:`Clustered`'s ``tau2`` is
+        the location's node variance divided by ``g``, ``tau2_df`` its Satterthwaite degrees of freedom."""
+        if self.pre is None:
+            return None
+        pc_cnt, pb_cnt, per_obs = self.pre
+        pc_cnt, pb_cnt = np.asarray(pc_cnt, dtype=float), np.asarray(pb_cnt, dtype=float)
+        npc, mcp, sscp = unit_moments(pc_cnt, self.x)
+        npb, mbp, ssbp = unit_moments(pb_cnt, self.x)
+        hc = (npc >= 2) & (self.nc > 0)
+        hb = (npb >= 2) & (self.nb >= 2)
+        if not hc.any():
+            self.design_note = "no canary node has pre-stage data under the baseline (a new pod or node)"
+            return None
+        if not hb.any():
+            self.design_note = "no baseline node has pre-stage data"
+            return None
+        k_pre = int(hc.sum() + hb.sum())
+        s2p = float((sscp[hc].sum() + ssbp[hb].sum()) / max(npc[hc].sum() + npb[hb].sum() - k_pre, 1.0))
+        ecp, ebp = npc * per_obs, npb * per_obs  # effective pre-stage requests per node
+        wcp = np.where(hc, self.wc, 0.0)
+        wcp = wcp / wcp.sum()
+        wbp = np.where(hb, self.wb, 0.0)
+        wbp = wbp / wbp.sum()
+        g_resid = float(((self.wc - wcp) ** 2).sum() + ((self.wb - wbp) ** 2).sum())
+        resid = between.tau2 * g_resid  # nodes without pre-stage data keep their between-node share
+        offset = float((wcp * np.nan_to_num(mcp)).sum() - (wbp * np.nan_to_num(mbp)).sum())
+        var_pre = float(s2p * ((wcp[hc] ** 2 / ecp[hc]).sum() + (wbp[hb] ** 2 / ebp[hb]).sum()))
+        okb, okc = hb & (self.nb >= 2), hc & (self.nc >= 2)
+        groups = [(self.mb_u[okb] - mbp[okb], self.s2b / self.eb[okb] + s2p / ebp[okb]),
+                  (self.mc_u[okc] - mcp[okc], s2c / self.ec[okc] + s2p / ecp[okc])]
+        tau_d, drift_df = self.drift
+        d = clustered(between.effect - offset, v_req + var_pre + resid, self.wc[hc], self.wb[hb], groups,
+                      log1p(tau_d) ** 2, drift_df, label="the nodes' own changes")
+        g_d = float((self.wc[hc] ** 2).sum() + (self.wb[hb] ** 2).sum())
+        drift = d.tau2 * g_d
+        node_var = var_pre + resid + drift
+        between_var = between.tau2 * self.g
+        if not node_var < between_var and abs(offset) < 2.0 * math.sqrt(between_var + var_pre):
+            self.design_note = (f"the within-node term (sd {math.expm1(math.sqrt(node_var)):.1%}: pre-stage "
+                                f"sampling and drift sd {math.expm1(math.sqrt(d.tau2)):.1%}) is no narrower than "
+                                f"the between-node one (sd {math.expm1(math.sqrt(between_var)):.1%}), and the "
+                                f"canary's own offset ({math.expm1(offset):+.1%}) is within it")
+            return None
+        tau2_df = self._node_df(node_var, drift, d.tau2_df)
+        self.within = {"hc": hc, "hb": hb, "wcp": wcp, "wbp": wbp, "cc": pc_cnt, "cb": pb_cnt, "ec": ecp,
+                       "eb": ebp, "s2": s2p, "resid": resid, "drift": drift, "drift_df": d.tau2_df}
+        self.offset, self.design = offset, "within-node"
+        self.design_note = (f"{int(hc.sum())} of {int((self.nc > 0).sum())} canary and {int(hb.sum())} of "
+                            f"{int((self.nb > 0).sum())} baseline node(s) compared with their own pre-stage period")
+        return Clustered(d.effect, d.se, d.df, node_var / self.g if self.g > 0 else 0.0,
+                         f"within-node: drift from {d.tau2_source}", d.info, tau2_df, d.node_df)
+
+    @staticmethod
+    def _node_df(total: float, random: float, random_df: float) -> float:
+        """Satterthwaite degrees of freedom of a node variance ``total`` of which ``random`` is
+        estimated on ``random_df`` degrees of freedom (the rest known)."""
+        return total * total / (random * random / random_df) if random > 0 and math.isfinite(random_df) else math.inf
+
+    def _pre_difference(self, stat: Callable[[np.ndarray], tuple[float, float]]) -> tuple[float, float]:
+        """Within-node design: a test's statistic on the canary nodes' pre-stage counts minus the same on
+        the baseline nodes', each side the stage-weighted mean over its nodes with pre-stage data, and
+        that difference's sampling variance. ``stat(counts (B+1,)) -> (value, variance at one effective
+        request)``; a node's variance is that over its effective pre-stage requests."""
+        w = self.within
+        out, var = 0.0, 0.0
+        for sign, cnt, has, wt, eff in ((1.0, w["cc"], w["hc"], w["wcp"], w["ec"]),
+                                        (-1.0, w["cb"], w["hb"], w["wbp"], w["eb"])):
+            for i in np.nonzero(has)[0]:
+                value, unit_var = stat(cnt[i])
+                out += sign * wt[i] * value
+                var += wt[i] ** 2 * unit_var / eff[i]
+        return out, var
+
+    def _within_var(self, slope2: float, pre_var: float) -> tuple[float, float]:
+        """A test's node variance in the within-node design, ``(variance, Satterthwaite df)``: its
+        pre-stage difference's sampling variance plus ``slope2`` (its statistic's squared
+        sensitivity to a node's log-latency offset) times the drift and the nodes without pre-stage data."""
+        w = self.within
+        total = pre_var + slope2 * (w["resid"] + w["drift"])
+        return total, self._node_df(total, slope2 * w["drift"], w["drift_df"])
 
     def _location(self) -> dict[str, Any]:
         cl = self.location_stat()
@@ -300,6 +436,17 @@ class HistContext:
             groups.append((vals, (kappa - 1) / (4 * e_u[ok])))
         # node effects scale a node's latencies (a shift of its log latency) and leave its spread as
         # it is: the prior for the spread test's between-node variance is 0, with the same weight
+        self.location_stat()
+        if self.within is not None:
+            # within-node design: the canary nodes' own pre-stage spread, less the baseline's (bucketing
+            # makes a node's binned spread depend on its speed: a canary node 6% slower gave z +0.37)
+            def half_log_var(c: np.ndarray) -> tuple[float, float]:
+                n_u, m_u, ss_u = unit_moments(c[None, :], self.x)
+                v_u = float(ss_u[0] / max(n_u[0] - 1.0, 1.0))
+                return (0.5 * math.log(v_u) if v_u > 0 else 0.0), (kappa - 1) / 4
+
+            delta, pre_var = self._pre_difference(half_log_var)
+            e, v_req = e - delta, v_req + pre_var
         cl = clustered(e, v_req, self.wc, self.wb, groups, 0.0, self.prior_df)
 
         def interval(c: float) -> tuple[float, float]:
@@ -372,22 +519,34 @@ class HistContext:
         if not m > 0:
             raise NoData(f"no canary request above the baseline's p90 bound {b:g}")
         mc_eff, mb_eff = m * self.Ec / self.Nc, mb * self.Eb / self.Nb
-        e = float((xc * scores).sum() / m) / v
+        e_raw = float((xc * scores).sum() / m) / v
         v_c0 = 1.0 / (mc_eff * v)
         v_req = v_c0 + 1.0 / (mb_eff * v)
         full = np.concatenate((scores[:top], np.full(pb_t.size - top, scores[top])))
         slope = self._tail_slope(j, full) / v
         loc = self.location_stat()
-        tau2 = slope * slope * loc.tau2
-        var = v_req + tau2 * self.g
-        df = var * var / ((tau2 * self.g) ** 2 / loc.tau2_df) if tau2 > 0 and math.isfinite(loc.tau2_df) else math.inf
-        cl = Clustered(e, math.sqrt(var), df, tau2, loc.tau2_source, 1.0 / var, loc.tau2_df, loc.node_df)
+        p_tail = mb / self.Nb
+        if self.within is not None:
+            # within-node design: the canary nodes' own pre-stage mean score above b, less the baseline's
+            def mean_score(c: np.ndarray) -> tuple[float, float]:
+                above = _pool_top(c[j + 1:], top)
+                m_pre = float(above.sum())
+                return (float((above * scores).sum()) / m_pre / v if m_pre > 0 else 0.0), 1.0 / (p_tail * v)
+
+            delta, pre_var = self._pre_difference(mean_score)
+            node_var, node_df = self._within_var(slope * slope, pre_var)
+        else:
+            delta, node_var, node_df = 0.0, slope * slope * loc.tau2 * self.g, loc.tau2_df
+        e = e_raw - delta
+        var = v_req + node_var
+        df = var * var / (node_var ** 2 / node_df) if node_var > 0 and math.isfinite(node_df) else math.inf
+        cl = Clustered(e, math.sqrt(var), df, node_var / self.g if self.g > 0 else 0.0, loc.tau2_source, 1.0 / var,
+                       node_df, loc.node_df)
         # the canary's score sum is skewed (few, large scores at the top): its z is read from the exact
         # null distribution of a sum of mc_eff scores, then widened like the quantile tests' z
         pi = pooled_b / mb
-        z_exact = score_sum_z(scores, pi, xc, mc_eff)
+        z_exact = score_sum_z(scores, pi, xc, mc_eff) - delta / math.sqrt(v_c0)
         z = z_exact * math.sqrt(v_c0) / cl.se if cl.se > 0 else z_exact
-        p_tail = mb / self.Nb
         q_ref = min(1.0 - TAIL_REPORT_Q, 0.5 * p_tail)  # the share above the reported quantile
         s_ref = q_ref / p_tail  # its survival within the tail
         x_ref = self._bound_at(q_ref)
@@ -575,36 +734,55 @@ class HistContext:
                                 f"of requests above it, not {(1.0 - q) * 100:g}% (the layout cannot resolve this quantile)")
         xb_u = self.cb[:, j + 1:].sum(-1)
         xc = float(self.cc[:, j + 1:].sum())
-        p0 = float(xb_u.sum() / self.Nb)
+        p_base = float(xb_u.sum() / self.Nb)
         pc = xc / self.Nc
-        v_c0 = p0 * (1 - p0) / self.Ec
-        v_b = p0 * (1 - p0) / self.Eb
         # a node shifted by nu on the log scale moves the share above b by the density of log latency
         # at b times nu (see _density_at)
         slope = self._density_at(j)
         loc = self.location_stat()
-        tau2 = (slope ** 2) * loc.tau2  # a node shifted by nu moves the share above b by slope * nu
-        var = v_c0 + v_b + tau2 * self.g
-        df = var * var / ((tau2 * self.g) ** 2 / loc.tau2_df) if tau2 > 0 and math.isfinite(loc.tau2_df) else math.inf
-        cl = Clustered(pc - p0, math.sqrt(var), df, tau2, loc.tau2_source, 1.0 / var, loc.tau2_df, loc.node_df)
+        if self.within is not None:
+            # within-node design: the share the canary's own nodes showed before the stage, moved by the
+            # baseline's change since
+            def share(c: np.ndarray) -> tuple[float, float]:
+                n = float(c.sum())
+                return (float(c[j + 1:].sum()) / n if n > 0 else p_base), p_base * (1 - p_base)
+
+            delta, pre_var = self._pre_difference(share)
+            node_var, node_df = self._within_var(slope ** 2, pre_var)
+        else:  # a node shifted by nu moves the share above b by slope * nu
+            delta, node_var, node_df = 0.0, slope ** 2 * loc.tau2 * self.g, loc.tau2_df
+        p0 = min(max(p_base + delta, 1e-9), 1.0 - 1e-9)
+        v_c0 = p0 * (1 - p0) / self.Ec
+        v_b = p_base * (1 - p_base) / self.Eb
+        var = v_c0 + v_b + node_var
+        df = var * var / (node_var ** 2 / node_df) if node_var > 0 and math.isfinite(node_df) else math.inf
+        cl = Clustered(pc - p0, math.sqrt(var), df, node_var / self.g if self.g > 0 else 0.0, loc.tau2_source,
+                       1.0 / var, node_df, loc.node_df)
         z_exact = exceedance_z(xc * self.Ec / self.Nc, self.Ec, p0)
         z = z_exact * math.sqrt(v_c0) / cl.se if cl.se > 0 else z_exact
 
-        qeff = self._quantile_mapping(j, q, pc)
+        mapping = self._quantile_mapping(j, q, pc)
+        node = 1.0 + mapping(p0) if delta else 1.0  # the canary nodes' own quantile factor (1 between nodes)
+
+        def qeff(p: float) -> float:  # the release's change of the quantile, the node's offset removed
+            return (1.0 + mapping(p)) / node - 1.0
 
         def interval(c: float) -> tuple[float, float]:
             # score-type: the lower end with the null variance (the test's), the upper end with the
             # larger of the observed and null shares (never narrower than the test's own variance)
             pm = max(pc, p0)
             se_up = math.sqrt(pm * (1 - pm) / self.Ec + v_b + cl.tau2 * self.g)
-            return qeff.interval(pc - c * cl.se, pc + c * se_up, c)
+            lo, hi = mapping.interval(pc - c * cl.se, pc + c * se_up, c)
+            return (1.0 + lo) / node - 1.0, (1.0 + hi) / node - 1.0
 
         def need(c1: float, allowed: float) -> float:
             if b / (1 + allowed) < self.bounds[0]:  # below the layout's resolution: no prediction
                 return math.nan
-            margin = self._share_above(b / (1 + allowed)) - p0
+            margin = self._share_above(b / (1 + allowed)) - p_base
             return self._needed(c1 * c1 * p0 * (1 - p0) * (1 + self.r), margin, c1 * c1 * cl.tau2 * self.g)
 
+        extra = {"threshold": b, "share_canary": pc, "share_baseline": p_base}
+        if delta:
+            extra["share_expected"] = p0
         return {"stat": cl, "n": self.Nc, "z": z, "effect": qeff(pc), "interval": interval, "need": need,
-                "what": f"share of requests above the baseline's {name} bucket bound {b:g}",
-                "extra": {"threshold": b, "share_canary": pc, "share_baseline": p0}}
+                "what": f"share of requests above the baseline's {name} bucket bound {b:g}", "extra": extra}

@@ -63,6 +63,10 @@ class MetricResult:
     later when the series began inside the window; :mod:`gpuobs.canary.analyzer`); None for series metrics.
     ``assumption``: the assumption this metric's intervals rest on (the node-spread prior when it
     carries weight), metric-independent words so the verdict can say it once; ``""`` when none.
+    ``design``: how a histogram metric's nodes were compared: ``"within-node"`` (each canary node against
+    its own pre-stage period) or ``"between-node"`` (against the baseline's nodes);
+    ``""`` for other kinds (docs/canary.md, 1f); ``design_note`` says why (which nodes had pre-stage
+    data, or why none could be used).
     """
 
     name: str
@@ -89,6 +93,8 @@ class MetricResult:
     needed_canary: float | None = None
     data_start: float | None = None
     assumption: str = ""
+    design: str = ""
+    design_note: str = ""
 
     @property
     def code(self) -> int:
@@ -120,6 +126,7 @@ class Verdict:
     warmup_s: float = 0.0
     deciding: list[dict[str, Any]] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
+    design: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -145,7 +152,8 @@ class Verdict:
         a rollout's report across its looks) and notes."""
         head = (f"Canary verdict: {self.verdict}  (window {self.end - self.start:.0f} s = {self.time_fraction:.0%} "
                 f"of the horizon{', final' if self.final else ''}; family-wise alpha {self.alpha:g})\n"
-                f"canary: {self.canary}   baseline: {self.baseline}")
+                f"canary: {self.canary}   baseline: {self.baseline}"
+                + (f"\ndesign: {self.design}" if self.design else ""))
         cols = ("metric", "class", "baseline", "canary", "effect", "interval", "evidence", "crit")
         rows = [cols]
         for m in self.metrics:
@@ -232,7 +240,8 @@ def describe(m: MetricResult) -> str:
         return f"{m.name}: {m.classification} ({fmt_effect(m.effect, scale)}{iv}; harmful: " + "; ".join(
             f"{t['test']} {fmt_effect(t['effect'], 'relative')} [{fmt_effect(t['interval'][0], 'relative')}, "
             f"{fmt_effect(t['interval'][1], 'relative')}]" for t in harm) + ")"
-    return f"{m.name}: {m.classification} ({fmt_effect(m.effect, scale)}{iv})"
+    design = f", {m.design}" if m.design else ""
+    return f"{m.name}: {m.classification} ({fmt_effect(m.effect, scale)}{iv}{design})"
 
 
 def deciding_tests(metrics: list[MetricResult]) -> list[dict[str, Any]]:
@@ -247,7 +256,8 @@ def deciding_tests(metrics: list[MetricResult]) -> list[dict[str, Any]]:
         harm = [t for t in m.tests if t.get("harmful")]
         if harm:
             out += [{"metric": m.name, "test": t["test"], "classification": t["classification"],
-                     "effect": t["effect"], "interval": list(t["interval"]), "scale": "relative"} for t in harm]
+                     "effect": t["effect"], "interval": list(t["interval"]), "scale": "relative",
+                     "design": m.design} for t in harm]
         else:
             out.append({"metric": m.name, "test": None, "classification": m.classification, "effect": m.effect,
                         "interval": None if m.interval is None else list(m.interval),
@@ -262,7 +272,26 @@ def deciding_line(d: dict[str, Any]) -> str:
     name = d["metric"] + (f" {d['test']}" if d.get("test") not in (None, "location") else "")
     iv = d.get("interval")
     span = "" if not iv else f" [{fmt_effect(iv[0], d['scale'])}, {fmt_effect(iv[1], d['scale'])}]"
-    return f"{name}: {d['classification']} ({fmt_effect(d.get('effect'), d['scale'])}{span})"
+    design = f", {d['design']}" if d.get("design") else ""
+    return f"{name}: {d['classification']} ({fmt_effect(d.get('effect'), d['scale'])}{span}{design})"
+
+
+def design_of(metrics: list[MetricResult]) -> str:
+    """The look's comparison design from its critical histogram metrics: ``"within-node"``,
+    ``"between-node"``, ``"mixed (ttft within-node, itl between-node)"``, or ``""`` without one."""
+    used = [(m.name, m.design) for m in metrics if m.critical and m.design]
+    kinds = {d for _, d in used}
+    if len(kinds) <= 1:
+        return next(iter(kinds), "")
+    return "mixed (" + ", ".join(f"{n} {d}" for n, d in used) + ")"
+
+
+def design_line(metrics: list[MetricResult]) -> str:
+    """The design and why, once per look: ``within-node (1 of 1 canary and 19 of 19 baseline node(s)
+    compared with their own pre-stage period)``; the first critical histogram metric's note."""
+    design = design_of(metrics)
+    note = next((m.design_note for m in metrics if m.critical and m.design and m.design_note), "")
+    return f"{design} ({note})" if design and note and not design.startswith("mixed") else design
 
 
 def assumptions(metrics: list[MetricResult]) -> list[str]:
@@ -288,8 +317,9 @@ def combine(metrics: list[MetricResult]) -> tuple[str, list[str], list[str]]:
     if verdict == "ROLLBACK":
         reasons = [deciding_line(d) for d in deciding_tests(metrics)]
     elif verdict == "PROMOTE":
+        design = design_of(metrics)
         reasons = ["every critical metric is within its allowed effect: "
-                   + ", ".join(m.name for m in critical)]
+                   + ", ".join(m.name for m in critical) + (f" ({design})" if design else "")]
     else:
         reasons = [describe(m) for m in critical if m.code not in (PASS, HIGH, LOW) or m.harmful]
     warnings = [describe(m) + " (advisory metric)" for m in metrics if not m.critical and m.harmful]

@@ -170,7 +170,7 @@ def test_tail_test_catches_a_tail_stretch_with_more_evidence_than_p99():
     assert v.verdict == "ROLLBACK" and tail["harmful"]
     # one short line per deciding test, each with its effect and interval
     assert {r.split(":")[0] for r in v.reasons} == {f"ttft {t}" for t in tests if tests[t].get("harmful")}
-    assert any(r.startswith("ttft tail: High (+") and r.endswith("])") for r in v.reasons)
+    assert any(r.startswith("ttft tail: High (+") and r.endswith("], between-node)") for r in v.reasons)
     assert tail["z"] > tail["boundary"] > 0 and tail["z"] > tests["p99"]["z"] and tail["tail_hazard_ratio"] > 1.2
     lo, hi = tail["interval"]
     assert 0 < lo < tail["effect"] < hi and 0.1 < tail["effect"] < 0.6 and lo < 0.3 < hi
@@ -381,10 +381,11 @@ def test_warmup_excludes_the_start_of_the_stage():
     with FakePrometheus(fleet()) as fp:
         Analyzer(PromClient(fp.url, retries=0), cfg, CANARY, BASELINE).analyze(START, END)
         queries = [r["params"]["query"][0] for r in fp.requests]
-    # 300 s window minus 60 s of warm-up; the baseline-history queries (node spread only) end there too
-    look = [q for q in queries if "increase" in q and "[2040s]" not in q]
+    # 300 s window minus 60 s of warm-up; the baseline-history queries (node spread only) end there too,
+    # and the pre-stage ones (within-node design) are the node_history before the stage's start
+    look = [q for q in queries if "increase" in q and "[2040s]" not in q and "[7200s]" not in q]
     assert look and all("[240s]" in q for q in look)
-    assert all('track="baseline"' in q for q in queries if "[2040s]" in q)
+    assert all('track="baseline"' in q for q in queries if "[2040s]" in q or "[7200s]" in q)
     with pytest.raises(ConfigError, match="warmup"):
         load_config().with_timing(warmup_s=600)
     base = {"metrics": [{"name": "a", "kind": "histogram", "metric": "x", "allowed_effect": 0.1, "critical": True}]}

@@ -27,7 +27,8 @@ simulated clock starts); ``first_sample=t0`` models series born at ``t0`` (a fre
 
 The canary's share of traffic is ``share(t)`` (a controller's traffic weight; Flagger tests change it
 as the canary progresses) and starts at ``canary_from`` (late traffic); ``tracks`` maps a label matcher
-found in a query to its track; ``fault(t)`` returns None,
+found in a query to its track; ``fault(t)`` (``t`` the latest time queried so far: the simulated
+clock) returns None,
 "down" (503), "garbage" (200 with a non-JSON body) or "slow" (sleeps ``slow_s`` real seconds first).
 """
 
@@ -153,7 +154,10 @@ class Traffic:
     # ---- responder ----------------------------------------------------------------------------
     def __call__(self, endpoint: str, params: dict[str, list[str]]) -> tuple[int, Any]:
         at = float(params.get("time", params.get("end", ["0"]))[0])
-        kind = self.fault(at)
+        # the fault follows the simulated clock (the latest time queried), not the query's own time: a
+        # query about the past (the analyzer's pre-stage query at the stage start) meets the backend as it is now
+        self.latest = max(getattr(self, "latest", at), at)
+        kind = self.fault(self.latest)
         if kind == "down":
             return 503, {"status": "error", "errorType": "unavailable", "error": "fake: down"}
         if kind == "garbage":
