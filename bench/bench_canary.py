@@ -450,6 +450,31 @@ def goals(results: list[dict]) -> list[tuple[str, bool]]:
     return out
 
 
+def look_cost(seed: int = 7) -> list[tuple[int, float]]:
+    """CPU ms of looks 1, 10 and 20 of one run judged as ``gpuobs canary serve`` judges it (one
+    Analyzer, an AnalysisState across looks; ttft, itl and error_ratio; the canary switched in place,
+    so the pre-stage queries run too), in this process (``time.process_time``; the fake Prometheus's
+    answers included, ~5-10 ms a look). Boundary caches are cleared first: a fresh serve process."""
+    from gpuobs.canary import sequential
+    from gpuobs.canary.analyzer import AnalysisState
+
+    sequential._boundaries.cache_clear()
+    with sequential._states_lock:
+        sequential._states.clear()
+    s = Shape("cost", aa=True, in_place=True, history_s=PRE_STAGE_S, itl=True)
+    pods, _, _ = simulate_run(np.random.default_rng(seed), s, 20)
+    session = FakeSession(pods=pods)
+    analyzer = Analyzer(PromClient("http://fake-prometheus", retries=0, session=session),
+                        load_config().select(["ttft", "itl", "error_ratio"]), CANARY, BASELINE)
+    state, out = AnalysisState(), []
+    for k in range(1, LOOKS + 1):
+        t0 = time.process_time()
+        analyzer.analyze(0.0, k * INTERVAL_S, state)
+        if k in (1, 10, 20):
+            out.append((k, 1000 * (time.process_time() - t0)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=1000, help="runs per shape (default 1000)")
@@ -488,7 +513,11 @@ def main(argv: list[str] | None = None) -> int:
     if small:
         print("Dev stack and live-test topologies (rollout controller timing: horizon = stage timeout):\n")
         print(small_table(small) + "\n")
+    cost = look_cost()
+    print("Look cost (serve's path: one run, state across looks; goal look 20 <= 300 ms of CPU): "
+          + ", ".join(f"look {k} {ms:.0f} ms" for k, ms in cost) + "\n")
     checks = goals(results)
+    checks.append((f"look 20 costs <= 300 ms of CPU: {cost[-1][1]:.0f} ms", cost[-1][1] <= 300))
     print("Goals at the base traffic:")
     for text, ok in checks:
         print(f"- [{'x' if ok else ' '}] {text}")

@@ -49,8 +49,10 @@ error needs no split (docs/canary.md, section 5).
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -122,12 +124,23 @@ def group_sequential_boundaries(spending: Spending, times: Sequence[float], info
         raise ValueError("information must be positive")
     if not (all(math.isfinite(float(t)) for t in times) and all(math.isfinite(float(i)) for i in infos)):
         raise ValueError("times and infos must be finite")
-    last = float(infos[-1])
+    first = float(infos[0])
+    # information relative to the first look's: a look's boundary depends only on the looks up to it,
+    # so every look of a stage extends the previous look's key (the prefix cache below reuses its state)
     key_t = tuple(round(float(t), 4) for t in times)
-    key_i = tuple(round(float(i) / last, 4) for i in infos)
+    key_i = tuple(round(float(i) / first, 4) for i in infos)
     if len(key_t) > _MAX_CACHED_LOOKS:
         return np.array(_boundaries.__wrapped__(spending, key_t, key_i))
     return np.array(_boundaries(spending, key_t, key_i))
+
+
+# The recursion's state after each look of a schedule, keyed on the schedule up to that look: the next
+# look of the same stage (the analyzer recomputes the whole schedule at every look) starts from it and
+# propagates once instead of once per earlier look (look 20 of a run in serve: ~1.5 s of CPU -> ~0.1 s).
+# At most _STATE_CACHE_SIZE states of ~7 KiB (the grid's density): ~14 MiB.
+_STATE_CACHE_SIZE = 2048
+_states: collections.OrderedDict = collections.OrderedDict()
+_states_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)
@@ -136,7 +149,17 @@ def _boundaries(spending: Spending, times: tuple[float, ...], infos: tuple[float
     out: list[float] = []
     g: np.ndarray | None = None  # density of Z at the last tested look, on paths not yet stopped
     spent, prev_c, prev_i = 0.0, math.inf, 0.0
-    for t, info in zip(times, infos):
+    done = 0
+    with _states_lock:
+        for k in range(len(times), 0, -1):
+            state = _states.get((spending, times[:k], infos[:k]))
+            if state is not None:
+                _states.move_to_end((spending, times[:k], infos[:k]))
+                g, spent, prev_c, prev_i, prefix = state
+                out, done = list(prefix), k
+                break
+    for k in range(done, len(times)):
+        t, info = times[k], infos[k]
         if g is None:
             g = norm.pdf(z)
         elif info < prev_i * MIN_INFO_GROWTH:
@@ -149,6 +172,10 @@ def _boundaries(spending: Spending, times: tuple[float, ...], infos: tuple[float
         spent += mass
         out.append(c)
         prev_c, prev_i = c, info
+        with _states_lock:
+            _states[(spending, times[:k + 1], infos[:k + 1])] = (g, spent, prev_c, prev_i, tuple(out))
+            while len(_states) > _STATE_CACHE_SIZE:
+                _states.popitem(last=False)
     return tuple(out)
 
 

@@ -300,6 +300,9 @@ def canary_serve() -> list[dict[str, Any]]:
                         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10},
                         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 20,
                                           "failureThreshold": 3},
+                        # a look costs about 0.1 s of CPU at look 20 of a run (bench/README.md, "Look cost"):
+                        # 100m serves ~30 runs looked at every 30 s; the 1-CPU limit absorbs a cold start
+                        # (the first look after a restart recomputes its boundary schedules, ~1.5 s)
                         "resources": {"requests": {"cpu": "100m", "memory": "192Mi"},
                                       "limits": {"cpu": "1", "memory": "512Mi"}},
                         "securityContext": _restricted(),
