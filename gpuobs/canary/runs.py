@@ -32,6 +32,7 @@ Shapes: times are unix seconds (float). Answers are the JSON dicts of
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
 from dataclasses import dataclass, field
@@ -165,6 +166,42 @@ def has_evidence(doc: dict[str, Any]) -> bool:
     least one: the condition for PROMOTE to count, and for Flagger traffic increases."""
     crit = [m for m in doc.get("metrics") or [] if m.get("critical")]
     return bool(crit) and all(m.get("classification") != "NoData" for m in crit)
+
+
+#: Flagger's traffic gate holds the weight while a critical metric's harm-side statistic is at least
+#: this z (one-sided p <= 2.3% on one look): a canary that leans harmful is not given more traffic
+#: before the judge has decided, however far from a rollback it still is. A healthy canary's tests
+#: cross it on about one look in ten (ten correlated tests), which delays a ramp by one interval.
+LEAN_Z = 2.0
+#: The same for an error ratio: its e-value (evidence against "no more errors than the baseline").
+LEAN_E = 20.0
+
+
+def leans_harmful(doc: dict[str, Any]) -> list[str]:
+    """Why the answer ``doc`` leans harmful: one ``"<metric>[ <test>]: z=+2.31 >= 2"`` per critical
+    metric whose harm-side statistic passed :data:`LEAN_Z` (a histogram metric's tests: any test's z
+    in its harmful direction; an error ratio: its e-value past :data:`LEAN_E`; a series metric: its z).
+    Empty when none does. For Flagger's confirm-traffic-increase (docs/canary.md, Flagger)."""
+    out = []
+    for m in doc.get("metrics") or []:
+        if not m.get("critical") or m.get("classification") == "NoData":
+            continue
+        direction = m.get("direction", "increase")
+        sign = {"increase": (1,), "decrease": (-1,), "either": (1, -1)}.get(direction, (1,))
+        ev = m.get("evidence") or {}
+        if m.get("kind") == "errors":
+            log_e = ev.get("log_e")
+            if log_e is not None and log_e >= math.log(LEAN_E):
+                out.append(f"{m['name']}: e={math.exp(min(log_e, 700.0)):.3g} >= {LEAN_E:g}")
+            continue
+        rows = [(t.get("test"), t.get("z")) for t in m.get("tests") or [] if t.get("classification") not in (
+            "NoData", "n/a")] or [(None, ev.get("z"))]
+        for test, z in rows:
+            if z is not None and any(s * z >= LEAN_Z for s in sign):
+                out.append(f"{m['name']}{' ' + test if test and test != 'location' else ''}: z={z:+.2f} "
+                           f"(harm side >= {LEAN_Z:g})")
+                break
+    return out
 
 
 def settle(doc: dict[str, Any]) -> dict[str, Any]:

@@ -14,8 +14,10 @@ Routes (configuration, and the mapping to each controller's outcomes: docs/canar
 * ``POST /flagger/{rollback,confirm-promotion,confirm-traffic-increase,rollout}``: Flagger webhooks
   (Flagger proceeds on status <= 202, ``pkg/controller/webhook.go`` v1.44.0). ``rollback``: 200
   only on ROLLBACK. ``confirm-promotion``: 200 only on PROMOTE. ``confirm-traffic-increase``: 200
-  for the first step, then only while every critical metric has data and the run is undecided or
-  PROMOTE (Flagger never ramps an unjudged canary). ``rollout``: 200 while the analysis may still
+  for the first step, then only while every critical metric has data, none leans harmful (a
+  harm-side z of at least ``runs.LEAN_Z``, an error e-value of at least ``runs.LEAN_E``:
+  :func:`~gpuobs.canary.runs.leans_harmful`) and the run is undecided or PROMOTE (Flagger never ramps
+  an unjudged canary, nor one on its way to a rollback). ``rollout``: 200 while the analysis may still
   promote (HOLD, PROMOTE, or a backend error before the horizon), 409 on ROLLBACK and INCONCLUSIVE,
   so Flagger's failed-check ``threshold`` bounds WaitingPromotion. Selectors, ``run`` and ``step``
   come from the hook's ``metadata``; the run id is namespace/name/checksum of the payload.
@@ -475,10 +477,14 @@ class CanaryHandler(httpd.Handler):
             ok = v in (R.HOLD, R.PROMOTE)
         else:  # confirm-traffic-increase
             first = rec is not None and rec.steps_granted == 0
-            ok = v in (R.HOLD, R.PROMOTE) and (first or R.has_evidence(doc))
+            lean = R.leans_harmful(doc) if v == R.HOLD else []
+            ok = v in (R.HOLD, R.PROMOTE) and (first or R.has_evidence(doc)) and not lean
             if ok and rec is not None:
                 srv.grant_step(rec)
-            if not ok and v in (R.HOLD, R.PROMOTE):
+            if not ok and lean:
+                doc = dict(doc, reasons=list(doc.get("reasons") or []) + [
+                    "traffic increase held: the canary leans harmful (" + "; ".join(lean) + ")"])
+            elif not ok and v in (R.HOLD, R.PROMOTE):
                 doc = dict(doc, reasons=list(doc.get("reasons") or []) + [
                     "traffic increase held: a critical metric has no data at the current weight"])
         status = 200 if ok else (409 if hook == "rollout" else 403)

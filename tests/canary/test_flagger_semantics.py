@@ -108,7 +108,7 @@ def test_waiting_promotion_is_bounded(flagger_env):
     """At maxWeight the promotion gate holds until PROMOTE; when the evidence stops coming (Prometheus
     dies while the canary waits) WaitingPromotion ends at horizon + grace: the run turns INCONCLUSIVE,
     the rollout hook answers 409, and Flagger's threshold rolls back. Never promoted, never forever."""
-    env, w = flagger_env(rate=6.0, fault=lambda t: "down" if t >= T0 + 320 else None)
+    env, w = flagger_env(rate=6.0, fault=lambda t: "down" if t >= T0 + 420 else None)
     st = run(env, w)
     events = [e for _, e in st.log]
     assert st.phase == "Failed" and "waiting promotion" in events and "promoted" not in events, st.log
@@ -156,3 +156,15 @@ def test_flaggers_start_up_check_vector_1_answers_one(flagger_env):
                                         "vector(1) + vector(1)")] == ["1", "0.5", "-2000", None, None, None]
     bad = requests.get(f"{env.url}/api/v1/query", params={"query": "vector(up)"}, timeout=10)
     assert bad.status_code == 400 and bad.json()["errorType"] == "bad_data"
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_a_canary_that_leans_harmful_is_not_ramped(flagger_env, seed):
+    """+12% TTFT, just past the allowed 10%: confirm-traffic-increase holds the weight once a critical
+    metric's harm-side z reaches runs.LEAN_Z, so the canary is rolled back at 10-20% of the traffic,
+    never ramped towards 50% while the judge gathers evidence (before: 30-50%)."""
+    env, w = flagger_env(ttft_mult=1.12, seed=seed)
+    st = run(env, w)
+    events = [e for _, e in st.log]
+    assert st.phase == "Failed" and st.max_weight_seen <= 20, st.log
+    assert "traffic increase held" in events
