@@ -492,3 +492,28 @@ def test_bound_at_clamps_a_tiny_share_over_a_shallow_tail_instead_of_overflowing
     # inside the data the reading inverts the baseline's survival
     for share in (0.5, 0.3, 0.15):
         assert ctx._share_above(ctx._bound_at(share)) == pytest.approx(share, rel=1e-9)
+
+
+@pytest.mark.parametrize("nodes, prior", [(19, False), (9, True)])
+def test_many_baseline_nodes_with_history_decide_the_spread_alone(nodes, prior):
+    """With DATA_DECIDES_NODES (10) or more baseline nodes with history the node spread is the data's
+    (no node_spread prior: its 4 df cost ~4 points of +10% power with 19 nodes); fewer keep the prior."""
+    from gpuobs.canary.histstats import DATA_DECIDES_NODES, HistContext
+    from gpuobs.canary.stats import bin_log_centres
+
+    assert DATA_DECIDES_NODES == 10
+    rng = np.random.default_rng(3)
+    b = np.asarray(TTFT_BUCKETS)
+    x = bin_log_centres(b)
+
+    def counts(n, k):
+        return np.array([binned(sample_ttft(rng, n), b)[1] for _ in range(k)])
+
+    cc, cb = counts(1200, 1), counts(1200, nodes)
+    hist_counts = counts(3600, nodes)
+    m = (hist_counts * x).sum(1) / hist_counts.sum(1)
+    history = (m, np.full(nodes, 0.36 / 3600), 1800.0)
+    n_c, n_b = cc.sum(1), cb.sum(1)
+    ctx = HistContext(b, x, cc, cb, n_c, n_b, n_c, n_b, math.log1p(0.015), 4.0, history)
+    source = ctx.location_stat().tau2_source
+    assert source.startswith(f"nodes with history, {nodes - 1} df") and ("prior" in source) == prior
