@@ -78,3 +78,87 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _oracle_stats(cdf: Callable[[np.ndarray], np.ndarray], runs: int, looks: int, canary_per_look: float,
+                  baseline_ratio: float, rng: np.random.Generator) -> list[np.ndarray]:
+    """The two likelihood-ratio statistics (+10% uniform, tail stretch) per run and look, (runs, looks)
+    each, under the canary distribution ``cdf`` (see :func:`joint_oracle`)."""
+    p = bucket_probs(healthy_cdf)
+    q = bucket_probs(cdf)
+    n_c = rng.poisson(canary_per_look, size=(runs, looks))
+    c = np.cumsum(np.stack([rng.multinomial(n, q) for n in n_c.ravel()]).reshape(runs, looks, -1), 1)
+    n_b = rng.poisson(canary_per_look * baseline_ratio, size=(runs, looks))
+    b = np.cumsum(np.stack([rng.multinomial(n, p) for n in n_b.ravel()]).reshape(runs, looks, -1), 1)
+    nc, nb = c.sum(-1), np.maximum(b.sum(-1), 1)
+    p_hat = b / nb[..., None]
+    out = []
+    for alt in (uniform_cdf(1.10), tail_cdf):
+        qa = bucket_probs(alt)
+        ok = (p > 0) & (qa > 0)
+        w = np.zeros_like(p)
+        w[ok] = np.log(qa[ok] / p[ok])
+        mean_w = (p_hat * w).sum(-1)
+        var_w = np.maximum((p_hat * w * w).sum(-1) - mean_w ** 2, 1e-12)
+        out.append(((c * w).sum(-1) - nc * mean_w) / np.sqrt(np.maximum(nc, 1) * (1 + nc / nb) * var_w))
+    return out
+
+
+def _oracle_reject(stats: list[np.ndarray], alpha: float, looks: int, canary_per_look: float) -> np.ndarray:
+    """Cumulative rejection share by look when each statistic gets ``alpha / 2`` with the judge's
+    spending (location: ``spending``, tail: ``tail_spending``)."""
+    from gpuobs.canary.config import load_config
+    from gpuobs.canary.sequential import group_sequential_boundaries
+
+    cfg = load_config()
+    times = [(k + 1) / looks for k in range(looks)]
+    infos = [canary_per_look * (k + 1) for k in range(looks)]
+    rejected = np.zeros(stats[0].shape, dtype=bool)
+    for t, spending in zip(stats, (cfg.spending, cfg.tail_spending or cfg.spending)):
+        bound = group_sequential_boundaries(spending.with_alpha(alpha / 2), times, infos)
+        rejected |= t >= bound[None, :]
+    return np.cumsum(rejected, 1).astype(bool).mean(0)
+
+
+def joint_oracle(cdfs: dict[str, Callable[[np.ndarray], np.ndarray]], runs: int = 4000, looks: int = 20,
+                 canary_per_look: float = 60.0, baseline_ratio: float = 19.0, seed: int = 1,
+                 alpha: float | None = None, null_runs: int = 20_000) -> dict[str, np.ndarray]:
+    """Power by look of the joint oracle under each alternative of ``cdfs``: ``{name: (looks,) shares
+    of runs rejected at or before each look}``, plus ``"null"`` (the healthy canary's rate, which the
+    calibration sets to ``alpha`` by the last look).
+
+    The oracle the issue-26 goals are measured against: the Neyman-Pearson likelihood-ratio statistics
+    for the two shapes the bench regresses to (+10% uniform and the tail stretch, p99 +30%) computed
+    on the canary's raw counts (every request from the stage's start: no first-scrape loss), each
+    standardised against a finite baseline (``baseline_ratio`` x the canary's requests, its bucket
+    shares estimated from its own draws: ``T = w.(c - n p_hat) / sqrt(n (1 + n/N) Var_p(w))``), each
+    with its half of the stage's family-wise alpha less the error ratio's share (``alpha``; default
+    from the packaged config) and its own group-sequential boundary with the judge's spending
+    (location: ``spending``, tail: ``tail_spending``), looked at ``looks`` times at equal steps of
+    ``canary_per_look`` Poisson canary requests; no node spread. It rejects when either statistic
+    crosses. The tail statistic is skewed, so the normal boundaries let a healthy canary through at
+    1.4% instead of 0.94%: the alpha given to the boundaries is calibrated by bisection on
+    ``null_runs`` healthy runs so that the oracle's own false-rollback rate by the last look is
+    ``alpha`` (an oracle above its level would inflate the bar). Same looks, alpha, data
+    availability (minus the clamp), baseline size and bucket layout as the bench; what it knows and
+    a judge cannot: the two alternatives' exact shapes."""
+    from gpuobs.canary.config import load_config
+
+    if alpha is None:
+        cfg = load_config().select(["ttft", "error_ratio"])
+        err = next(m for m in cfg.metrics if m.name == "error_ratio")
+        alpha = cfg.alpha - cfg.metric_alpha(err)
+    rng = np.random.default_rng(seed)
+    null = _oracle_stats(healthy_cdf, null_runs, looks, canary_per_look, baseline_ratio, rng)
+    lo, hi = alpha / 8, alpha
+    for _ in range(14):
+        mid = (lo * hi) ** 0.5
+        if _oracle_reject(null, mid, looks, canary_per_look)[-1] > alpha:
+            hi = mid
+        else:
+            lo = mid
+    out = {"null": _oracle_reject(null, lo, looks, canary_per_look)}
+    for name, cdf in cdfs.items():
+        stats = _oracle_stats(cdf, runs, looks, canary_per_look, baseline_ratio, rng)
+        out[name] = _oracle_reject(stats, lo, looks, canary_per_look)
+    return out
