@@ -91,6 +91,14 @@ PRIOR_NOTE_WEIGHT = 0.25
 # at looks 10 and 20, while the data-only estimate holds the test's size for real spreads of 0-5%
 # (issue 26; bench/README.md). Below this the assumption stays (a dev stack's 2 nodes: 1 df).
 DATA_DECIDES_NODES = 10
+# The within-node design is taken for a canary node whose pre-stage offset is atypical only when the
+# offset is also this many of its own sampling sd from 0 (HistContext._within_node). The offset is
+# part of the within-node statistic: choosing that design because the offset read large chose it when
+# the offset's sampling error was large, and the error then entered the test with that sign (a 100-300
+# request pre-stage period, no node spread: within-node looks had a location z sd of 2.2, and 0.33% of
+# all looks crossed z = 3, 2.5x its level). At 4 sd a pre-stage reading that is noise alone picks the
+# design about once in 16,000 looks.
+OFFSET_OWN_Z = 4.0
 
 
 def _tail_top_group(counts: np.ndarray) -> int:
@@ -332,11 +340,14 @@ class HistContext:
         the p99 bound's slope read 4x the lognormal's, and a +12% node's expected share 3.4% instead of 1.6%).
 
         The between-node comparison is kept when it is narrower and the canary's own pre-stage offset
-        is one the between-node spread covers (within 2 sd of it): that design assumes the canary's
-        node is typical, which its pre-stage period can contradict (a canary node 6% slower than the
-        fleet, no spread otherwise: picking by the smaller variance alone gave the location z a mean
-        of +0.4 and an sd of 1.3). The offset is pre-stage data, independent of the release's
-        effect, so the choice does not bias the test. The returned :class:`Clustered`'s ``tau2`` is
+        is one the between-node spread covers (within 2 sd of it) or its own sampling error could
+        explain (within ``OFFSET_OWN_Z`` = 4 of its sd): that design assumes the canary's node is
+        typical, which its pre-stage period can contradict (a canary node 6% slower than the fleet, no
+        spread otherwise: picking by the smaller variance alone gave the location z a mean of +0.4
+        and an sd of 1.3). The offset is independent of the release's effect but is part of the
+        within-node statistic, so choosing that design because the offset read large must not be
+        choosing it because its sampling error did (see ``OFFSET_OWN_Z``); a pre-stage period too
+        short to show an offset clearly leaves the between-node comparison, as without one. The returned :class:`Clustered`'s ``tau2`` is
         the location's node variance divided by ``g``, ``tau2_df`` its Satterthwaite degrees of freedom."""
         if self.pre is None:
             return None
@@ -373,7 +384,8 @@ class HistContext:
         drift = d.tau2 * g_d
         node_var = var_pre + resid + drift
         between_var = between.tau2 * self.g
-        if not node_var < between_var and abs(offset) < 2.0 * math.sqrt(between_var + var_pre):
+        atypical = abs(offset) >= max(2.0 * math.sqrt(between_var + var_pre), OFFSET_OWN_Z * math.sqrt(var_pre))
+        if not node_var < between_var and not atypical:
             self.design_note = (f"the within-node term (sd {math.expm1(math.sqrt(node_var)):.1%}: pre-stage "
                                 f"sampling and drift sd {math.expm1(math.sqrt(d.tau2)):.1%}) is no narrower than "
                                 f"the between-node one (sd {math.expm1(math.sqrt(between_var)):.1%}), and the "

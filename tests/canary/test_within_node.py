@@ -211,3 +211,26 @@ def test_design_line_says_mixed_designs():
     assert design_line([a]) == "within-node (1 of 1 canary)"
     assert design_line([a, b]) == "mixed (ttft within-node, itl between-node)"
     assert design_line([]) == ""
+
+
+def test_a_short_pre_stage_period_does_not_choose_the_design_by_its_own_noise():
+    """A typical canary node (no node spread) whose pre-stage period is 100 requests: its offset reads
+    +-0.06 sd from sampling alone. Choosing the within-node design whenever that offset read beyond 2 sd
+    of the between-node spread chose it when the sampling error was large, and the error entered the
+    test with its sign: a healthy canary whose 100 pre-stage requests read 18% slow (3 of their sd) was
+    judged -17% within-node; ~5% of such looks were judged within-node, their location z with an sd of
+    2.2 (8 of 1,500 looks crossed |z| = 3, level 0.27%). The offset must be clear of its own noise
+    (histstats.OFFSET_OWN_Z) before it decides the design."""
+    ctx = context(np.random.default_rng(1), spread=0.0, n_pre=100, expected=True)
+    # the canary's pre-stage requests read 3 of their own sd slower than the node is
+    noisy = 100 * probs(math.exp(3 * TTFT_SIGMA / 10))
+    ctx.pre = (noisy[None, :], ctx.pre[1], 1.0)
+    loc = ctx.test("location")
+    assert ctx.design == "between-node" and abs(loc["effect"]) < 0.01
+    rng = np.random.default_rng(12)
+    within = 0
+    for _ in range(600):
+        c = context(rng, spread=0.0, n_pre=100, nodes_b=5)
+        c.location_stat()
+        within += c.design == "within-node"
+    assert within <= 3, within  # noise alone passes 4 sd about once in 16,000 looks
