@@ -365,8 +365,11 @@ class Analyzer:
         place, a canary pod on the node the stable pod just left) has a series there under its own
         ``node_label`` value; a new pod on a new node has none. Returns ``{node: counts (B+1,)}`` on
         the ``common`` bounds; empty when disabled or when the query is empty. Series without the
-        node label are left out (they cannot be matched to a canary node). Raises PrometheusError
-        subclasses."""
+        node label are left out (they cannot be matched to a canary node), and so is a node whose
+        layout does not hold every one of the ``common`` bounds (an earlier release's buckets:
+        :func:`~gpuobs.canary.stats.rebin` would read each missing bound at its nearest one, and a
+        healthy canary whose pre-stage buckets lacked the look's 0.1-1 s bounds was rolled back at
+        -58% within-node) or whose counts are not finite. Raises PrometheusError subclasses."""
         cfg = self.config
         if cfg.pre_stage_s <= 0:
             return {}
@@ -391,9 +394,12 @@ class Analyzer:
         out = {}
         for node, pp in pairs.items():
             try:
-                out[node] = rebin(*fold_nonpositive(*parse_buckets(pp)), common)
+                bounds, counts = fold_nonpositive(*parse_buckets(pp))
             except ValueError:
                 continue  # a node with a broken layout has no usable pre-stage period
+            if common_bounds([bounds, common]).size != common.size or not np.all(np.isfinite(counts)):
+                continue  # nor one that cannot be read on the look's bounds
+            out[node] = rebin(bounds, counts, common)
         return out
 
     def _histogram(self, spec: MetricSpec, res: MetricResult, start: float, end: float,

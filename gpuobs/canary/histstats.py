@@ -355,8 +355,9 @@ class HistContext:
         pc_cnt, pb_cnt = np.asarray(pc_cnt, dtype=float), np.asarray(pb_cnt, dtype=float)
         npc, mcp, sscp = unit_moments(pc_cnt, self.x)
         npb, mbp, ssbp = unit_moments(pb_cnt, self.x)
-        hc = (npc >= 2) & (self.nc > 0)
-        hb = (npb >= 2) & (self.nb >= 2)
+        # a node's pre-stage moments must be finite (counts of ~1e308 overflow them)
+        hc = (npc >= 2) & (self.nc > 0) & np.isfinite(mcp) & np.isfinite(sscp)
+        hb = (npb >= 2) & (self.nb >= 2) & np.isfinite(mbp) & np.isfinite(ssbp)
         if not hc.any():
             self.design_note = "no canary node has pre-stage data under the baseline (a new pod or node)"
             return None

@@ -234,3 +234,53 @@ def test_a_short_pre_stage_period_does_not_choose_the_design_by_its_own_noise():
         c.location_stat()
         within += c.design == "within-node"
     assert within <= 3, within  # noise alone passes 4 sd about once in 16,000 looks
+
+
+def _analyze_with_pre_stage(pods, mutate):
+    """One look through the fake Prometheus with the pre-stage answer (the instant query at the stage's
+    start) passed through ``mutate([(labels, value)]) -> [(labels, value)]``."""
+    from tests.fakes.prom_fleet import FakeSession
+
+    class Session(FakeSession):
+        def evaluate(self, q, at):
+            out = super().evaluate(q, at)
+            return mutate(out) if at == 0.0 and q.startswith("sum by (le, instance)") else out
+
+    analyzer = Analyzer(PromClient("http://fake-prometheus", retries=0, session=Session(pods=pods)),
+                        load_config().select(["ttft", "error_ratio"]), 'track="canary"', 'track="baseline"')
+    v = analyzer.analyze(0.0, 600.0)
+    return v, next(m for m in v.metrics if m.name == "ttft")
+
+
+@pytest.mark.parametrize("case", ["coarser", "other bounds", "inf", "1e308"])
+def test_a_canary_pre_stage_period_that_cannot_be_read_on_the_looks_bounds_is_left_out(case):
+    """The canary's pre-stage series with an earlier release's buckets (fewer bounds, or other bounds)
+    or with non-finite/overflowing counts: its node has no usable pre-stage period and the look is
+    judged between nodes, as for a fresh pod. Re-binning a layout that lacks the look's bounds read
+    each missing bound at its nearest one: a healthy canary (8% slow node) whose pre-stage buckets
+    lacked 0.1-1 s was judged -58% within-node and rolled back on the tail test; one with bounds x1.3
+    was judged -9%; 1e308 in the +Inf bucket raised OverflowError out of the look."""
+    pods = _bench_fleet(True, canary_node=1.08)
+    canary = next(p.labels["instance"] for p in pods if p.labels["track"] == "canary")
+    keep = {"0.02", "0.1", "1.0", "+Inf"}
+
+    def mutate(out):
+        res = []
+        for labels, value in out:
+            if labels.get("instance") == canary:
+                le = labels["le"]
+                if case == "coarser" and le not in keep:
+                    continue
+                if case == "other bounds" and le != "+Inf":
+                    labels = {**labels, "le": repr(float(le) * 1.3)}
+                if case == "inf" and le == "0.1":
+                    value = math.inf
+                if case == "1e308" and le == "+Inf":
+                    value = 1e308
+            res.append((labels, value))
+        return res
+
+    v, ttft = _analyze_with_pre_stage(pods, mutate)
+    assert ttft.design == "between-node" and "no canary node has pre-stage data" in ttft.design_note
+    assert v.verdict != "ROLLBACK" or abs(ttft.effect - 0.08) < 0.04
+    assert all(math.isfinite(r.get("z", 0.0)) for r in ttft.tests)
