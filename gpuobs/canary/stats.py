@@ -474,7 +474,9 @@ def exceedance_z(x_c: float, n_c: float, p0: float) -> float:
     elif lower_x == 0:
         low = float((1 - p0) ** n_c)
     else:
-        low = 1.0 - float(betainc(lower_x + 1.0, max(n_c - lower_x, 1e-9), p0))  # P(X <= x - 1/2)
+        # P(X <= x - 1/2) = I_{1-p0}(n - x + 1/2, x + 1/2), not 1 - I_p0(...): the difference loses the
+        # lower tail below ~1e-16 (z < -8.3), where it read 0 and every such z was -37
+        low = float(betainc(max(n_c - lower_x, 1e-9), lower_x + 1.0, 1.0 - p0))
     # two-sided continuity: above the mean use the upper tail, below it the lower tail
     from scipy.stats import norm as _norm
 

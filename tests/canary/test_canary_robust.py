@@ -152,6 +152,20 @@ def test_exceedance_z_keeps_its_level_with_few_events():
     assert float(np.mean(naive >= 2.5758)) > 0.005 + margin(0.005, runs)  # why the exact tail is needed
 
 
+def test_exceedance_z_is_monotone_far_below_the_expected_share():
+    """Far below p0 the lower tail is below 1e-16: computed as 1 - upper tail it read 0 and the z was
+    -37 for every count below about n p0 - 8.3 sd (602 of 1,200 at p0 0.625: -37 instead of -8.8). The
+    within-node design's expected share moves p0 away from the observed one, where the quantile tests'
+    z (scaled by their variance) then read -9.7 instead of -2.3."""
+    n, p0 = 1200.0, 0.625
+    sd = math.sqrt(n * p0 * (1 - p0))
+    zs = [exceedance_z(float(x), n, p0) for x in (700, 650, 620, 602, 560, 500)]
+    assert all(a > b for a, b in zip(zs, zs[1:])), zs
+    for x, z in zip((700, 650, 620, 602, 560, 500), zs):
+        assert z == pytest.approx((x - n * p0) / sd, abs=0.35), (x, z)
+    assert exceedance_z(0.0, n, p0) > -40.0
+
+
 def test_tail_test_catches_a_tail_stretch_with_more_evidence_than_p99():
     """The bench's tail shape (p99 +30%, p90 and median unchanged), 3,000 canary requests, last look of
     the stage: the log-rank tail test uses all 12% of requests above p90, the p99 test only the 1-2%
