@@ -35,7 +35,10 @@ def parse_duration(text: object, field_name: str = "duration", *, allow_zero: bo
     if isinstance(text, bool):
         raise DurationError(field_name, text)
     if isinstance(text, (int, float)):
-        value = float(text)
+        try:
+            value = float(text)
+        except OverflowError:  # an int beyond a float (YAML reads a 400-digit number as one)
+            raise DurationError(field_name, text) from None
     elif isinstance(text, str):
         s = text.strip()
         try:

@@ -189,7 +189,9 @@ def test_pre_stage_off_is_between_nodes_and_the_config_validates():
     v = _analyze(_bench_fleet(True, canary_node=1.08), config=off.select(["ttft", "error_ratio"]))
     assert next(m for m in v.metrics if m.name == "ttft").design == "between-node"
     for bad, field in (({"pre_stage": "soon"}, "pre_stage"), ({"pre_stage": "8d"}, "pre_stage"),
-                       ({"node_drift": 2}, "node_drift"), ({"node_drift_df": -1}, "node_drift_df")):
+                       ({"node_drift": 2}, "node_drift"), ({"node_drift_df": -1}, "node_drift_df"),
+                       ({"pre_stage": 10 ** 400}, "pre_stage"), ({"node_drift": float("nan")}, "node_drift"),
+                       ({"node_drift_df": True}, "node_drift_df"), ({"pre_stage": -1}, "pre_stage")):
         with pytest.raises(ConfigError, match=field):
             parse_config({**base, **bad})
 
