@@ -344,6 +344,8 @@ class Analyzer:
                 b, c = fold_nonpositive(*parse_buckets(pp))
             except ValueError:
                 continue  # a node with a broken layout tells nothing about the spread
+            if common_bounds([b, common]).size != common.size or not np.all(np.isfinite(c)):
+                continue  # nor one without the look's bounds (rebin would read each at its nearest bound)
             counts.append(rebin(b, c, common))
         if len(counts) < 2:
             return None

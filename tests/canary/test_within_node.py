@@ -286,3 +286,30 @@ def test_a_canary_pre_stage_period_that_cannot_be_read_on_the_looks_bounds_is_le
     assert ttft.design == "between-node" and "no canary node has pre-stage data" in ttft.design_note
     assert v.verdict != "ROLLBACK" or abs(ttft.effect - 0.08) < 0.04
     assert all(math.isfinite(r.get("z", 0.0)) for r in ttft.tests)
+
+
+def test_node_history_leaves_out_a_node_without_the_looks_bounds():
+    """A baseline node whose history series carry other bucket bounds (an older exporter) is left out
+    of the node spread, as a broken layout is: re-binned, each missing bound was read at its nearest
+    one and the node's mean log latency moved by the layout, not by the node."""
+    from tests.fakes.prom_fleet import FakeSession
+
+    pods = _bench_fleet(True)
+    other = next(p.labels["instance"] for p in pods if p.labels["track"] == "baseline")
+
+    class Session(FakeSession):
+        def evaluate(self, q, at):
+            out = super().evaluate(q, at)
+            if at == 600.0 and q.startswith("sum by (le, instance)") and 'track="baseline"' in q:
+                out = [({**lb, "le": repr(float(lb["le"]) * 1.3)} if lb.get("instance") == other
+                        and lb["le"] != "+Inf" else lb, v) for lb, v in out]
+            return out
+
+    cfg = load_config().select(["ttft", "error_ratio"])
+    analyzer = Analyzer(PromClient("http://fake-prometheus", retries=0, session=Session(pods=pods)), cfg,
+                        'track="canary"', 'track="baseline"')
+    spec = cfg.metrics[0]
+    bounds = np.asarray(TTFT_BUCKETS, dtype=float)
+    hist = analyzer._node_history(spec, 300.0, 600.0, bounds, bin_log_centres(bounds))
+    nodes = {p.labels["instance"] for p in pods if p.labels["track"] == "baseline"}  # the canary's own pre-stage too
+    assert hist is not None and len(hist[0]) == len(nodes) - 1
