@@ -197,9 +197,10 @@ def leans_harmful(doc: dict[str, Any]) -> list[str]:
         rows = [(t.get("test"), t.get("z")) for t in m.get("tests") or [] if t.get("classification") not in (
             "NoData", "n/a")] or [(None, ev.get("z"))]
         for test, z in rows:
-            if z is not None and any(s * z >= LEAN_Z for s in sign):
-                out.append(f"{m['name']}{' ' + test if test and test != 'location' else ''}: z={z:+.2f} "
-                           f"(harm side >= {LEAN_Z:g})")
+            if isinstance(z, (int, float)) and math.isfinite(z) and any(s * z >= LEAN_Z for s in sign):
+                bound = f">= {LEAN_Z:g}" if z > 0 else f"<= -{LEAN_Z:g}"
+                out.append(f"{m.get('name', '?')}{' ' + test if test and test != 'location' else ''}: z={z:+.2f} "
+                           f"(harm side {bound})")
                 break
     return out
 

@@ -147,3 +147,22 @@ def test_serve_cli_rejects_bad_deadline_and_unusable_state_dir(tmp_path, capsys)
     blocker.write_text("x")
     assert cli(["canary", "serve", "--port", "0", "--state-dir", str(blocker / "sub")]) == 1
     assert "state-dir" in capsys.readouterr().err
+
+
+def test_leans_harmful_reads_the_harm_side_of_each_direction():
+    from gpuobs.canary.runs import leans_harmful
+
+    def doc(direction, z, kind="histogram", critical=True):
+        return {"metrics": [{"name": "m", "kind": kind, "critical": critical, "direction": direction,
+                             "classification": "Inconclusive", "evidence": {},
+                             "tests": [{"test": "location", "classification": "Inconclusive", "z": z}]}]}
+
+    assert leans_harmful(doc("increase", 2.3)) == ["m: z=+2.30 (harm side >= 2)"]
+    assert leans_harmful(doc("increase", -3.0)) == []
+    assert leans_harmful(doc("decrease", -2.5)) == ["m: z=-2.50 (harm side <= -2)"]
+    assert leans_harmful(doc("either", -2.5)) and leans_harmful(doc("either", 2.5))
+    assert leans_harmful(doc("increase", 5.0, critical=False)) == []
+    assert leans_harmful(doc("increase", None)) == [] and leans_harmful(doc("increase", float("nan"))) == []
+    errors = {"metrics": [{"name": "error_ratio", "kind": "errors", "critical": True, "classification": "Inconclusive",
+                           "evidence": {"log_e": 3.5}}]}
+    assert leans_harmful(errors) == ["error_ratio: e=33.1 >= 20"]
