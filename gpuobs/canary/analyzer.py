@@ -303,53 +303,66 @@ class Analyzer:
             return 0.5 if n is not None and n < 2 else 1.0
         return (n - 1.0) / n
 
-    def _node_history(self, spec: MetricSpec, data_start: float, end: float, common: np.ndarray,
-                      x: np.ndarray, per_observation: float = 1.0) -> tuple[np.ndarray, np.ndarray, float] | None:
-        """The baseline's nodes over a longer window, for the between-node spread only.
-
-        Reads ``sum by (le, <node_label>) (increase(<metric>_bucket{<baseline>}[H]))`` at ``end``, ``H``
-        reaching ``config.node_history_s`` before ``data_start`` (the look's own window start), cut
-        one step after the baseline's first sample as :meth:`_data_window` does. The baseline is the
-        fleet that was serving before the stage: a node's speed (GPU binning, thermals, neighbours)
-        is a property of the node, so its deviation from the other nodes is measured over ~30 times
-        the requests of an early look. Returns ``(per-node mean log latency (k,), their sampling
-        variances (k,), history seconds used)``, nodes with at least 2 requests, on the ``common``
-        bounds (``x``: their log centres); None when disabled, when the window is no longer than the
-        look's or when the query is empty (the look's own window is then used). ``per_observation``:
-        effective requests per observation (``clustered_by`` metrics such as ITL count requests, not
-        tokens: the look's baseline ratio of requests to observations), scaling the sample sizes.
-        Raises PrometheusError subclasses."""
+    def _baseline_nodes(self, spec: MetricSpec, lo: float, at: float, keep_before: float, common: np.ndarray,
+                        what: str) -> tuple[dict[str, np.ndarray], float] | None:
+        """The baseline's bucket counts per node over ``[lo, at]``: ``sum by (le, <node_label>)
+        (increase(<metric>_bucket{<baseline>}[at - lo]))`` evaluated at ``at``, ``lo`` cut one step after
+        the baseline's first sample in the range (as :meth:`_data_window` cuts a look). Returns
+        ``({node label value: counts (B+1,) on the common bounds}, the range's start used)``; None when
+        the cut range ends later than ``keep_before - step`` or the answer is empty. A node whose
+        layout is broken, lacks any of the ``common`` bounds (:func:`~gpuobs.canary.stats.rebin` would
+        read each missing bound at its nearest one: a healthy canary whose pre-stage buckets lacked the
+        look's 0.1-1 s bounds was rolled back at -58% within-node) or whose counts are not finite is
+        left out. ``what`` names the query in NoData messages. Raises PrometheusError subclasses."""
         cfg = self.config
-        if cfg.node_history_s <= 0:
-            return None
         series = f"{spec.metric}_bucket"
-        lo = data_start - cfg.node_history_s
-        first = self.first_sample(series, spec, self.baseline, lo, end)
+        first = self.first_sample(series, spec, self.baseline, lo, at)
         if first is not None and first + cfg.step_s > lo:
             lo = first + cfg.step_s
-        if lo >= data_start - cfg.step_s:
+        if lo >= keep_before - cfg.step_s:
             return None
         sel = spec.selector(self.baseline)
-        q = f"sum by (le, {cfg.node_label}) (increase({series}{{{sel}}}[{max(1, round(end - lo))}s]))"
+        q = f"sum by (le, {cfg.node_label}) (increase({series}{{{sel}}}[{max(1, round(at - lo))}s]))"
         try:
-            r = self._instant(q, end, "baseline history")
+            r = self._instant(q, at, what)
         except NoData:
             return None
         pairs: dict[str, list[tuple[str, float]]] = {}
         for smp in r.samples:
             pairs.setdefault(smp.labels.get(cfg.node_label, ""), []).append((smp.labels.get("le", ""), smp.value))
-        counts = []
-        for pp in pairs.values():
+        out = {}
+        for node, pp in pairs.items():
             try:
-                b, c = fold_nonpositive(*parse_buckets(pp))
+                bounds, counts = fold_nonpositive(*parse_buckets(pp))
             except ValueError:
-                continue  # a node with a broken layout tells nothing about the spread
-            if common_bounds([b, common]).size != common.size or not np.all(np.isfinite(c)):
-                continue  # nor one without the look's bounds (rebin would read each at its nearest bound)
-            counts.append(rebin(b, c, common))
-        if len(counts) < 2:
+                continue
+            if common_bounds([bounds, common]).size != common.size or not np.all(np.isfinite(counts)):
+                continue
+            out[node] = rebin(bounds, counts, common)
+        return out, lo
+
+    def _node_history(self, spec: MetricSpec, data_start: float, end: float, common: np.ndarray,
+                      x: np.ndarray, per_observation: float = 1.0) -> tuple[np.ndarray, np.ndarray, float] | None:
+        """The baseline's nodes over a longer window, for the between-node spread only.
+
+        :meth:`_baseline_nodes` over ``config.node_history_s`` before ``data_start`` (the look's own
+        window start) up to ``end``. The baseline is the fleet that was serving before the stage: a
+        node's speed (GPU binning, thermals, neighbours) is a property of the node, so its deviation
+        from the other nodes is measured over ~30 times the requests of an early look. Returns
+        ``(per-node mean log latency (k,), their sampling variances (k,), history seconds used)``,
+        nodes with at least 2 requests, on the ``common`` bounds (``x``: their log centres); None when
+        disabled, when the window is no longer than the look's or when the query is empty (the look's
+        own window is then used). ``per_observation``: effective requests per observation
+        (``clustered_by`` metrics such as ITL count requests, not tokens: the look's baseline ratio of
+        requests to observations), scaling the sample sizes. Raises PrometheusError subclasses."""
+        cfg = self.config
+        if cfg.node_history_s <= 0:
             return None
-        n, m, ss = unit_moments(np.array(counts), x)
+        got = self._baseline_nodes(spec, data_start - cfg.node_history_s, end, data_start, common, "baseline history")
+        if got is None or len(got[0]) < 2:
+            return None
+        nodes, lo = got
+        n, m, ss = unit_moments(np.array(list(nodes.values())), x)
         ok = n >= 2
         if ok.sum() < 2:
             return None
@@ -360,49 +373,20 @@ class Analyzer:
         """Every node's latency buckets under the baseline before the stage, for the within-node design
         (:meth:`gpuobs.canary.histstats.HistContext._within_node`).
 
-        Reads ``sum by (le, <node_label>) (increase(<metric>_bucket{<baseline>}[H]))`` at ``stage_start``
-        (an instant query at that time, valid PromQL and MetricsQL), ``H`` = ``config.pre_stage_s``
-        cut one step after the baseline's first sample in it (as :meth:`_data_window` cuts a look).
-        A canary node that served the baseline release right before the stage (a release switched in
-        place, a canary pod on the node the stable pod just left) has a series there under its own
+        :meth:`_baseline_nodes` over ``config.pre_stage_s`` before ``stage_start``, evaluated at
+        ``stage_start`` (an instant query at that time, valid PromQL and MetricsQL). A canary node
+        that served the baseline release right before the stage (a release switched in place, a
+        canary pod on the node the stable pod just left) has a series there under its own
         ``node_label`` value; a new pod on a new node has none. Returns ``{node: counts (B+1,)}`` on
         the ``common`` bounds; empty when disabled or when the query is empty. Series without the
-        node label are left out (they cannot be matched to a canary node), and so is a node whose
-        layout does not hold every one of the ``common`` bounds (an earlier release's buckets:
-        :func:`~gpuobs.canary.stats.rebin` would read each missing bound at its nearest one, and a
-        healthy canary whose pre-stage buckets lacked the look's 0.1-1 s bounds was rolled back at
-        -58% within-node) or whose counts are not finite. Raises PrometheusError subclasses."""
+        node label are left out (they cannot be matched to a canary node). Raises PrometheusError
+        subclasses."""
         cfg = self.config
         if cfg.pre_stage_s <= 0:
             return {}
-        series = f"{spec.metric}_bucket"
-        lo = stage_start - cfg.pre_stage_s
-        first = self.first_sample(series, spec, self.baseline, lo, stage_start)
-        if first is not None and first + cfg.step_s > lo:
-            lo = first + cfg.step_s
-        if lo >= stage_start - cfg.step_s:
-            return {}
-        sel = spec.selector(self.baseline)
-        q = f"sum by (le, {cfg.node_label}) (increase({series}{{{sel}}}[{max(1, round(stage_start - lo))}s]))"
-        try:
-            r = self._instant(q, stage_start, "pre-stage baseline")
-        except NoData:
-            return {}
-        pairs: dict[str, list[tuple[str, float]]] = {}
-        for smp in r.samples:
-            node = smp.labels.get(cfg.node_label, "")
-            if node:
-                pairs.setdefault(node, []).append((smp.labels.get("le", ""), smp.value))
-        out = {}
-        for node, pp in pairs.items():
-            try:
-                bounds, counts = fold_nonpositive(*parse_buckets(pp))
-            except ValueError:
-                continue  # a node with a broken layout has no usable pre-stage period
-            if common_bounds([bounds, common]).size != common.size or not np.all(np.isfinite(counts)):
-                continue  # nor one that cannot be read on the look's bounds
-            out[node] = rebin(bounds, counts, common)
-        return out
+        got = self._baseline_nodes(spec, stage_start - cfg.pre_stage_s, stage_start, stage_start, common,
+                                   "pre-stage baseline")
+        return {} if got is None else {node: c for node, c in got[0].items() if node}
 
     def _histogram(self, spec: MetricSpec, res: MetricResult, start: float, end: float,
                    state: AnalysisState | None) -> None:

@@ -343,6 +343,19 @@ def _spending(doc: dict, key: str, source: str, alpha: float, defaults: tuple[fl
                     _num(sp, "rho", key, 0.1, 10, rho))
 
 
+def _lookback(doc: dict, key: str, default: str, source: str, zero_means: str) -> float:
+    """A look-back duration ``doc[key]`` in seconds, 0 to 7 days (0: ``zero_means``). Raises ConfigError
+    naming the field."""
+    value = doc.get(key, default)
+    try:
+        seconds = parse_duration(value, key, allow_zero=True)
+    except DurationError:
+        raise ConfigError(f"{source}.{key}", value, f"a duration >= 0 such as 30m, 2h (0 = {zero_means})") from None
+    if seconds > 7 * 86400:
+        raise ConfigError(f"{source}.{key}", value, f"a duration of at most 7d (0 = {zero_means})")
+    return seconds
+
+
 def parse_config(doc: Any, source: str = "config", selectors: dict[str, str] | None = None) -> CanaryConfig:
     """Validate a loaded YAML document. ``selectors`` overrides the document's named selectors (the
     ``$vllm``/``$dcgm`` its metrics use). Raises :class:`ConfigError` (field named) on any bad value."""
@@ -374,20 +387,8 @@ def parse_config(doc: Any, source: str = "config", selectors: dict[str, str] | N
     warmup_s = parse_duration(warmup, "warmup", allow_zero=True)
     if warmup_s >= horizon:
         raise ConfigError(f"{source}.warmup", warmup, f"a duration shorter than the horizon ({horizon:g} s)")
-    history = doc.get("node_history", "30m")
-    try:
-        node_history_s = parse_duration(history, "node_history", allow_zero=True)
-    except DurationError:
-        raise ConfigError(f"{source}.node_history", history, "a duration >= 0 such as 30m, 1h (0 = off)") from None
-    if node_history_s > 7 * 86400:
-        raise ConfigError(f"{source}.node_history", history, "a duration of at most 7d (0 = the look's window only)")
-    pre = doc.get("pre_stage", "2h")
-    try:
-        pre_stage_s = parse_duration(pre, "pre_stage", allow_zero=True)
-    except DurationError:
-        raise ConfigError(f"{source}.pre_stage", pre, "a duration >= 0 such as 2h, 30m (0 = off)") from None
-    if pre_stage_s > 7 * 86400:
-        raise ConfigError(f"{source}.pre_stage", pre, "a duration of at most 7d (0 = compare between nodes only)")
+    node_history_s = _lookback(doc, "node_history", "30m", source, "the look's window only")
+    pre_stage_s = _lookback(doc, "pre_stage", "2h", source, "compare between nodes only")
     return CanaryConfig(alpha, horizon, parse_duration(doc.get("interval", "30s"), "interval"),
                         parse_duration(doc.get("step", "15s"), "step"), spending, specs, warmup_s=warmup_s,
                         tail_spending=tail_spending, pass_spending=pass_spending,

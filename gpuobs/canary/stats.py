@@ -429,12 +429,13 @@ def clustered(effect: float, v_requests: float, w_canary: np.ndarray, w_baseline
 
 
 def unit_moments(counts: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-unit (count, mean, sum of squared deviations) of bucket centres ``x`` from counts ``(U, B+1)``."""
+    """Per-unit (count, mean, sum of squared deviations) of bucket centres ``x`` from counts ``(U, B+1)``;
+    non-finite where a unit's counts overflow (callers check ``np.isfinite``)."""
     c = np.asarray(counts, dtype=float)
     n = c.sum(-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         m = (c * x).sum(-1) / n
-    ss = (c * (x - np.nan_to_num(m)[:, None]) ** 2).sum(-1)
+        ss = (c * (x - np.nan_to_num(m)[:, None]) ** 2).sum(-1)
     return n, m, ss
 
 
