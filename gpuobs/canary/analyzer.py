@@ -26,7 +26,8 @@ tail test (log-rank on the requests above the baseline's p90 bound, exact null) 
 whether a PROMOTE is reachable within the horizon (``Verdict.promote_reachable``).
 
 **A look never reaches back before the first scrape.** The counter metrics (histograms, errors) are read
-from ``max(start, first canary sample + step, first baseline sample + step)``, where a side's first
+from ``max(start, first canary sample + 1 s, first baseline sample + 1 s)`` (``FIRST_SAMPLE_MARGIN_S``),
+where a side's first
 sample is ``min(min_over_time(timestamp(<series>{<side>})[<window + step>s:<step>s]))`` at ``end``
 (a subquery over ``timestamp()`` of a bare selector: the raw sample's time in Prometheus 2.42 and
 in VictoriaMetrics 1.79, where ``timestamp`` is the ``rollupTlast`` rollup; accurate to one step,
@@ -42,7 +43,13 @@ before the window start both engines take the difference from it (VictoriaMetric
 before the window, ``prevValue``/``realPrevValue``; Prometheus: the first sample in the window,
 extrapolated) and agree. The clamp uses the later of the two sides because a fresh baseline
 (Kayenta-style, deployed with the canary) starts inside the window just as the canary does; a
-series created later than its side's first (an engine joining mid-stage) is not covered. The
+series created later than its side's first (an engine joining mid-stage) is not covered. The window
+starts 1 s after the first sample, not one step (15 s) after it as it did: either way the first
+sample is outside the window for Prometheus 2.x's closed ranges, Prometheus 3.x's left-open ones
+(``(t - range, t]``) and VictoriaMetrics (whose ``prevValue`` is then the first sample, an exact
+difference), and Prometheus extrapolates from the second sample back to the window's start (under
+1.1 sample intervals away); the step cost a fresh canary pod one step of its requests on every look
+(about 45 of 585 at look 10, issue 26). The
 stage's time fraction (alpha spending) still counts from ``start``; each metric reports its
 ``data_start``.
 
@@ -80,6 +87,9 @@ LOG = log.get("canary")
 # directly; requiring both to pass held healthy canaries: with Prometheus' default buckets 26% of
 # healthy canaries were still HOLD at the deadline (79 of 88 blocked by the tail test), 15% before it.
 HARM_ONLY_TESTS = frozenset({"tail"})
+# A look of a series born inside its window starts this long after the series' first sample (module
+# docstring): the first sample is outside the window in every engine, its second sample inside.
+FIRST_SAMPLE_MARGIN_S = 1.0
 OUTLOOK_MARGIN = 1.5  # "out of reach" = the horizon brings less than 1/1.5 of the requests needed
 
 
@@ -266,17 +276,18 @@ class Analyzer:
 
     def _data_window(self, spec: MetricSpec, res: MetricResult, series: str, start: float, end: float) -> str:
         """The ``increase()`` range for a counter metric: from ``start`` or, when either side's ``series``
-        begins after ``start - step``, from that side's first sample + ``step`` (module docstring).
+        begins inside the window, from just after that side's first sample (``FIRST_SAMPLE_MARGIN_S``;
+        module docstring).
         Sets ``res.data_start``. Raises NoData when that leaves no window before ``end``."""
         data_start = start
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
             first = self.first_sample(series, spec, sel, start, end)
-            if first is not None and first + self.config.step_s > data_start:
-                data_start = first + self.config.step_s
+            if first is not None and first + FIRST_SAMPLE_MARGIN_S > data_start:
+                data_start = first + FIRST_SAMPLE_MARGIN_S
                 if data_start >= end - 1:
                     res.data_start = data_start
-                    raise NoData(f"the {side}'s first {series} sample is at {first:.0f}; a look reads from one step "
-                                 f"({self.config.step_s:g} s) after it and needs a later end than {end:.0f}")
+                    raise NoData(f"the {side}'s first {series} sample is at {first:.0f}; a look reads from just "
+                                 f"after it and needs a later end than {end:.0f}")
         res.data_start = data_start
         if data_start > start:
             LOG.info("canary look starts after the first scrape", extra={"fields": {

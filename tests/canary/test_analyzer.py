@@ -180,15 +180,16 @@ def test_the_baseline_nodes_spread_is_also_read_over_node_history():
 
 
 def test_a_look_never_reads_counters_from_before_the_first_scrape():
-    """Series born inside the window (a fresh canary and baseline): every increase() starts one step
-    (15 s) after the later side's first sample, so Prometheus and VictoriaMetrics both see a sample
-    before the window (gpuobs.canary.analyzer docstring); the stage's time fraction still counts from
-    START."""
+    """Series born inside the window (a fresh canary and baseline): every increase() starts 1 s after
+    the later side's first sample, so Prometheus (2.x closed, 3.x left-open ranges) and VictoriaMetrics
+    all see a sample before the window (gpuobs.canary.analyzer docstring), and no step of data is lost
+    (it started one step, 15 s, after it before issue 26); the stage's time fraction still counts
+    from START."""
     data = fleet(n_c=2400, n_b=45_600, err_b=20)
     data.first_sample = {"canary": START + 60.0, "baseline": START + 90.0}
     v, reqs = analyze(data)
-    assert _increase_windows(reqs) == {str(round(END - (START + 90.0 + 15.0)))}
-    assert all(row(v, m).data_start == START + 105.0 for m in ("ttft", "itl", "error_ratio", "e2e"))
+    assert _increase_windows(reqs) == {str(round(END - (START + 90.0 + 1.0)))}
+    assert all(row(v, m).data_start == START + 91.0 for m in ("ttft", "itl", "error_ratio", "e2e"))
     assert row(v, "kv_cache_usage").data_start is None
     assert v.time_fraction == pytest.approx((END - START) / 600)
     assert v.verdict == "PROMOTE"
@@ -203,11 +204,11 @@ def test_series_older_than_the_window_keep_the_whole_window():
 
 def test_a_canary_first_scraped_too_recently_is_hold_naming_the_side():
     data = fleet(n_c=2400, n_b=45_600, err_b=20)
-    data.first_sample = {"canary": END - 10.0}
+    data.first_sample = {"canary": END - 0.5}
     v, reqs = analyze(data)
     assert v.verdict == "HOLD" and not _increase_windows(reqs)
     reason = row(v, "ttft").reason
-    assert "canary's first vllm:time_to_first_token_seconds_bucket sample" in reason and "one step (15 s)" in reason
+    assert "canary's first vllm:time_to_first_token_seconds_bucket sample" in reason and "just after it" in reason
     assert "canary's first vllm:request_success_total sample" in row(v, "error_ratio").reason
 
 
