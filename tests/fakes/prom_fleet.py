@@ -53,11 +53,15 @@ def _matches(value: str, op: str, want: str) -> bool:
     return bool(re.fullmatch(want, value)) == (op == "=~")
 
 
-def increase(t: np.ndarray, v: np.ndarray, start: float, end: float) -> np.ndarray | None:
+def increase(t: np.ndarray, v: np.ndarray, start: float, end: float, left_open: bool = False) -> np.ndarray | None:
     """Prometheus 2.42 ``increase()`` of the series sampled at times ``t`` (S,) with values ``v``
     (S, ...) over [start, end]; vectorised over the trailing axes (e.g. the ``le`` buckets of one
-    pod, which share scrape times). None when fewer than two samples fall in the window."""
-    sel = (t >= start) & (t <= end)
+    pod, which share scrape times). None when fewer than two samples fall in the window.
+    ``left_open``: Prometheus 3.x's range selectors, ``(start, end]`` (a sample exactly at the window's
+    start is not in it; the extrapolation is unchanged: prometheus/prometheus v3.0.0
+    docs/migration.md, "Range selectors and the lookback delta are now left-open", and
+    promql/engine.go matrixIterSlice)."""
+    sel = ((t > start) if left_open else (t >= start)) & (t <= end)
     ts, vs = t[sel], v[sel]
     if ts.size < 2:
         return None
@@ -115,7 +119,8 @@ class FakeSession:
     ``empty_at``: evaluation times at which every query for ``empty_track`` returns an empty vector
     (a scrape or remote-read outage); ``gap_at``: times at which the ``finished_reason="error"``
     series of ``gap_track`` is absent. ``missing``: set by each look, True when a query of the look
-    came back empty because of a gap (the benchmark checks no PROMOTE happens on such a look)."""
+    came back empty because of a gap (the benchmark checks no PROMOTE happens on such a look).
+    ``left_open``: answer range selectors as Prometheus 3.x does (left-open windows)."""
 
     pods: list[Pod] = field(default_factory=list)
     metric: str = "vllm:time_to_first_token_seconds"
@@ -126,6 +131,7 @@ class FakeSession:
     gap_track: str = "canary"
     missing: bool = False
     calls: int = 0
+    left_open: bool = False  # Prometheus 3.x range selectors, (t - range, t] (see increase())
 
     def post(self, url: str, data: dict[str, Any], **_: Any) -> FakeResponse:
         return self._answer(url, data)
@@ -164,7 +170,7 @@ class FakeSession:
                     continue
                 bounds, buckets = h
                 if name.endswith("_bucket"):
-                    inc = increase(p.t, buckets, at - w, at)
+                    inc = increase(p.t, buckets, at - w, at, self.left_open)
                     if inc is None:
                         continue
                     les = [repr(float(b)) for b in bounds] + ["+Inf"]
@@ -172,7 +178,7 @@ class FakeSession:
                         key = tuple((k, le if k == "le" else p.labels.get(k, "")) for k in by)
                         acc[key] = acc.get(key, 0.0) + float(val)
                 elif name.endswith("_count"):
-                    inc = increase(p.t, buckets[:, -1], at - w, at)
+                    inc = increase(p.t, buckets[:, -1], at - w, at, self.left_open)
                     if inc is not None:
                         key = tuple((k, p.labels.get(k, "")) for k in by)
                         acc[key] = acc.get(key, 0.0) + float(inc)
@@ -190,7 +196,7 @@ class FakeSession:
             total, found = 0.0, False
             for p in pods:
                 for c in cols:
-                    inc = increase(p.t, p.reasons[:, c], at - w, at)
+                    inc = increase(p.t, p.reasons[:, c], at - w, at, self.left_open)
                     if inc is not None:
                         total, found = total + float(inc), True
             return [({}, total)] if found else []
@@ -198,7 +204,8 @@ class FakeSession:
         if m:
             name, matchers, w = m.group(1), m.group(2), float(m.group(3))
             pods, _ = self._select(matchers, at)
-            counts = [float(np.sum((p.t >= at - w) & (p.t <= at))) for p in pods]
+            counts = [float(np.sum(((p.t > at - w) if self.left_open else (p.t >= at - w)) & (p.t <= at)))
+                      for p in pods]
             counts = [c for c in counts if c > 0]
             return [({}, min(counts))] if counts else []
         m = _Q_FIRST.match(q)
