@@ -245,14 +245,16 @@ class HistContext:
 
     ``cc``/``cb``: counts ``(units, B+1)`` on the common ``bounds``; ``nc``/``nb``: requests per unit;
     ``ec``/``eb``: effective sample sizes per unit (``increase()`` extrapolation and clustering
-    removed); ``tau_loc``: the prior node spread on the log scale, used with < 2 baseline units.
+    removed); ``tau_loc``: the prior node spread on the log scale, used with < 2 baseline units;
+    ``history``: the baseline nodes over node_history (:meth:`gpuobs.canary.analyzer.Analyzer._node_history`);
+    ``pre``: pre-stage counts per unit for the within-node design and ``drift``: ``(node_drift, node_drift_df)``
+    from the config (:meth:`_within_node`; without both the design is between nodes).
     Each test returns a dict: ``stat`` (:class:`Clustered`), ``n`` (canary requests), ``effect``
     (user scale), ``interval(c)`` (user-scale interval at boundary c), optional ``z``, ``what``,
     ``needed(c1)`` inputs, ``extra`` (descriptive fields).
     """
 
-    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc, prior_df, history=None, pre=None,
-                 drift=(0.005, 4.0)):
+    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc, prior_df, history=None, pre=None, drift=None):
         self.bounds, self.x, self.cc, self.cb, self.nc, self.nb, self.ec, self.eb = bounds, x, cc, cb, nc, nb, ec, eb
         self.tau_loc, self.prior_df, self.history = tau_loc, prior_df, history
         self.pre, self.drift = pre, drift
@@ -349,7 +351,7 @@ class HistContext:
         choosing it because its sampling error did (see ``OFFSET_OWN_Z``); a pre-stage period too
         short to show an offset clearly leaves the between-node comparison, as without one. The returned :class:`Clustered`'s ``tau2`` is
         the location's node variance divided by ``g``, ``tau2_df`` its Satterthwaite degrees of freedom."""
-        if self.pre is None:
+        if self.pre is None or self.drift is None:
             return None
         pc_cnt, pb_cnt, per_obs = self.pre
         pc_cnt, pb_cnt = np.asarray(pc_cnt, dtype=float), np.asarray(pb_cnt, dtype=float)
