@@ -26,8 +26,8 @@ tail test (log-rank on the requests above the baseline's p90 bound, exact null) 
 whether a PROMOTE is reachable within the horizon (``Verdict.promote_reachable``).
 
 **A look never reaches back before the first scrape.** The counter metrics (histograms, errors) are read
-from ``max(start, first canary sample + 1 s, first baseline sample + 1 s)`` (``FIRST_SAMPLE_MARGIN_S``),
-where a side's first
+from ``max(start, first canary sample + step - 1 s, first baseline sample + step - 1 s)``
+(``FIRST_SAMPLE_MARGIN_S``), where a side's first
 sample is ``min(min_over_time(timestamp(<series>{<side>})[<window + step>s:<step>s]))`` at ``end``
 (a subquery over ``timestamp()`` of a bare selector: the raw sample's time in Prometheus 2.42 and
 in VictoriaMetrics 1.79, where ``timestamp`` is the ``rollupTlast`` rollup; accurate to one step,
@@ -43,13 +43,15 @@ before the window start both engines take the difference from it (VictoriaMetric
 before the window, ``prevValue``/``realPrevValue``; Prometheus: the first sample in the window,
 extrapolated) and agree. The clamp uses the later of the two sides because a fresh baseline
 (Kayenta-style, deployed with the canary) starts inside the window just as the canary does; a
-series created later than its side's first (an engine joining mid-stage) is not covered. The window
-starts 1 s after the first sample, not one step (15 s) after it as it did: either way the first
-sample is outside the window for Prometheus 2.x's closed ranges, Prometheus 3.x's left-open ones
-(``(t - range, t]``) and VictoriaMetrics (whose ``prevValue`` is then the first sample, an exact
-difference), and Prometheus extrapolates from the second sample back to the window's start (under
-1.1 sample intervals away); the step cost a fresh canary pod one step of its requests on every look
-(about 45 of 585 at look 10, issue 26). The
+series created later than its side's first (an engine joining mid-stage) is not covered. Why one
+step less 1 s (14 s at 15 s scrapes): the first sample is outside the window and the second inside
+it, 1 s from its start, in every engine: Prometheus 2.x's closed ranges, Prometheus 3.x's left-open
+ones (``(t - range, t]``: a window starting one full step after the first sample began exactly on the
+second and left it out) and VictoriaMetrics (whose ``prevValue`` is then the first sample). A window
+starting 1 s after the first sample (tried, issue 26) keeps the first step's requests but has
+Prometheus extrapolate each ``le`` series 14 s back to the window's start, clipped at each series'
+own zero point, so the buckets are stretched unequally: early looks' z had an sd of 1.04 instead of
+0.96 and healthy canaries were rolled back 1.2% of the time (bench/README.md). The
 stage's time fraction (alpha spending) still counts from ``start``; each metric reports its
 ``data_start``.
 
@@ -87,8 +89,8 @@ LOG = log.get("canary")
 # directly; requiring both to pass held healthy canaries: with Prometheus' default buckets 26% of
 # healthy canaries were still HOLD at the deadline (79 of 88 blocked by the tail test), 15% before it.
 HARM_ONLY_TESTS = frozenset({"tail"})
-# A look of a series born inside its window starts this long after the series' first sample (module
-# docstring): the first sample is outside the window in every engine, its second sample inside.
+# A look of a series born inside its window starts one step less this after the series' first sample
+# (module docstring): the first sample is outside the window in every engine, the second inside it.
 FIRST_SAMPLE_MARGIN_S = 1.0
 OUTLOOK_MARGIN = 1.5  # "out of reach" = the horizon brings less than 1/1.5 of the requests needed
 
@@ -276,14 +278,15 @@ class Analyzer:
 
     def _data_window(self, spec: MetricSpec, res: MetricResult, series: str, start: float, end: float) -> str:
         """The ``increase()`` range for a counter metric: from ``start`` or, when either side's ``series``
-        begins inside the window, from just after that side's first sample (``FIRST_SAMPLE_MARGIN_S``;
-        module docstring).
+        begins inside the window, from one step less ``FIRST_SAMPLE_MARGIN_S`` after that side's first
+        sample (module docstring).
         Sets ``res.data_start``. Raises NoData when that leaves no window before ``end``."""
         data_start = start
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
             first = self.first_sample(series, spec, sel, start, end)
-            if first is not None and first + FIRST_SAMPLE_MARGIN_S > data_start:
-                data_start = first + FIRST_SAMPLE_MARGIN_S
+            margin = max(self.config.step_s - FIRST_SAMPLE_MARGIN_S, FIRST_SAMPLE_MARGIN_S)
+            if first is not None and first + margin > data_start:
+                data_start = first + margin
                 if data_start >= end - 1:
                     res.data_start = data_start
                     raise NoData(f"the {side}'s first {series} sample is at {first:.0f}; a look reads from just "

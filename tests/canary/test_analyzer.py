@@ -180,16 +180,15 @@ def test_the_baseline_nodes_spread_is_also_read_over_node_history():
 
 
 def test_a_look_never_reads_counters_from_before_the_first_scrape():
-    """Series born inside the window (a fresh canary and baseline): every increase() starts 1 s after
-    the later side's first sample, so Prometheus (2.x closed, 3.x left-open ranges) and VictoriaMetrics
-    all see a sample before the window (gpuobs.canary.analyzer docstring), and no step of data is lost
-    (it started one step, 15 s, after it before issue 26); the stage's time fraction still counts
-    from START."""
+    """Series born inside the window (a fresh canary and baseline): every increase() starts one step
+    less 1 s (14 s) after the later side's first sample, so Prometheus (2.x closed, 3.x left-open
+    ranges) and VictoriaMetrics all see a sample before the window and the second one inside it
+    (gpuobs.canary.analyzer docstring); the stage's time fraction still counts from START."""
     data = fleet(n_c=2400, n_b=45_600, err_b=20)
     data.first_sample = {"canary": START + 60.0, "baseline": START + 90.0}
     v, reqs = analyze(data)
-    assert _increase_windows(reqs) == {str(round(END - (START + 90.0 + 1.0)))}
-    assert all(row(v, m).data_start == START + 91.0 for m in ("ttft", "itl", "error_ratio", "e2e"))
+    assert _increase_windows(reqs) == {str(round(END - (START + 90.0 + 14.0)))}
+    assert all(row(v, m).data_start == START + 104.0 for m in ("ttft", "itl", "error_ratio", "e2e"))
     assert row(v, "kv_cache_usage").data_start is None
     assert v.time_fraction == pytest.approx((END - START) / 600)
     assert v.verdict == "PROMOTE"

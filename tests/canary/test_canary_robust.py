@@ -433,12 +433,12 @@ def test_low_traffic_says_promote_is_out_of_reach_at_the_first_look():
 
 
 def test_outlook_reads_the_canary_rate_over_its_data_window():
-    """A canary first scraped 40 s before the look has its requests from data_start (39 s) on: the
+    """A canary first scraped 40 s before the look has its requests from data_start (26 s) on: the
     same 120 requests are a fast canary, not a 0.4 req/s one (that one is out of reach: above)."""
     data = fleet(n_c=120, n_b=2280, err_b=1, series=False)
     data.first_sample = {"canary": START + 260.0}
     v = analyze(data)
-    assert row(v, "error_ratio").data_start == START + 261.0
+    assert row(v, "error_ratio").data_start == START + 274.0
     assert v.promote_reachable and not any("out of reach" in r for r in v.reasons)
 
 

@@ -317,11 +317,11 @@ def test_node_history_leaves_out_a_node_without_the_looks_bounds():
 
 @pytest.mark.parametrize("left_open", [False, True], ids=["prometheus2", "prometheus3"])
 def test_a_fresh_canary_has_latency_data_by_its_second_look_on_both_engines(left_open):
-    """A fresh canary pod (first scrape 0-15 s into the stage): its look at 60 s reads from 1 s after
-    the first sample. With the former one-step margin the window began exactly on a scrape, which
-    Prometheus 3's left-open ranges leave out: look 2 had no latency data in about 97% of runs.
-    60 runs: every look 2 has TTFT data on both engines' window semantics, and the windows start after
-    the first sample (never counting from it)."""
+    """A fresh canary pod (first scrape 0-15 s into the stage): its look at 60 s reads from 14 s after
+    the first sample, 1 s before the second. With the former one-step margin the window began exactly
+    on the second scrape, which Prometheus 3's left-open ranges leave out. 60 runs: every look 2 has
+    TTFT data on both engines' window semantics, and the windows start after the first sample
+    (never counting from it)."""
     from bench.bench_canary import Shape, simulate_run
     from tests.fakes.prom_fleet import FakeSession
 
@@ -335,6 +335,6 @@ def test_a_fresh_canary_has_latency_data_by_its_second_look_on_both_engines(left
                      'track="canary"', 'track="baseline"').analyze(0.0, 60.0)
         ttft = next(m for m in v.metrics if m.name == "ttft")
         first = min(float(p.t[0]) for p in pods if p.labels["track"] == "canary")
-        assert ttft.data_start == pytest.approx(first + 1.0, abs=1e-6)
+        assert ttft.data_start == pytest.approx(first + 14.0, abs=1e-6)
         with_data += ttft.n_canary > 0
     assert with_data == 60
