@@ -1,0 +1,1 @@
+"""Node-action adapters of the remediation controller: the simulator's admin API and Kubernetes."""
