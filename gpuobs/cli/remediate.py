@@ -100,7 +100,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return fail(f"--db {_db(args)}: not a usable SQLite database ({exc})")
     signals = PromSignals(PromClient(args.prometheus, timeout=5.0, retries=1), fleet.identity_label,
                           Path(args.run_dir))
-    controller = Controller(store, actions, signals, cfg, fleet.identity_label)
+    notifier = None
+    if args.alertmanager:
+        from gpuobs.remediate.notices import Notifier
+
+        bad = [u for u in args.alertmanager if not u.startswith(("http://", "https://"))]
+        if bad:
+            return fail(f"--alertmanager {bad[0]!r}: expected an http:// or https:// URL")
+        notifier = Notifier(args.alertmanager, args.runbook_base or fleet.runbook_base)
+    controller = Controller(store, actions, signals, cfg, fleet.identity_label, notifier=notifier)
     try:
         serve(args.host, args.port, controller, token, args.interval)
     except OSError as exc:
@@ -233,6 +241,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--config", default=None, metavar="FILE", help="YAML settings (gpuobs/remediate/config.py)")
     s.add_argument("--prometheus", default=env("PROMETHEUS_URL", "http://127.0.0.1:9090"),
                    help="Prometheus whose ALERTS the verification reads (env GPUOBS_PROMETHEUS_URL; default %(default)s)")
+    s.add_argument("--alertmanager", action="append", default=[], metavar="URL",
+                   help="Alertmanager that gets the RemediationHalted page and RemediationEscalated tickets "
+                        "(repeat for each member of a cluster; default: none, notices off)")
+    s.add_argument("--runbook-base", default=None, metavar="URL",
+                   help="where the notices' runbook links point (default: the fleet config's runbook_base)")
     s.add_argument("--fleet", default=env("FLEET_CONFIG"), metavar="FILE",
                    help="fleet config naming the node identity label (env GPUOBS_FLEET_CONFIG)")
     s.add_argument("--interval", type=pos_float, default=1.0, help="seconds between loop ticks (default %(default)s)")

@@ -71,10 +71,12 @@ class Controller:
     ``clock``: unix seconds (tests pass a simulated clock; the store must share it)."""
 
     def __init__(self, store: RemediationStore, actions: NodeActions, signals: Signals, config: RemediationConfig,
-                 identity_label: str, clock: Any = time.time):
+                 identity_label: str, clock: Any = time.time, notifier: Any = None):
         self.store, self.actions, self.signals, self.cfg = store, actions, signals, config
         self.identity_label = identity_label
         self.clock = clock
+        #: :class:`gpuobs.remediate.notices.Notifier` or None (no notices: tests of the state machine).
+        self.notifier = notifier
         self._views: dict[str, NodeView] = {}
 
     # ---- events -------------------------------------------------------------------------------
@@ -157,7 +159,8 @@ class Controller:
         if self.cfg.mode == "observe":
             return
         now = self.clock()
-        nodes = self.store.event_nodes_since(now - self.cfg.breaker_window)
+        closed = self.store.breaker()["closed_at"] or 0.0  # events a person has already dealt with do not re-trip it
+        nodes = self.store.event_nodes_since(max(now - self.cfg.breaker_window, closed + 1e-6))
         fleet = len(self._views) or len(nodes)
         threshold = self.cfg.breaker_threshold(fleet)
         if len(nodes) >= threshold:
@@ -179,6 +182,8 @@ class Controller:
                 self._advance(ep)
             except ActionError as exc:
                 self._note(ep, "error", f"{exc}", "gpuobs")
+        if self.notifier is not None:
+            self.notifier.sync(self.store, self.identity_label)
 
     def _note(self, ep: Episode, kind: str, detail: str, actor: str) -> None:
         """A timeline entry, not repeated while the same one is the episode's last of that kind."""

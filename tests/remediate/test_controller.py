@@ -380,3 +380,59 @@ def test_config_errors_name_the_field():
 def test_parse_time_handles_alertmanager_nanoseconds():
     assert parse_time("2027-01-15T08:00:00.123456789Z") == pytest.approx(1_800_000_000.123456, abs=1e-5)
     assert parse_time("garbage") is None and parse_time("") is None
+
+
+class _FakeAM:
+    def __init__(self):
+        self.posts: list[list[dict]] = []
+
+    def post_alerts(self, alerts):
+        self.posts.append(alerts)
+
+
+def test_notices_page_once_per_breaker_and_ticket_per_escalation(tmp_path):
+    from gpuobs.remediate.notices import Notifier
+
+    w = World(tmp_path)
+    am = _FakeAM()
+    n = Notifier([], "http://127.0.0.1:9097", resend_s=60, ttl_s=300, clock=w.clock)
+    n.clients = [am]
+    w.c.notifier = n
+    w.fleet.fault("serving-3", "GpuRowRemapFailure", "persistent")
+    w.send(alert("serving-3", alertname="GpuRowRemapFailure", xid=None, starts_at=iso(w.clock())))
+    w.run(900)
+    tickets = [a for post in am.posts for a in post if a["labels"]["alertname"] == "RemediationEscalated"]
+    assert tickets and {a["labels"]["node"] for a in tickets} == {"serving-3"}
+    assert len({a["startsAt"] for a in tickets}) == 1  # re-posts are the same alert
+    assert tickets[0]["annotations"]["runbook_url"].endswith("/runbooks/remediation.md#remediationescalated")
+    for i in range(4):
+        w.fleet.fault(f"serving-{i + 4}", "GpuFallenOffBus", "reboot")
+        w.send(alert(f"serving-{i + 4}", alertname="GpuFallenOffBus", xid=None, starts_at=iso(w.clock())))
+    w.run(300)
+    halted = [a for post in am.posts for a in post if a["labels"]["alertname"] == "RemediationHalted"]
+    assert halted and len({a["startsAt"] for a in halted}) == 1
+    assert "fleet-wide event" in halted[0]["annotations"]["description"]
+    w.c.close_breaker("alice", "fixed")
+    w.c.release("serving-3", "alice", "RMA")
+    am.posts.clear()
+    w.run(5)
+    ended = {a["labels"]["alertname"]: a for post in am.posts for a in post}
+    assert set(ended) == {"RemediationHalted", "RemediationEscalated"}
+    assert all(parse_time(a["endsAt"]) <= w.clock() for a in ended.values())
+
+
+def test_closed_breaker_is_not_retripped_by_the_same_events(tmp_path):
+    w = World(tmp_path)
+    for i in range(4):
+        w.fleet.fault(f"serving-{i}", "GpuFallenOffBus", "reboot")
+        w.send(alert(f"serving-{i}", alertname="GpuFallenOffBus", xid=None, starts_at=iso(w.clock())))
+    w.run(10)
+    assert w.store.breaker()["open"]
+    w.c.close_breaker("alice", "fixed")
+    w.run(10)
+    assert not w.store.breaker()["open"]
+    for i in range(4, 7):  # a new storm after the close trips it again
+        w.fleet.fault(f"serving-{i}", "GpuFallenOffBus", "reboot")
+        w.send(alert(f"serving-{i}", alertname="GpuFallenOffBus", xid=None, starts_at=iso(w.clock())))
+    w.run(5)
+    assert w.store.breaker()["open"]
