@@ -260,3 +260,16 @@ def test_errors_are_one_line_action_errors(kube):
         ka.nodes()
     assert str(e.value).startswith(f"list nodes: Kubernetes API server {port} unreachable: ")
     assert "\n" not in str(e.value)
+
+
+def test_the_client_is_imported_lazily():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['kubernetes'] = None\n"
+            "import gpuobs.remediate.adapters.kubernetes as k\n"
+            "try:\n    k.KubeActions(None, pool_label='p', node_selector='s', namespace='n', image='i')\n"
+            "except k.ActionError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "the Kubernetes adapter needs the kubernetes client: pip install 'gpuobs[k8s]'"
+    assert "kubernetes" not in sys.modules.get("gpuobs.remediate.adapters.kubernetes").__dict__
