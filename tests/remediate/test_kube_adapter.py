@@ -4,6 +4,7 @@ the API-server emulation tests/fakes/kube_api.py (its docstring cites the semant
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -273,3 +274,58 @@ def test_the_client_is_imported_lazily():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "the Kubernetes adapter needs the kubernetes client: pip install 'gpuobs[k8s]'"
     assert "kubernetes" not in sys.modules.get("gpuobs.remediate.adapters.kubernetes").__dict__
+
+
+def _permission(method: str, path: str) -> tuple[str, str, str, bool]:
+    """(apiGroup, resource, verb, namespaced) an RBAC authorizer checks for one request."""
+    import re
+
+    parts = path.strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[2:] if parts[0] == "api" else parts[3:]
+    namespaced = rest[0] == "namespaces"
+    if namespaced:
+        rest = rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    named = len(rest) > 1
+    verb = {"GET": "get" if named else "list", "POST": "create", "PUT": "update", "PATCH": "patch",
+            "DELETE": "delete"}[method]
+    assert re.fullmatch(r"[a-z/]+", resource), path
+    return group, resource, verb, namespaced
+
+
+def test_the_shipped_rbac_grants_exactly_what_the_adapter_calls(kube):
+    from gpuobs.mixin import kubernetes as k8s
+
+    kube.add_pod("serving", "vllm-a", "gpu-1", labels={"app.kubernetes.io/name": "vllm"})
+    ka = actions(kube, reboot_sentinel=True)
+    ka.nodes()
+    ka.cordon("gpu-1", "xid 79")
+    ka.drain("gpu-1")
+    ka.act("gpu-1", "reset-gpu", 0)
+    ka.act("gpu-1", "reboot", None)
+    kube.add_pod("serving", "vllm-b", "gpu-1", labels={"app.kubernetes.io/name": "vllm"})
+    ka.act("gpu-1", "restart-engine", None)
+    kube.finish_job(NS, next(iter(kube.jobs))[1], ok=True)
+    for _ in range(3):
+        try:
+            ka.health_check("gpu-1", None)
+        except ActionError:
+            kube.finish_job(NS, [n for _, n in kube.jobs if "diag" in n][0], ok=True)
+    ka.uncordon("gpu-1")
+    used = {_permission(m, p) for m, p, _ in kube.calls}
+    shipped = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "remediation" / "rbac.yaml"
+    docs = {d["kind"]: d for d in k8s.load_docs(shipped.read_text())}
+    granted = set()
+    for kind, namespaced in (("ClusterRole", False), ("Role", True)):
+        for rule in docs[kind]["rules"]:
+            for g in rule["apiGroups"]:
+                for r in rule["resources"]:
+                    granted |= {(g, r, v, namespaced) for v in rule["verbs"]}
+    # a request in a namespace is granted by the Role there, else by the ClusterRole
+    needed = {u if u in granted else (*u[:3], False) for u in used}
+    assert needed == granted, (needed - granted, granted - needed)
+    assert docs["Role"]["metadata"]["namespace"] == NS
+    crb = docs["ClusterRoleBinding"]
+    assert crb["subjects"] == [{"kind": "ServiceAccount", "name": docs["ServiceAccount"]["metadata"]["name"],
+                                "namespace": NS}]
