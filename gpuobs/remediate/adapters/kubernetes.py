@@ -177,8 +177,8 @@ class KubeActions:
             host = getattr(self.api.configuration, "host", "?")
             raise ActionError(_one_line(f"{what}: Kubernetes API server {host} unreachable: "
                                         f"{type(exc).__name__}")) from None
-        except ValueError as exc:
-            raise ActionError(_one_line(f"{what}: unreadable answer from the API server: {exc}")) from None
+        except ValueError as exc:  # an unreadable JSON answer, or the client refusing an argument
+            raise ActionError(_one_line(f"{what}: {type(exc).__name__}: {exc}")) from None
 
     def _node(self, node: str) -> dict:
         return self._call(f"get node {node}", self.core.read_node, node)
