@@ -15,6 +15,11 @@ only check by running helm). Bases:
   Recreate so two servers never share the SQLite file), Service, NetworkPolicy, PVC.
 * ``argo/``: the AnalysisTemplate; ``flagger/``: a Canary and a MetricTemplate (examples to adapt:
   the target's name and selectors are vLLM's).
+* ``remediation/``: the remediation controller's identity and least-privilege RBAC for its Kubernetes
+  adapter (:mod:`gpuobs.remediate.adapters.kubernetes`): namespace ``gpuobs-remediation`` (Pod Security
+  ``privileged``: its GPU-reset and diagnostic Jobs are privileged), ServiceAccount, a ClusterRole with
+  exactly the verbs the adapter calls (nodes get/list/update, nodes/status patch, pods list,
+  pods/eviction create) and a Role for its Jobs (create/get/delete) in its namespace, with bindings.
 * ``alertmanager/gpuobs-fragment.yaml``: an Alertmanager configuration (route tree, receivers,
   inhibit rules of ``alertmanager/alertmanager.yml``) to merge into the cluster's, with webhook URLs
   to fill in.
@@ -448,6 +453,45 @@ def _dump(*docs: dict[str, Any]) -> str:
     return HEADER + "".join("---\n" + yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=120) for d in docs)
 
 
+# ---- remediation ------------------------------------------------------------------------------------
+REMEDIATION_NS = "gpuobs-remediation"
+REMEDIATION_NAME = "gpuobs-remediation"
+#: (apiGroup, resource, verbs): what KubeActions calls, cluster-wide; tests/remediate checks it against
+#: the requests the adapter makes to the API-server emulation.
+REMEDIATION_CLUSTER_RULES = [("", "nodes", ["get", "list", "update"]), ("", "nodes/status", ["patch"]),
+                             ("", "pods", ["list"]), ("", "pods/eviction", ["create"])]
+#: The same in the controller's namespace: its reset / diagnostic / reboot-sentinel Jobs.
+REMEDIATION_NS_RULES = [("batch", "jobs", ["create", "get", "delete"])]
+
+
+def _rules(rules: list[tuple[str, str, list[str]]]) -> list[dict[str, Any]]:
+    return [{"apiGroups": [g], "resources": [r], "verbs": list(v)} for g, r, v in rules]
+
+
+def remediation_rbac() -> list[dict[str, Any]]:
+    """Namespace, ServiceAccount, ClusterRole + binding, Role + binding of the remediation controller."""
+    ns = {"apiVersion": "v1", "kind": "Namespace",
+          "metadata": {"name": REMEDIATION_NS, "labels": {
+              "app.kubernetes.io/name": REMEDIATION_NS, **PART_OF,
+              # the GPU reset (nvidia-smi -r) and dcgmi diag Jobs run privileged on the node
+              "pod-security.kubernetes.io/enforce": "privileged"}}}
+    meta = _meta(REMEDIATION_NAME, REMEDIATION_NS)
+    subject = [{"kind": "ServiceAccount", "name": REMEDIATION_NAME, "namespace": REMEDIATION_NS}]
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+    crole = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": _meta(REMEDIATION_NAME, None), "rules": _rules(REMEDIATION_CLUSTER_RULES)}
+    cbind = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": _meta(REMEDIATION_NAME, None),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": REMEDIATION_NAME},
+             "subjects": subject}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+            "rules": _rules(REMEDIATION_NS_RULES)}
+    bind = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": REMEDIATION_NAME},
+            "subjects": subject}
+    return [ns, sa, crole, cbind, role, bind]
+
+
 def _kustomization(resources: list[str], namespace: str | None = None) -> str:
     doc: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
     if namespace:
@@ -474,6 +518,7 @@ def render(horizon_s: float, interval_s: float, fleet: FleetConfig) -> dict[str,
         "canary/serve.yaml": _dump(*canary_serve()),
         "argo/analysistemplate.yaml": _dump(analysis_template(horizon_s, interval_s)),
         "flagger/canary.yaml": _dump(*flagger_objects(horizon_s, interval_s)),
+        "remediation/rbac.yaml": _dump(*remediation_rbac()),
         "alertmanager/gpuobs-fragment.yaml": HEADER + yaml.safe_dump(
             alertmanager_fragment(generated["alertmanager/alertmanager.yml"]), sort_keys=False),
     }
@@ -482,6 +527,7 @@ def render(horizon_s: float, interval_s: float, fleet: FleetConfig) -> dict[str,
     files["canary/kustomization.yaml"] = _kustomization(["serve.yaml"])
     files["argo/kustomization.yaml"] = _kustomization(["analysistemplate.yaml"])
     files["flagger/kustomization.yaml"] = _kustomization(["canary.yaml"])
+    files["remediation/kustomization.yaml"] = _kustomization(["rbac.yaml"])
     return dict(sorted(files.items()))
 
 

@@ -92,7 +92,7 @@ def test_committed_manifests_are_current(tmp_path):
 
 
 def test_kustomizations_list_every_file():
-    for base in ("monitoring", "canary", "argo", "flagger"):
+    for base in ("monitoring", "canary", "argo", "flagger", "remediation"):
         kz = yaml.safe_load((DEPLOY / base / "kustomization.yaml").read_text())
         files = sorted(p.name for p in (DEPLOY / base).glob("*.yaml") if p.name != "kustomization.yaml")
         assert sorted(kz["resources"]) == files
@@ -107,7 +107,8 @@ def test_builtin_kinds_validate_against_kubernetes_openapi(version):
             continue
         kubernetes_validate.validate(doc, version, strict=True)
         seen.add(doc["kind"])
-    assert seen == {"DaemonSet", "ConfigMap", "PersistentVolumeClaim", "Deployment", "Service", "NetworkPolicy"}
+    assert seen == {"DaemonSet", "ConfigMap", "PersistentVolumeClaim", "Deployment", "Service", "NetworkPolicy",
+                    "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
 def test_custom_resources_validate_against_their_crds():
