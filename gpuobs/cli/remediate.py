@@ -67,7 +67,7 @@ def _actions(args: argparse.Namespace):
 
     return KubeActions.from_kubeconfig(args.kubeconfig, pool_label=args.pool_label,
                                        node_selector=args.node_selector, namespace=args.namespace,
-                                       reset_image=args.reset_image)
+                                       image=args.reset_image)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -91,10 +91,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.prometheus.startswith(("http://", "https://")):
         return fail(f"--prometheus {args.prometheus!r}: expected an http:// or https:// URL")
     fleet = fleet_config(args.fleet)
+    from gpuobs.remediate.interfaces import ActionError
+
     try:
         actions = _actions(args)
         store = RemediationStore(_db(args))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ActionError) as exc:
         return fail(str(exc))
     except sqlite3.Error as exc:
         return fail(f"--db {_db(args)}: not a usable SQLite database ({exc})")

@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[2] / "gpuobs"
 
 #: Lowest first. A module in layer i may import gpuobs.<layer j> only for j <= i.
 LAYERS = ["core", "reference", "flags", "promapi", "exporter", "logwatch", "mixin", "compat", "canary", "rollout", "stack", "pager",
-          "drills", "doctor", "reports", "cli"]
+          "remediate", "drills", "doctor", "reports", "cli"]
 #: Where a concept must not reach, whatever the layer order says (the adapters wire the rollout to a stack).
 FORBIDDEN = {
     "compat": ("gpuobs.stack", "gpuobs.exporter"),
@@ -24,8 +24,9 @@ FORBIDDEN = {
     "reference": ("gpuobs.exporter",),
     "flags": ("gpuobs.exporter", "gpuobs.stack"),
     "doctor": ("gpuobs.stack", "gpuobs.exporter"),
+    "remediate": ("gpuobs.stack", "gpuobs.exporter"),
 }
-EXEMPT = {"rollout/adapters"}  # adapters may import the dev stack and the exporter admin client
+EXEMPT = {"rollout/adapters", "remediate/adapters"}  # adapters may import the dev stack and the exporter admin client
 
 
 def imports_of(path: Path) -> list[str]:

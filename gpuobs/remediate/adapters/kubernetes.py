@@ -151,6 +151,27 @@ class KubeActions:
         self.timeout_s, self.conflict_retries, self.job_ttl_s, self.clock = timeout_s, conflict_retries, job_ttl_s, clock
         self.held: dict[str, list[str]] = {}  # node -> pods a PDB kept at the last drain
 
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: str | None, **kw: Any) -> "KubeActions":
+        """Credentials as kubectl finds them: ``kubeconfig`` when given, else the in-cluster service
+        account, else ``~/.kube/config`` (kubernetes-client/python ``config.load_incluster_config`` /
+        ``load_kube_config``). Raises ActionError (one line) when none works."""
+        k8s = _client()
+        from kubernetes import config as kconfig
+
+        cfg = k8s.Configuration()
+        try:
+            if kubeconfig:
+                kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+            else:
+                try:
+                    kconfig.load_incluster_config(client_configuration=cfg)
+                except kconfig.ConfigException:
+                    kconfig.load_kube_config(client_configuration=cfg)
+        except (kconfig.ConfigException, OSError, ValueError, TypeError) as exc:
+            raise ActionError(_one_line(f"kubeconfig{f' {kubeconfig}' if kubeconfig else ''}: {exc}")) from None
+        return cls(cfg, **kw)
+
     # -- transport ---------------------------------------------------------------------------------
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> dict:
