@@ -215,7 +215,8 @@ class Handler(httpd.Handler):
                 ok, detail = node.reset_gpu(act.gpu)
                 result = {"ok": ok, "detail": detail}
             elif act.action == "reboot":
-                result = {**node.status(), "detail": node.reboot(act.downtime_s)}
+                detail = node.reboot(act.downtime_s)
+                result = {**node.status(), "detail": detail}
             elif act.action == "restart-engine":
                 detail = node.restart_engine()
                 result = {**node.status(), "detail": detail}
