@@ -12,6 +12,16 @@ Admin API (loopback clients only, ``Authorization: Bearer <token>``):
   flag as the engine evaluates it now (OpenFeature over the flag file; all false without one)
 * ``GET /admin/deploy`` -> ``{"version": ...}``; ``POST /admin/deploy`` with ``{"version": "1.5.0"}``
   -> 200 ``{"version": ..., "previous": ...}``; unknown version -> 400 naming the known ones
+* ``GET /admin/node`` -> 200 the node's action state (:meth:`Node.status`: cordoned, cordoned_by,
+  draining, in_flight, boot_id, rebooting, engine_generation, ...)
+* ``POST /admin/node`` with ``{"action": "cordon"|"uncordon"|"drain"|"reset-gpu"|"reboot"|
+  "restart-engine"|"diag", "by": "gpuobs"|"human" (cordon/uncordon; default human), "gpu": N
+  (reset-gpu: required; diag: optional), "downtime_s": S (reboot; default 30), "reason": "..."
+  (cordon/uncordon/drain; optional)}`` -> 200: reset-gpu ``{"ok": bool, "detail": ...}``, diag
+  ``{"passed": bool, "failures": [...]}``, reboot and restart-engine the status with ``detail``, the
+  others the status. 400 ``{"error", "field"}`` for a bad body or an action the node's role cannot
+  take (restart-engine on a training node); 409 when the node's state forbids it now (rebooting or
+  down; restart-engine with a GPU off the bus). Validation: :mod:`gpuobs.exporter.sim.actions`.
 
 The serving engine's port serves only ``/metrics`` and ``/health`` (``admin=False``).
 
@@ -29,6 +39,7 @@ from urllib.parse import parse_qs
 
 from gpuobs.core import httpd, log
 from gpuobs.exporter.exposition import CONTENT_TYPE, Family, label_string, render
+from gpuobs.exporter.sim import actions as actionmod
 from gpuobs.exporter.sim import faults as faultmod
 from gpuobs.exporter.sim.node import Node
 
@@ -128,6 +139,9 @@ class Handler(httpd.Handler):
         elif path == "/admin/kernel-log":
             if self._authorized():
                 self._kernel_log(node)
+        elif path == "/admin/node":
+            if self._authorized():
+                self.send_json(200, node.status())
         else:
             self.send_error_json(404, f"no route {path}")
 
@@ -147,7 +161,7 @@ class Handler(httpd.Handler):
 
     def _post(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path not in ("/admin/faults", "/admin/deploy") or not self.server.admin:
+        if path not in ("/admin/faults", "/admin/deploy", "/admin/node") or not self.server.admin:
             self.discard_body()
             self.send_error_json(404, f"no route {path}")
             return
@@ -159,6 +173,9 @@ class Handler(httpd.Handler):
         node = self.server.node
         if path == "/admin/deploy":
             self._deploy(body)
+            return
+        if path == "/admin/node":
+            self._node_action(body)
             return
         try:
             req = faultmod.validate(body, len(node.gpus), node.cfg.role)
@@ -183,6 +200,38 @@ class Handler(httpd.Handler):
         _log.info("deployed", extra={"fields": {"hostname": node.hostname, "version": body["version"],
                                                 "previous": previous}})
         self.send_json(200, {"hostname": node.hostname, "version": body["version"], "previous": previous})
+
+    def _node_action(self, body: object) -> None:
+        node = self.server.node
+        try:
+            act = actionmod.validate(body, len(node.gpus))
+            if act.action == "cordon":
+                result = node.cordon(act.by, act.reason)
+            elif act.action == "uncordon":
+                result = node.uncordon(act.by)
+            elif act.action == "drain":
+                result = node.drain(act.reason)
+            elif act.action == "reset-gpu":
+                ok, detail = node.reset_gpu(act.gpu)
+                result = {"ok": ok, "detail": detail}
+            elif act.action == "reboot":
+                detail = node.reboot(act.downtime_s)
+                result = {**node.status(), "detail": detail}
+            elif act.action == "restart-engine":
+                detail = node.restart_engine()
+                result = {**node.status(), "detail": detail}
+            else:
+                result = node.diag(act.gpu)
+        except actionmod.NodeActionError as exc:
+            self.send_error_json(400, str(exc), exc.field)
+            return
+        except actionmod.NodeStateError as exc:
+            self.send_error_json(409, str(exc))
+            return
+        _log.info("node action", extra={"fields": {"hostname": node.hostname, "action": act.action, "by": act.by,
+                                                   "gpu": act.gpu, "reason": act.reason,
+                                                   "ok": result.get("ok", result.get("passed", True))}})
+        self.send_json(200, result)
 
     def _delete(self) -> None:
         path = self.path.split("?", 1)[0]

@@ -1,4 +1,4 @@
-"""Client of a node's fault admin API (see :mod:`gpuobs.exporter.server`)."""
+"""Client of a node's admin API: faults, deploys, flags and node actions (see :mod:`gpuobs.exporter.server`)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,16 @@ class AdminClient:
     def flags(self) -> dict[str, bool]:
         """GET /admin/flags: every catalogue flag as the node's engine evaluates it now."""
         return dict(self._call("GET", "/admin/flags")["flags"])
+
+    def node_status(self) -> dict:
+        """GET /admin/node: cordoned, cordoned_by, draining, in_flight, boot_id, rebooting, engine_generation, ..."""
+        return self._call("GET", "/admin/node")
+
+    def node_action(self, action: str, **params) -> dict:
+        """POST /admin/node ``{"action": action, **params}`` (cordon, uncordon, drain, reset-gpu, reboot,
+        restart-engine, diag). Returns the node's answer; AdminError(400) for a bad action or field,
+        AdminError(409) when the node cannot take it now (rebooting, down)."""
+        return self._call("POST", "/admin/node", {"action": action, **params})
 
     def list(self) -> list[dict]:
         """Active faults of the node."""

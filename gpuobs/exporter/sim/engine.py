@@ -21,6 +21,7 @@ on the request-latency buckets, ``request_prompt_tokens``, ``request_generation_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +94,24 @@ class Engine:
         prefill = TTFT_MEDIAN_S * float(np.exp(0.6 ** 2 / 2)) * profile.ttft_multiplier
         decode = gen_mean * ITL_MEDIAN_S * float(np.exp(0.3 ** 2 / 2)) * profile.itl_multiplier
         return (prefill + decode) / max(clock_ratio, 0.1)
+
+    @property
+    def in_flight(self) -> float:
+        """Requests in the engine now (running + waiting)."""
+        return self.running + self.waiting
+
+    def drain(self, dt: float, clock_ratio: float, profile: Profile) -> float:
+        """Serve ``dt`` seconds with no arrivals (the node is cordoned or draining): the requests in
+        flight finish, modelled as running and waiting decaying exponentially with the nominal service
+        time as time constant, and reported 0 once fewer than 0.5 remain. Their latencies were observed
+        when they arrived, so no histogram changes. Returns the decay factor applied (0..1]."""
+        k = math.exp(-dt / max(self._service_s(clock_ratio, profile), 1e-3))
+        self.running *= k
+        self.waiting *= k
+        self.kv_usage *= k
+        if self.in_flight < 0.5:
+            self.running = self.waiting = self.kv_usage = 0.0
+        return k
 
     def advance(self, dt: float, rate_scale: float, clock_ratio: float, kv_factor: float, profile: Profile) -> None:
         """Serve ``dt`` seconds of traffic at ``cfg.rate_rps * rate_scale``.

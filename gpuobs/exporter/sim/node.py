@@ -5,6 +5,13 @@ Time is simulated: :meth:`Node.advance` moves the node ``dt`` seconds forward, s
 physics without sleeping; the fleet runner calls it from a ticker thread with wall-clock deltas.
 All public methods are thread-safe (one lock per node) so scrapes, admin calls and ticks interleave.
 Fault effects are derived in one place, :meth:`Node._recompute_effects`, from the active faults.
+
+Node actions (the remediation controller's, through ``POST /admin/node``; validation in
+:mod:`gpuobs.exporter.sim.actions`): :meth:`Node.cordon` / :meth:`Node.uncordon` / :meth:`Node.drain`
+(traffic and training checkpoints), :meth:`Node.reset_gpu`, :meth:`Node.reboot`,
+:meth:`Node.restart_engine` and :meth:`Node.diag` (``dcgmi diag -r 2``). Which fault a GPU reset or a
+reboot clears follows NVIDIA's Xid catalogue (:mod:`gpuobs.reference.xid`): RESET_GPU codes clear on
+a reset, Xid 79 (RESTART_BM) needs a reboot, a row-remap failure is the RMA path.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass, field
 from gpuobs.exporter.sim.behaviour import Profile, combine
 from gpuobs.exporter.sim.behaviour import SimCatalogue as Catalogue
 from gpuobs.exporter.sim.behaviour import load as load_releases
+from gpuobs.exporter.sim.actions import CORDON_BY, DEFAULT_REBOOT_S, NodeActionError, NodeStateError, check_gpu
 from gpuobs.exporter.sim.engine import Engine, EngineConfig
 from gpuobs.exporter.sim.faults import FaultRequest
 from gpuobs.exporter.sim.gpu import H100_SXM, MIB, GpuModel, GpuState
@@ -29,7 +37,19 @@ from gpuobs.reference import xid as xidcat
 #: dcgm-exporter's default Xid counting window (``--xid-count-window-size``), milliseconds.
 DEFAULT_XID_WINDOW_MS = 300_000
 ROLES = ("serving", "training")
-
+#: Simulated seconds a training rank needs to write its checkpoint once drained (while not hung).
+CHECKPOINT_S = 5.0
+#: Fault kinds a reboot does not clear: hardware that stays broken (RMA path, cooling, the external
+#: power brake), and ``driver``, the installed driver version (node configuration, not a fault state).
+REBOOT_PERSISTENT = ("row-remap-failure", "thermal", "power-brake", "driver")
+#: Why a GPU reset cannot clear a fault kind (the reset fails and keeps every fault).
+RESET_BLOCKERS = {
+    "row-remap-failure": "row remap failure (Xid 64): RMA path",
+    "thermal": "thermal fault (cooling is mechanical)",
+    "power-brake": "power brake asserted (external)",
+}
+#: Fault kinds that live in the serving engine's process and end when it restarts.
+ENGINE_PROCESS_KINDS = ("fragmentation", "kv-pressure")
 
 @dataclass
 class Fault:
@@ -105,6 +125,19 @@ class Node:
         self.kv_factor = 1.0
         self.hung = False
         self.slowdowns = [1.0] * cfg.gpus
+        #: Cordon marks on the node (``gpuobs``, ``human``); cordoned while any is set. Survive a reboot.
+        self.cordons: set[str] = set()
+        self.cordon_reason = ""
+        self.draining = False
+        #: Serving: the fraction of the node's traffic still on its GPUs (1 unless cordoned/draining).
+        self._traffic = 1.0
+        #: Training: simulated seconds of checkpointing left once drained (None: no checkpoint asked).
+        self._checkpoint_left: float | None = None
+        #: Training: the rank stopped after its checkpoint (no steps, GPUs idle) until uncordoned.
+        self.training_stopped = False
+        self._reboot_until: float | None = None
+        #: How many times the serving engine process was replaced (restart, GPU reset, reboot).
+        self.engine_generation = 0
         self._recompute_effects()
         for _ in range(120):  # settle thermals so a fresh node does not start cold
             self.advance(1.0)
@@ -117,7 +150,11 @@ class Node:
         Training: ~0.93 busy with the same noise (synchronous steps keep GPUs saturated).
         """
         if self.cfg.role == "training":
-            return min(1.0, max(0.0, 0.93 + self._noise[gpu] * 0.3))
+            return 0.0 if self.training_stopped else min(1.0, max(0.0, 0.93 + self._noise[gpu] * 0.3))
+        return self._demand(gpu) * self._traffic
+
+    def _demand(self, gpu: int) -> float:
+        """Serving: the load the node's traffic would put on GPU ``gpu`` (before any cordon)."""
         wave = 0.12 * math.sin(2 * math.pi * self.now / 900.0 + self._phase)
         return min(1.0, max(0.0, self._base + wave + self._noise[gpu]))
 
@@ -127,11 +164,13 @@ class Node:
             return
         with self.lock:
             self.now += dt
+            if self._reboot_until is not None and self.now >= self._reboot_until:
+                self._boot()
             for i in range(len(self.gpus)):
                 self._noise[i] = 0.9 * self._noise[i] + self._rng.gauss(0, 0.02) * math.sqrt(dt)
             for f in list(self.faults.values()):
                 rep = f.request.params.get("repeat_s", 0)
-                if rep and self.now - f.last_fired >= rep:
+                if rep and self.now - f.last_fired >= rep and not self.rebooting:  # a host that is off logs nothing
                     self._fire(f)
             window_s = self.cfg.xid_window_ms / 1000.0
             for i, g in enumerate(self.gpus):
@@ -140,12 +179,26 @@ class Node:
             present = [g for g in self.gpus if g.present]
             clock = min((g.effective_clock_factor for g in present), default=1.0)
             if self.engine is not None and not self.engine_down:
-                rate_scale = sum(self.load(i) for i in range(len(self.gpus))) / len(self.gpus) / self._base
                 self.refresh_flags()
-                self.engine.advance(dt, rate_scale, clock, self.kv_factor, self.profile)
+                if self.accepting:
+                    rate_scale = sum(self._demand(i) for i in range(len(self.gpus))) / len(self.gpus) / self._base
+                    self.engine.advance(dt, rate_scale, clock, self.kv_factor, self.profile)
+                    self._traffic = 1.0
+                else:
+                    self._traffic *= self.engine.drain(dt, clock, self.profile)
+                    if self.engine.in_flight == 0:
+                        self._traffic = 0.0
             if self.training is not None:
-                self.training.advance(dt, [g.effective_clock_factor for g in self.gpus], self.slowdowns,
-                                      self.hung or len(present) < len(self.gpus))
+                stuck = self.hung or len(present) < len(self.gpus)
+                if self._checkpoint_left is not None and not stuck and not self.down:
+                    # A hung collective (or a rank whose GPU is gone) cannot write its checkpoint.
+                    self._checkpoint_left -= dt
+                    if self._checkpoint_left <= 0:
+                        self._checkpoint_left, self.training_stopped = None, True
+                if self.training_stopped:
+                    self.training.mfu = [0.0] * len(self.training.ranks)
+                else:
+                    self.training.advance(dt, [g.effective_clock_factor for g in self.gpus], self.slowdowns, stuck)
 
     @property
     def engine_down(self) -> bool:
@@ -281,7 +334,7 @@ class Node:
         def params(kind: str, gpu: int | None = None) -> list[dict]:
             return [f.request.params for f in active if f.request.kind == kind and f.request.gpu == gpu]
 
-        self.down = bool(params("down"))
+        self.down = bool(params("down")) or self.rebooting
         self.hung = bool(params("collective-hang")) and self.training is not None
         self.kv_factor = max([float(p["factor"]) for p in params("kv-pressure")], default=1.0)
         drivers = params("driver")
@@ -304,3 +357,249 @@ class Node:
             if not params("ecc-dbe", i):
                 g.row_remap_pending = 0
             self.slowdowns[i] = max([float(p["slowdown"]) for p in params("straggler", i)], default=1.0)
+
+    # ---- node actions (the remediation controller's; POST /admin/node) ---------------------------
+    @property
+    def cordoned(self) -> bool:
+        """New work is not placed on the node (some cordon mark is on it)."""
+        return bool(self.cordons)
+
+    @property
+    def cordoned_by(self) -> str:
+        """``"human"`` while an operator's cordon is on (it wins: the controller must never return such a
+        node to service), else ``"gpuobs"`` while the controller's is, else ``""``."""
+        return "human" if "human" in self.cordons else "gpuobs" if self.cordons else ""
+
+    @property
+    def accepting(self) -> bool:
+        """Serving: the load balancer routes new requests to the node (neither cordoned nor draining)."""
+        return not self.cordons and not self.draining
+
+    @property
+    def rebooting(self) -> bool:
+        """The node is down for a reboot (:meth:`reboot`) and not back yet."""
+        return self._reboot_until is not None
+
+    @property
+    def in_flight(self) -> float:
+        """Work still running on the node. Serving: the engine's running + waiting requests (0 once
+        fewer than 0.5 remain, and 0 while the engine is down). Training: 1 while the rank runs or writes
+        its checkpoint, 0 once it stopped after a drain's checkpoint or while the node is down."""
+        with self.lock:
+            if self.engine is not None:
+                n = 0.0 if self.engine_down else self.engine.in_flight
+                return 0.0 if n < 0.5 else round(n, 3)
+            return 0.0 if self.down or self.training_stopped else 1.0
+
+    def status(self) -> dict:
+        """The node as ``GET /admin/node`` reports it (JSON-ready): hostname, role, cordoned,
+        cordoned_by (:attr:`cordoned_by`), cordons (every mark), cordon_reason, draining, in_flight
+        (:attr:`in_flight`), checkpointing and training_stopped (training), boot_id, rebooting,
+        reboot_remaining_s (simulated seconds), down, engine_generation (engine process replacements)."""
+        with self.lock:
+            return {"hostname": self.hostname, "role": self.cfg.role, "cordoned": self.cordoned,
+                    "cordoned_by": self.cordoned_by, "cordons": sorted(self.cordons),
+                    "cordon_reason": self.cordon_reason, "draining": self.draining, "in_flight": self.in_flight,
+                    "checkpointing": self._checkpoint_left is not None, "training_stopped": self.training_stopped,
+                    "boot_id": self.boot_id, "rebooting": self.rebooting,
+                    "reboot_remaining_s": round(max(0.0, self._reboot_until - self.now), 3) if self.rebooting else 0.0,
+                    "down": self.down, "engine_generation": self.engine_generation}
+
+    def cordon(self, by: str, reason: str = "") -> dict:
+        """Put ``by``'s cordon mark (``gpuobs`` or ``human``) on the node: serving, no new requests
+        reach it (its in-flight ones finish); training, the job keeps running (only :meth:`drain` stops
+        it). Idempotent. Returns :meth:`status`. NodeActionError for an unknown ``by``."""
+        if by not in CORDON_BY:
+            raise NodeActionError("by", f"field 'by' must be one of {', '.join(CORDON_BY)}; got {by!r}")
+        with self.lock:
+            self.cordons.add(by)
+            if reason:
+                self.cordon_reason = reason
+            return self.status()
+
+    def uncordon(self, by: str) -> dict:
+        """Remove a cordon: ``human`` removes every mark, ``gpuobs`` only the controller's (a human's
+        cordon stays). Once no mark is left the node is back in service: draining ends, traffic returns,
+        a stopped training rank rejoins. Idempotent. Returns :meth:`status`."""
+        if by not in CORDON_BY:
+            raise NodeActionError("by", f"field 'by' must be one of {', '.join(CORDON_BY)}; got {by!r}")
+        with self.lock:
+            if by == "human":
+                self.cordons.clear()
+            else:
+                self.cordons.discard("gpuobs")
+            if not self.cordons:
+                self.cordon_reason = ""
+                self.draining = False
+                self._checkpoint_left, self.training_stopped = None, False
+            return self.status()
+
+    def drain(self, reason: str = "") -> dict:
+        """Start moving work off the node. Serving: no new requests (as a cordon does); in-flight
+        ones finish over about the nominal service time. Training: signal a checkpoint; the rank writes
+        it for :data:`CHECKPOINT_S` simulated seconds (not while the collective is hung or a GPU is gone:
+        a hung job cannot checkpoint) and then stops. Idempotent (a second drain does not restart the
+        checkpoint). Returns :meth:`status`."""
+        with self.lock:
+            if not self.draining:
+                self.draining = True
+                if self.training is not None and not self.training_stopped:
+                    self._checkpoint_left = CHECKPOINT_S
+            return self.status()
+
+    def _require_up(self, action: str) -> None:
+        """NodeStateError unless the node's host answers (not rebooting, no ``down`` fault)."""
+        if self.rebooting:
+            raise NodeStateError(f"{action}: {self.hostname} is rebooting (back in "
+                                 f"{max(0.0, self._reboot_until - self.now):.0f} s)")
+        if self.down:
+            raise NodeStateError(f"{action}: {self.hostname} is down (its host does not answer); reboot it")
+
+    def _new_engine(self) -> list[str]:
+        """Replace the serving engine process: a fresh Engine (counters from zero), every GPU's
+        allocator back to its base (the process's memory is freed), and the faults that lived in the
+        process (:data:`ENGINE_PROCESS_KINDS`) end. Returns the ended faults' ids. Caller recomputes."""
+        self.engine_generation += 1
+        seed = random.Random(f"{self.cfg.seed}:{self.cfg.index}:engine:{self.engine_generation}").randrange(2**32)
+        self.engine = Engine(self.cfg.engine, seed)
+        self._traffic = 1.0 if self.accepting else 0.0  # a fresh engine has nothing in flight
+        for g in self.gpus:
+            g.alloc.gap, g.alloc.allocated = g.alloc.base_gap, g.alloc.base_allocated
+        ended = [fid for fid, f in self.faults.items() if f.request.kind in ENGINE_PROCESS_KINDS]
+        for fid in ended:
+            del self.faults[fid]
+        return ended
+
+    def reset_gpu(self, gpu: int) -> tuple[bool, str]:
+        """Reset GPU ``gpu`` (``nvidia-smi -r``). Returns ``(ok, one-line detail)``.
+
+        Fails, changing nothing, when the GPU has a fault a reset cannot clear: a row-remap failure
+        (RMA path), Xid 79 (fallen off the bus: the catalogue's RESTART_BM, reboot the node), a thermal
+        fault or an asserted power brake (mechanical / external). Otherwise clears the GPU's xid faults
+        (the catalogue's RESET_GPU codes and any other), its ecc-dbe (the pending row remap activates:
+        row_remap_pending 0) and nvlink-errors faults, empties its DCGM Xid state (last Xid, windowed
+        events: the reset restarts the host engine's state), frees its allocator (fragmentation on it
+        ends) and, on a serving node, restarts the engine (its process used the GPU; see
+        :meth:`restart_engine`). pcie-replay (a link fault) stays. NodeActionError for a bad index,
+        NodeStateError while the node is rebooting or down.
+        """
+        check_gpu(gpu, len(self.gpus))
+        with self.lock:
+            self._require_up("reset-gpu")
+            mine = [f for f in self.faults.values() if f.request.gpu == gpu]
+            blockers = list(dict.fromkeys(RESET_BLOCKERS[f.request.kind] for f in mine
+                                          if f.request.kind in RESET_BLOCKERS))
+            if any(f.request.kind == "xid" and int(f.request.params["code"]) == 79 for f in mine):
+                blockers.append("fallen off the bus (Xid 79): reboot the node (RESTART_BM)")
+            if blockers:
+                return False, f"GPU {gpu} reset failed: {'; '.join(blockers)}; faults kept"
+            cleared = [f for f in mine if f.request.kind in ("xid", "ecc-dbe", "nvlink-errors", "fragmentation")]
+            for f in cleared:
+                del self.faults[f.id]
+            g = self.gpus[gpu]
+            g.last_xid = None
+            g.xid_events.clear()
+            g.alloc.gap, g.alloc.allocated = g.alloc.base_gap, g.alloc.base_allocated
+            names = [f"xid {f.request.params['code']}" if f.request.kind == "xid" else f.request.kind for f in cleared]
+            parts = [f"GPU {gpu} reset", f"cleared {', '.join(names)}" if names else "no fault cleared"]
+            if any(f.request.kind == "ecc-dbe" for f in cleared):
+                parts.append("pending row remap activated")
+            if self.engine is not None:
+                ended = self._new_engine()
+                parts.append(f"engine restarted (generation {self.engine_generation}"
+                             + (f", ended {', '.join(ended)})" if ended else ")"))
+            self._recompute_effects()
+            return True, "; ".join(parts)
+
+    def reboot(self, downtime_s: float = DEFAULT_REBOOT_S) -> str:
+        """Reboot the node: down for ``downtime_s`` simulated seconds (no scrapes, no engine; the admin
+        API stays up), then back with a new boot_id, a new (empty) kernel log, empty DCGM Xid state and
+        volatile ECC counters, a fresh engine, and every fault cleared except :data:`REBOOT_PERSISTENT`
+        (Xid 79 clears). Cordon marks and draining survive (as a Kubernetes node's unschedulable does);
+        a drained training rank stays stopped. A reboot while rebooting changes nothing. Returns a
+        one-line detail. NodeActionError for a negative or non-finite ``downtime_s``."""
+        if not isinstance(downtime_s, (int, float)) or not math.isfinite(downtime_s) or downtime_s < 0:
+            raise NodeActionError("downtime_s", f"field 'downtime_s' must be a finite number >= 0, got {downtime_s!r}")
+        with self.lock:
+            if self.rebooting:
+                return f"{self.hostname} is already rebooting (back in {self._reboot_until - self.now:.0f} s)"
+            old = self.boot_id
+            self._reboot_until = self.now + float(downtime_s)
+            self._recompute_effects()
+            if downtime_s == 0:
+                self._boot()
+            return f"{self.hostname} rebooting for {float(downtime_s):g} s (boot_id was {old})"
+
+    def _boot(self) -> None:
+        """The end of a reboot (see :meth:`reboot`)."""
+        self._reboot_until = None
+        for fid in [fid for fid, f in self.faults.items() if f.request.kind not in REBOOT_PERSISTENT]:
+            del self.faults[fid]
+        self.boot_id = str(uuid.uuid4())
+        self.kernel_log = []
+        self._uuid_logged = set()
+        for g in self.gpus:
+            g.last_xid = None
+            g.xid_events.clear()
+            g.ecc_sbe_vol = g.ecc_dbe_vol = 0
+        if self.engine is not None:
+            self._new_engine()
+        if self.training is not None and self.draining:
+            self._checkpoint_left, self.training_stopped = None, True
+        self._recompute_effects()
+
+    def restart_engine(self) -> str:
+        """Restart the serving engine process (serving nodes only): a fresh Engine (counters restart),
+        every GPU's allocator back to base, and the node's fragmentation and kv-pressure faults end (the
+        fragmented process is gone; the surge's requests were dropped). Returns a one-line detail.
+        NodeActionError on a training node; NodeStateError while the node is rebooting or down, or a
+        GPU has fallen off the bus (the engine cannot start without it: reboot the node)."""
+        with self.lock:
+            if self.engine is None:
+                raise NodeActionError("action", f"action 'restart-engine' needs a serving node; {self.hostname} "
+                                                f"is a training node (it has no serving engine)")
+            self._require_up("restart-engine")
+            absent = [i for i, g in enumerate(self.gpus) if not g.present]
+            if absent:
+                raise NodeStateError(f"restart-engine: GPU {', '.join(map(str, absent))} of {self.hostname} fell off "
+                                     f"the bus; the engine cannot start without it (reboot the node)")
+            ended = self._new_engine()
+            self._recompute_effects()
+            return (f"engine restarted (generation {self.engine_generation})"
+                    + (f"; ended {', '.join(ended)}" if ended else ""))
+
+    def diag(self, gpu: int | None = None) -> dict:
+        """The active health check, as ``dcgmi diag -r 2`` would report it, over GPU ``gpu`` (None:
+        every GPU): ``{"passed": bool, "failures": ["GPU 3: row remap failure (Xid 64)", ...]}``, one
+        string per problem. Fails for a GPU that is absent, or has an active Xid fault whose catalogue
+        severity is critical (:func:`gpuobs.reference.xid.critical_codes`), ecc-dbe, row-remap-failure,
+        nvlink-errors, pcie-replay, thermal or power-brake. NodeActionError for a bad index,
+        NodeStateError while the node is rebooting or down (no verdict)."""
+        indexes = range(len(self.gpus)) if gpu is None else [check_gpu(gpu, len(self.gpus))]
+        with self.lock:
+            self._require_up("diag")
+            failures: list[str] = []
+            for i in indexes:
+                if not self.gpus[i].present:
+                    failures.append(f"GPU {i}: not found on the PCIe bus (Xid 79: fallen off the bus)")
+                    continue
+                for f in self.faults.values():
+                    if f.request.gpu == i and (problem := self._diag_problem(f)):
+                        failures.append(f"GPU {i}: {problem}")
+            failures = list(dict.fromkeys(failures))
+            return {"passed": not failures, "failures": failures}
+
+    def _diag_problem(self, f: Fault) -> str | None:
+        """What the diagnostic reports for fault ``f`` on its GPU, or None if it does not see it."""
+        kind, p, g = f.request.kind, f.request.params, self.gpus[f.request.gpu]
+        if kind == "xid":
+            info = xidcat.catalog().get(int(p["code"]))
+            return f"Xid {info.code} ({info.message})" if info and info.severity == "critical" else None
+        return {
+            "ecc-dbe": f"uncorrectable ECC errors (Xid 48: {g.ecc_dbe_vol} DBE volatile), row remap pending (Xid 63)",
+            "row-remap-failure": "row remap failure (Xid 64)",
+            "nvlink-errors": f"NVLink CRC errors ({float(p.get('rate_per_s', 0)):g}/s)",
+            "pcie-replay": f"PCIe replays ({float(p.get('rate_per_s', 0)):g}/s)",
+            "thermal": f"thermal: cooling degraded (x{float(p.get('cooling_factor', 0)):g}), {g.temp_c:.0f} C",
+            "power-brake": "power brake asserted (HW_POWER_BRAKE)",
+        }.get(kind)
