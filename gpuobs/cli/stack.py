@@ -63,7 +63,8 @@ def _stack(args: argparse.Namespace) -> int:
         whole = all(c["peers"] == len(cluster) for c in cluster)
         return 0 if all(r["healthy"] for r in rows) and whole else 1
     ports = Ports(prometheus=args.prometheus_port, alertmanager=args.alertmanager_port, pager=args.pager_port,
-                  node_base=args.base_port, engine_base=args.engine_base_port, grafana=args.grafana_port)
+                  node_base=args.base_port, engine_base=args.engine_base_port, grafana=args.grafana_port,
+                  remediate=args.remediate_port)
     if args.training_nodes >= args.nodes:
         return fail(f"--training-nodes {args.training_nodes} must leave at least one serving node (--nodes {args.nodes})")
     cfg = sv.StackConfig(run_dir=run, nodes=args.nodes, gpus=args.gpus, seed=args.seed, ports=ports,
@@ -71,7 +72,8 @@ def _stack(args: argparse.Namespace) -> int:
                          xid_window_ms=args.xid_window_ms, runbook_base=args.runbook_base, timeout_s=args.timeout,
                          exporter_profile=args.exporter_profile, host_label_mode=args.host_label_mode,
                          scrape_mode=args.scrape_mode, collect_interval_s=args.collect_interval,
-                         clock_events_name=args.clock_events_name)
+                         clock_events_name=args.clock_events_name,
+                         remediate=args.remediate if args.topology != "ha" else "off")
     if args.topology == "ha":
         return _up_ha(args, cfg)
     try:
@@ -87,6 +89,8 @@ def _stack(args: argparse.Namespace) -> int:
                                                if pages else ""))
     print(f"  Alertmanager  {u.alertmanager}  (no web UI in Debian's build: use amtool or the API)")
     print(f"  Pager         {u.pager}  (incident console; /api/incidents, /api/pages, /runbooks/)")
+    if u.remediate:
+        print(f"  Remediation   {u.remediate}  (mode {cfg.remediate}; /api/status, /metrics; `gpuobs remediate status`)")
     if u.grafana:
         print(f"  Grafana       {u.grafana}  (anonymous viewer; admin password in run dir grafana/admin-password)")
     else:
@@ -142,6 +146,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--prometheus-port", type=PORT, default=env("PROMETHEUS_PORT", "9090"), help="GPUOBS_PROMETHEUS_PORT")
     s.add_argument("--alertmanager-port", type=PORT, default=env("ALERTMANAGER_PORT", "9093"), help="GPUOBS_ALERTMANAGER_PORT")
     s.add_argument("--pager-port", type=PORT, default=env("PAGER_PORT", "9097"), help="GPUOBS_PAGER_PORT")
+    s.add_argument("--remediate-port", type=PORT, default=env("REMEDIATE_PORT", "9098"), help="GPUOBS_REMEDIATE_PORT")
+    s.add_argument("--remediate", default=env("REMEDIATE", "dry-run"),
+                   help="the remediation controller's mode: enforce (quarantine, drain, reset or reboot, return), "
+                        "dry-run (record what it would do; default), observe (record events), off (not started); "
+                        "single topology only; env GPUOBS_REMEDIATE (docs/remediation.md)")
     s.add_argument("--base-port", type=PORT, default=env("BASE_PORT", "9400"), help="first node port")
     s.add_argument("--rate", type=pos_float, default=env("RATE", "4"),
                    help="mean request rate per serving node, req/s (default 4; the simulated engine's KV cache "

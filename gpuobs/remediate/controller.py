@@ -182,7 +182,7 @@ class Controller:
                 self._advance(ep)
             except ActionError as exc:
                 self._note(ep, "error", f"{exc}", "gpuobs")
-        if self.notifier is not None:
+        if self.notifier is not None and self.cfg.mode == "enforce":  # dry-run halts nothing and escalates nothing
             self.notifier.sync(self.store, self.identity_label)
 
     def _note(self, ep: Episode, kind: str, detail: str, actor: str) -> None:

@@ -94,3 +94,9 @@ def plan(alertname: str, labels: dict[str, str]) -> Plan | None:
     if cls is None:
         return None
     return Plan(cls, CLASS_ACTION[cls], gpu, f"{alertname}: {cls}")
+
+
+def remediated_alertnames() -> list[str]:
+    """Every alertname :func:`plan` may act on; equal to
+    :data:`gpuobs.mixin.alertmanager.REMEDIATED_ALERTS`, which the Alertmanager route matches."""
+    return sorted({*XID_ALERTS, *ALERT_CLASS})

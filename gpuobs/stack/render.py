@@ -16,6 +16,7 @@ import yaml
 from gpuobs.core import assets
 from gpuobs.core.files import atomic_write
 from gpuobs.core.fleet import shipped_fleet
+from gpuobs.mixin.alertmanager import remediation_route
 from gpuobs.exporter.scrape import file_sd_labels
 from gpuobs.exporter.sim import k8s
 from gpuobs.mixin.profile import profile_rules
@@ -28,6 +29,8 @@ class Ports:
     prometheus: int = 9090
     alertmanager: int = 9093
     pager: int = 9097
+    #: The remediation controller (``gpuobs remediate serve``).
+    remediate: int = 9098
     node_base: int = 9400
     engine_base: int = 8000
     grafana: int = 3000
@@ -118,22 +121,30 @@ def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], eng
 
 
 def render_alertmanager(run: Path, ports: Ports, repo: Path | None = None, pager_token_file: Path | None = None,
-                        resolve_timeout: str | None = None) -> Path:
+                        resolve_timeout: str | None = None, remediate: bool = False) -> Path:
     """Write ``run/alertmanager/alertmanager.yml`` with webhook URLs pointing at the pager's port.
 
     ``pager_token_file``: every webhook gets ``http_config.authorization`` (type Bearer,
     ``credentials_file``), so Alertmanager authenticates to the pager with the token in that file
     (prometheus/common ``config.HTTPClientConfig``, read by Alertmanager 0.25 at each request).
     ``resolve_timeout``: replaces ``global.resolve_timeout`` (see :mod:`gpuobs.stack.alert_timing`).
+    ``remediate``: also route the alerts the remediation controller acts on to its webhook (port
+    ``ports.remediate``, same bearer token) ahead of every other route, with ``continue: true`` so they
+    still page or ticket (:func:`gpuobs.mixin.alertmanager.remediation_route`).
     """
     repo = repo or assets.root()
     cfg = yaml.safe_load((repo / "alertmanager" / "alertmanager.yml").read_text())
     if resolve_timeout:
         cfg.setdefault("global", {})["resolve_timeout"] = resolve_timeout
+    if remediate:
+        route, receiver = remediation_route(f"http://127.0.0.1:{ports.remediate}")  # gpuobs.mixin.alertmanager
+        cfg["route"]["routes"].insert(0, route)
+        cfg["receivers"].append(receiver)
     for rcv in cfg.get("receivers", []):
         for wh in rcv.get("webhook_configs", []):
             path = wh["url"].split("/", 3)[3]
-            wh["url"] = f"http://127.0.0.1:{ports.pager}/{path}"
+            port = ports.remediate if rcv["name"] == "remediate" else ports.pager
+            wh["url"] = f"http://127.0.0.1:{port}/{path}"
             if pager_token_file is not None:
                 wh["http_config"] = {"authorization": {"type": "Bearer", "credentials_file": str(pager_token_file)}}
     out = run / "alertmanager" / "alertmanager.yml"

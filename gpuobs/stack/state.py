@@ -56,6 +56,8 @@ class StackUrls:
     grafana: str | None = None
     #: One kernel-log agent per node (``gpuobs logwatch``), /metrics URLs in node order; empty without them.
     logwatch: list[str] = field(default_factory=list)
+    #: The remediation controller (``gpuobs remediate serve``), None when the stack runs none.
+    remediate: str | None = None
 
     @property
     def node_bases(self) -> list[str]:
@@ -135,7 +137,8 @@ class StackState:
         try:
             urls = StackUrls(prometheus=str(u["prometheus"]), alertmanager=str(u["alertmanager"]), pager=str(u["pager"]),
                              nodes=[str(x) for x in u["nodes"]], engines=[str(x) for x in u.get("engines") or []],
-                             grafana=u.get("grafana"), logwatch=[str(x) for x in u.get("logwatch") or []])
+                             grafana=u.get("grafana"), logwatch=[str(x) for x in u.get("logwatch") or []],
+                             remediate=str(u["remediate"]) if u.get("remediate") else None)
             return cls(run_dir=str(doc["run_dir"]), urls=urls, hostnames=[str(h) for h in doc["hostnames"]],
                        token_file=str(doc["token_file"]), nodes=int(doc["nodes"]), gpus=int(doc.get("gpus", 8)),
                        training_nodes=int(doc.get("training_nodes", 0)), seed=int(doc.get("seed", 1)),

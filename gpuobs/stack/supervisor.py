@@ -96,6 +96,9 @@ class StackConfig:
     collect_interval_s: float = 0.0
     #: Name of field 112 on the pages: canonical (DCGM_FI_DEV_CLOCKS_EVENT_REASONS) or legacy (..._CLOCK_THROTTLE_REASONS).
     clock_events_name: str = "canonical"
+    #: The remediation controller's mode (``gpuobs remediate serve --mode``), or ``off`` to not start it.
+    #: Single topology only. ``gpuobs stack up`` defaults to ``dry-run`` (GPUOBS_REMEDIATE).
+    remediate: str = "off"
 
 
 def find_binaries() -> dict[str, str]:
@@ -227,6 +230,10 @@ class FleetProcesses:
     pager_token_file: Path
 
 
+#: ``StackConfig.remediate`` values: off, or a mode of gpuobs.remediate.config.MODES.
+REMEDIATE_MODES = ("off", "observe", "dry-run", "enforce")
+
+
 def check_config(cfg: StackConfig) -> Path:
     """Vet ``cfg`` and its run directory; returns the resolved run directory. Raises StackError (exit 2)
     for a bad value (naming the field and the allowed ones) or a stack already running there."""
@@ -235,7 +242,8 @@ def check_config(cfg: StackConfig) -> Path:
                                  ("exporter profile", cfg.exporter_profile, profiles.PROFILES),
                                  ("host label mode", cfg.host_label_mode, profiles.HOST_LABEL_MODES),
                                  ("scrape mode", cfg.scrape_mode, k8s.SCRAPE_MODES),
-                                 ("clock events name", cfg.clock_events_name, profiles.CLOCK_EVENTS_NAMES)):
+                                 ("clock events name", cfg.clock_events_name, profiles.CLOCK_EVENTS_NAMES),
+                                 ("remediation mode (--remediate, GPUOBS_REMEDIATE)", cfg.remediate, REMEDIATE_MODES)):
         if value not in allowed:
             raise StackError(f"{what} must be one of {', '.join(allowed)}; got {value!r}", 2)
     if cfg.collect_interval_s < 0:
@@ -345,8 +353,10 @@ def _up(cfg: StackConfig, out) -> StackState:
     engine_ports = [p.engine_base + i for i in range(serving)]
     if max(node_ports + engine_ports) > 65535:
         raise StackError(f"node ports run past 65535 (nodes from {p.node_base}, engines from {p.engine_base})", 2)
-    check_ports([p.prometheus, p.alertmanager, p.pager, *node_ports, *engine_ports],
-                "--prometheus-port, --alertmanager-port, --pager-port, --base-port, --engine-base-port")
+    remediate = cfg.remediate != "off"
+    check_ports([p.prometheus, p.alertmanager, p.pager, *([p.remediate] if remediate else []), *node_ports,
+                 *engine_ports],
+                "--prometheus-port, --alertmanager-port, --pager-port, --remediate-port, --base-port, --engine-base-port")
     _make_private(run)
     for sub in ("logs", "prometheus/data", "alertmanager/data"):
         (run / sub).mkdir(parents=True, exist_ok=True)
@@ -356,7 +366,16 @@ def _up(cfg: StackConfig, out) -> StackState:
     prom_cfg = render_prometheus(run, p, nodes, engines, fleet.runbook_base, cfg.profile, scrape_mode=cfg.scrape_mode,
                                  pods=fleet.pods)
     am_cfg = render_alertmanager(run, p, pager_token_file=fleet.pager_token_file,
-                                 resolve_timeout=format_duration(timing.resolve_timeout_s))
+                                 resolve_timeout=format_duration(timing.resolve_timeout_s), remediate=remediate)
+    remediate_url = f"http://127.0.0.1:{p.remediate}"
+    if remediate:
+        # After the exporter (its adapter reads stack.json's nodes), before Alertmanager (its webhook target).
+        fleet.specs["remediate"] = [sys.executable, "-m", "gpuobs", "remediate", "serve", "--run-dir", str(run),
+                                    "--port", str(p.remediate), "--token-file", str(fleet.pager_token_file),
+                                    "--mode", cfg.remediate, "--prometheus", f"http://127.0.0.1:{p.prometheus}",
+                                    "--alertmanager", f"http://127.0.0.1:{p.alertmanager}",
+                                    "--runbook-base", fleet.runbook_base]
+        fleet.checks["remediate"] = lambda: _ok(f"{remediate_url}/health")
     specs = {
         **fleet.specs,
         "alertmanager": [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / 'alertmanager/data'}",
@@ -387,7 +406,8 @@ def _up(cfg: StackConfig, out) -> StackState:
     urls = StackUrls(prometheus=f"http://127.0.0.1:{p.prometheus}", alertmanager=f"http://127.0.0.1:{p.alertmanager}",
                      pager=pager_url, grafana=f"http://127.0.0.1:{p.grafana}" if grafana_cmd else None,
                      nodes=[f"http://127.0.0.1:{port}/metrics" for port in node_ports],
-                     engines=[f"http://127.0.0.1:{port}/metrics" for port in engine_ports], logwatch=lw_urls)
+                     engines=[f"http://127.0.0.1:{port}/metrics" for port in engine_ports], logwatch=lw_urls,
+                     remediate=remediate_url if remediate else None)
     state = StackState(run_dir=str(run), started_at=time.time(), ports=asdict(p), nodes=cfg.nodes, gpus=cfg.gpus,
                        seed=cfg.seed, training_nodes=cfg.training_nodes, profile=cfg.profile,
                        exporter_profile=cfg.exporter_profile, host_label_mode=cfg.host_label_mode,
@@ -654,6 +674,7 @@ def health_urls(state: StackState, name: str, ready: bool = False) -> list[str]:
         return [state.members[name] + path[1 if ready else 0]]
     return {"exporter": [n.replace("/metrics", "/health") for n in (u.nodes + u.engines if ready else u.nodes)],
             "pager": [f"{u.pager}/health"],
+            "remediate": [f"{u.remediate}/health"],
             "alertmanager": [f"{u.alertmanager}/-/{'ready' if ready else 'healthy'}"],
             "prometheus": [f"{u.prometheus}/-/{'ready' if ready else 'healthy'}"],
             "grafana": [f"{u.grafana}/api/health"]}[name]
@@ -673,7 +694,7 @@ def status(run_dir: Path) -> list[dict]:
     if not state:
         return []
     u = state.urls
-    shown = {"exporter": u.node_bases[0] if u.node_bases else "", "pager": u.pager,
+    shown = {"exporter": u.node_bases[0] if u.node_bases else "", "pager": u.pager, "remediate": u.remediate or "",
              "alertmanager": u.alertmanager, "prometheus": u.prometheus, "grafana": u.grafana, **state.members}
     rows = []
     for name, comp in state.components.items():

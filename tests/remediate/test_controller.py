@@ -436,3 +436,10 @@ def test_closed_breaker_is_not_retripped_by_the_same_events(tmp_path):
         w.send(alert(f"serving-{i}", alertname="GpuFallenOffBus", xid=None, starts_at=iso(w.clock())))
     w.run(5)
     assert w.store.breaker()["open"]
+
+
+def test_the_alertmanager_route_matches_exactly_what_the_policy_acts_on():
+    from gpuobs.mixin.alertmanager import REMEDIATED_ALERTS
+    from gpuobs.remediate.policy import remediated_alertnames
+
+    assert sorted(REMEDIATED_ALERTS) == remediated_alertnames()
