@@ -17,9 +17,9 @@ PYTEST_WORKERS ?= 2
 EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
 
 DRILL_RUN_DIR ?= .run-drills
-DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --base-port 19400 --engine-base-port 18000
+DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --remediate-port 19098 --base-port 19400 --engine-base-port 18000
 
-.PHONY: help venv binaries up up-ha down status images test-compose test test-faults lint rules drills drills-ha bench bench-canary bench-latency bench-scale clean
+.PHONY: help venv binaries up up-ha down status images test-compose test test-faults lint rules drills drills-ha drills-remediation bench bench-canary bench-latency bench-scale clean
 
 help:
 	@echo "make up | up-ha | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | drills-ha |"
@@ -97,6 +97,16 @@ drills: venv binaries
 	  --exporter-profile $(EXPORTER_PROFILE)
 	@rc=0; $(GPUOBS) drill all --run-dir $(DRILL_RUN_DIR) || rc=$$?; \
 	  $(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR); exit $$rc
+
+# The remediation drills (docs/remediation.md) on a fresh stack of their own whose controller enforces:
+# 8 nodes (7 serving), so the storm can hit 5 of them. Stops its stack afterwards.
+drills-remediation: venv binaries
+	@$(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR)-rem >/dev/null 2>&1 || true
+	rm -rf $(DRILL_RUN_DIR)-rem
+	$(GPUOBS) stack up --run-dir $(DRILL_RUN_DIR)-rem --profile drill --nodes 8 --training-nodes 1 $(DRILL_PORTS) \
+	  --remediate enforce
+	@rc=0; $(GPUOBS) drill remediation --run-dir $(DRILL_RUN_DIR)-rem || rc=$$?; \
+	  $(GPUOBS) stack down --run-dir $(DRILL_RUN_DIR)-rem; exit $$rc
 
 # The same drills on the HA topology (docs/ha.md): alerts are read from every Prometheus replica and
 # vmalert, pages from the pager behind the 3-member Alertmanager cluster.

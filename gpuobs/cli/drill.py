@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from gpuobs.cli.common import fail, int_range, pos_float, run_dir_default
@@ -22,6 +23,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
     if not state or not state.running:
         return fail(f"no running stack in {args.run_dir}; start one with `make up`")
     progress = None if args.json else (lambda m: print(f"  .. {m}", flush=True))
+    if args.drill in REMEDIATION or args.drill == "remediation":
+        return _remediation(args, state, progress)
     if args.drill == "soak":
         from gpuobs.drills.soak import run_soak
 
@@ -55,6 +58,35 @@ def cmd_drill(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+#: The remediation drills (gpuobs/drills/remediation.py); ``remediation`` runs them all in order.
+REMEDIATION = ("remediate-xid", "manual-override", "remediate-kill", "remediate-fragmentation", "xid-storm")
+
+
+def _remediation(args: argparse.Namespace, state, progress) -> int:
+    from gpuobs.core.files import atomic_write
+    from gpuobs.drills import remediation as rd
+
+    names = REMEDIATION if args.drill == "remediation" else (args.drill,)
+    try:
+        results = rd.run_all(state, names, say=progress or (lambda m: None))
+    except rd.RemediationDrillError as exc:
+        return fail(str(exc))
+    atomic_write(Path(state.run_dir) / "drills" / f"remediation-{int(time.time())}.json",
+                 json.dumps([r.to_dict() for r in results], indent=2))
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        for r in results:
+            print(f"{r.name} on {r.node}: {'PASS' if r.passed else 'FAIL'}")
+            for c in r.checks:
+                print(f"  ok   {c}")
+            for p in r.problems:
+                print(f"  FAIL {p}")
+        print()
+        print(rd.format_table(results))
+    return 0 if all(r.passed for r in results) else 1
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``drill`` group to ``sub``."""
     from gpuobs.drills.catalogue import DRILLS
@@ -62,8 +94,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Inject a fault, wait for its alert to fire and reach its receiver, clear it, "
                                    "wait for the resolution. A progress line every 15 s says what is awaited. "
                                    "Expected durations per drill and profile: docs/drills.md.")
-    d.add_argument("drill", choices=[*DRILLS, "all", "soak"],
-                   help="drill name, all (lanes in parallel, then slo-burn), or soak (watch a healthy fleet)")
+    d.add_argument("drill", choices=[*DRILLS, "all", "soak", *REMEDIATION, "remediation"],
+                   help="drill name, all (lanes in parallel, then slo-burn), soak (watch a healthy fleet), or a "
+                        "remediation drill / remediation (all five; the stack must run `--remediate enforce`)")
     d.add_argument("--minutes", type=pos_float, default=30.0, help="soak: minutes to watch (default 30)")
     d.add_argument("--code", type=int_range(1, 65535), default=48, help="xid drill: Xid code (default 48, DBE)")
     d.add_argument("--no-wait-resolve", action="store_true",
