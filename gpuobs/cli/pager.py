@@ -26,6 +26,8 @@ def cmd_pager(args: argparse.Namespace) -> int:
         return fail(f"--token-file: {exc}")
     if args.runbook_base and not args.runbook_base.startswith(("http://", "https://")):
         return fail(f"--runbook-base {args.runbook_base!r}: expected an http:// or https:// URL")
+    if args.remediate_url and not args.remediate_url.startswith(("http://", "https://")):
+        return fail(f"--remediate-url {args.remediate_url!r}: expected an http:// or https:// URL")
     if args.alertmanager_url and not args.alertmanager_url.startswith(("http://", "https://")):
         return fail(f"--alertmanager-url {args.alertmanager_url!r}: expected an http:// or https:// URL")
     identity_label = None
@@ -44,7 +46,7 @@ def cmd_pager(args: argparse.Namespace) -> int:
               alertmanager_url=args.alertmanager_url, escalation=escalation,
               activity_file=Path(args.activity_file) if args.activity_file
               else Path(args.db).parent / activity.FILE_NAME, identity_label=identity_label,
-              reconcile_after_s=args.reconcile_after)
+              reconcile_after_s=args.reconcile_after, remediate_url=args.remediate_url)
     except sqlite3.Error as exc:
         return fail(f"--db {args.db}: not a usable SQLite database ({exc})")
     except OSError as exc:
@@ -73,6 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default 1h; keep it below Alertmanager's repeat_interval)")
     g.add_argument("--alertmanager-url", default=None, metavar="URL",
                    help="Alertmanager whose API v2 the console's silences use (default: none, silences disabled)")
+    g.add_argument("--remediate-url", default=None, metavar="URL",
+                   help="remediation controller whose steps join the incidents' timelines and whose state the "
+                        "console shows (default: none)")
     g.add_argument("--reconcile-after", type=duration, default=alert_timing.DEFAULT.resolve_timeout_s,
                    metavar="DURATION",
                    help="with --alertmanager-url: resolve an open or acknowledged incident once Alertmanager has "

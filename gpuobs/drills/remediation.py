@@ -105,10 +105,17 @@ class Drills:
         return [e for e in self._status()["recent"] if e["node"] == node and e["opened_at"] >= since]
 
     def _pages(self, since: float) -> list[dict[str, Any]]:
+        """Notifications the pager received since ``since``, one row per alert in them: ``received_at``,
+        ``receiver`` (page | ticket), ``status`` (the notification's), ``alertname``, ``labels``,
+        ``annotations``, ``id`` (the notification's)."""
         try:
-            return [p for p in self.pager.pages(500) if p["received_at"] >= since]
+            notes = [n for n in self.pager.pages(500) if n["received_at"] >= since]
         except AlertApiError:
             return []
+        return [{"id": n["id"], "received_at": n["received_at"], "receiver": n.get("channel") or n.get("receiver"),
+                 "status": n["status"], "alertname": a["labels"].get("alertname", ""), "labels": a["labels"],
+                 "annotations": a.get("annotations") or {}}
+                for n in notes for a in n.get("alerts") or []]
 
     def _cordoned(self) -> list[str]:
         out = []
@@ -203,11 +210,11 @@ class Drills:
                 res.checks.append("quarantined, drained (no work in flight) before the reset, verified, returned")
             else:
                 res.problems.append(f"steps out of order: {order}")
-        pages = [p for p in self._pages(t0) if p["status"] == "firing" and p["receiver"] == "page"]
+        pages = {p["id"]: p for p in self._pages(t0) if p["status"] == "firing" and p["receiver"] == "page"}
         if len(pages) == 1:
             res.checks.append("one page")
         else:
-            res.problems.append(f"{len(pages)} pages: {[p['alertname'] for p in pages]}")
+            res.problems.append(f"{len(pages)} pages: {[p['alertname'] for p in pages.values()]}")
         self._unexpected_pages(res, t0, XID_PAGES + ("GpuXidWarning", "GpuKernelXidWarning", "GpuRowRemapPending"))
         return res
 
@@ -317,7 +324,8 @@ class Drills:
             res.checks.append(f"{len(out)} node(s) quarantined, pool cap {cap}")
         else:
             res.problems.append(f"{len(out)} nodes quarantined ({', '.join(out)}), over the pool cap {cap}")
-        halted = [p for p in self._pages(t0) if p["alertname"] == "RemediationHalted" and p["status"] == "firing"]
+        halted = list({p["id"]: p for p in self._pages(t0)
+                       if p["alertname"] == "RemediationHalted" and p["status"] == "firing"}.values())
         if len(halted) == 1:
             res.checks.append("exactly one RemediationHalted page: " + halted[0]["annotations"].get("description", "")[:80])
         else:

@@ -69,8 +69,31 @@ def _rows(incs: list[dict], safe_url: Callable[[str], str | None]) -> str:
     return f"<table>{head}{''.join(rows)}</table>" if rows else "<p>None.</p>"
 
 
-def index(incs: list[dict], counts: dict[str, dict[str, int]], safe_url: Callable[[str], str | None]) -> str:
-    """The console's front page."""
+def _remediation(rem: dict | None) -> str:
+    """The remediation controller's state (:func:`gpuobs.pager.remediation.status`): breaker, nodes out of
+    service, holds; empty without a controller."""
+    if rem is None:
+        return ""
+    if "error" in rem:
+        return f'<section id="remediation"><h2>Remediation</h2><p>{_e(rem["error"])}</p></section>'
+    b = rem["breaker"]
+    breaker = (f'<p class="breaker open"><strong>Breaker OPEN</strong> since {utc(b.get("opened_at"))}: '
+               f'{_e(b.get("reason", ""))}</p>' if b.get("open") else '<p class="breaker">Breaker closed.</p>')
+    out = "".join(f'<tr><td class="node">{_e(e["node"])}</td><td>{_e(e["pool"])}</td><td class="state">'
+                  f'{_e(e["state"])}</td><td>{_e(e["alertname"])} -&gt; {_e(e["action"])}</td><td>{_e(e["reason"])}</td></tr>'
+                  for e in rem.get("out_of_service", []))
+    holds = "".join(f'<tr><td class="node">{_e(n)}</td><td>{_e(h.get("by", ""))}</td><td>{_e(h.get("reason", ""))}</td>'
+                    f'<td>{utc(h.get("ts"))}</td></tr>' for n, h in sorted((rem.get("holds") or {}).items()))
+    return (f'<section id="remediation"><h2>Remediation ({_e(rem.get("mode", ""))})</h2>{breaker}'
+            f'<h3>Out of service</h3>' + (f"<table><tr><th>node</th><th>pool</th><th>state</th><th>fault -&gt; action"
+                                         f"</th><th>why</th></tr>{out}</table>" if out else "<p>None.</p>")
+            + "<h3>Held by a person</h3>" + (f"<table><tr><th>node</th><th>by</th><th>reason</th><th>since (UTC)</th>"
+                                             f"</tr>{holds}</table>" if holds else "<p>None.</p>") + "</section>")
+
+
+def index(incs: list[dict], counts: dict[str, dict[str, int]], safe_url: Callable[[str], str | None],
+          remediation: dict | None = None) -> str:
+    """The console's front page (``remediation``: the controller's status, shown when given)."""
     open_pages = counts["page"]["open"]
     body = [f"<h1>gpuobs incidents</h1><p class=\"count\"><span id=\"open-pages\">{open_pages}</span> open "
             f"page{'s' if open_pages != 1 else ''}, {counts['page']['acknowledged']} acknowledged; "
@@ -84,6 +107,7 @@ def index(incs: list[dict], counts: dict[str, dict[str, int]], safe_url: Callabl
         done = [i for i in mine if i["state"] == "resolved"][:50]
         body.append(f'<section id="{channel}s"><h2>{title}</h2><h3>Open and acknowledged</h3>{_rows(live, safe_url)}'
                     f"<h3>Recently resolved</h3>{_rows(done, safe_url)}</section>")
+    body.append(_remediation(remediation))
     total_open = open_pages + counts["ticket"]["open"]
     return _doc(f"({total_open} open) gpuobs incidents", "".join(body))
 

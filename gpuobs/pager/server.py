@@ -53,7 +53,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from gpuobs.core import activity, httpd, log, tokens
 from gpuobs.core.durations import DurationError, parse_duration
-from gpuobs.pager import console, incidents
+from gpuobs.pager import console, incidents, remediation
 from gpuobs.pager import runbooks as rb_render
 from gpuobs.pager.store import CHANNELS, STATUSES, PageStore, PayloadError, validate
 from gpuobs.promapi.silences import AlertmanagerClient, SilenceApiError, SilenceInputError
@@ -69,9 +69,11 @@ class PagerServer(httpd.Server):
 
     def __init__(self, addr: tuple[str, int], store: PageStore, runbooks_dir: Path | None = None,
                  token: str | None = None, runbook_base: str | None = None, alertmanager_url: str | None = None,
-                 activity_file: Path | None = None):
+                 activity_file: Path | None = None, remediate_url: str | None = None):
         super().__init__(addr, PagerHandler)
         self.store = store
+        #: The remediation controller whose steps join the incidents' timelines (None: none).
+        self.remediate_url = remediate_url
         #: Drills and rollouts recorded by their runners (None: incidents are not linked to them).
         self.activity_file = activity_file
         #: Alertmanager API v2 for silences (None: silences disabled, 503).
@@ -207,7 +209,8 @@ class PagerHandler(httpd.Handler):
         elif url.path == "/notifications":
             self._html(render_html(store.list(200), self.server.runbook_prefix))
         elif url.path == "/":
-            self._html(console.index(store.incidents(limit=500), store.incident_counts(), self._safe))
+            self._html(console.index(store.incidents(limit=500), store.incident_counts(), self._safe,
+                                     remediation.status(self.server.remediate_url)))
         elif m := re.fullmatch(r"/incidents/([0-9]{1,12})", url.path):
             self._incident_page(int(m.group(1)), qs.get("msg", [""])[0][:300])
         else:
@@ -223,7 +226,8 @@ class PagerHandler(httpd.Handler):
     def _incident(self, iid: int) -> dict | None:
         """The incident, or None after answering 404."""
         try:
-            return with_related(self.server.store.incident(iid), self.server.activity_file)
+            return remediation.with_remediation(with_related(self.server.store.incident(iid), self.server.activity_file),
+                                                self.server.remediate_url)
         except incidents.IncidentNotFound:
             self.send_json(404, {"error": f"no incident {iid}", "field": "id"})
             return None
@@ -401,7 +405,8 @@ class PagerHandler(httpd.Handler):
 def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None, token: str | None = None,
           runbook_base: str | None = None, dedupe_window_s: float | None = None,
           alertmanager_url: str | None = None, escalation=None, activity_file: Path | None = None,
-          identity_label: str | None = None, reconcile_after_s: float | None = None) -> None:
+          identity_label: str | None = None, reconcile_after_s: float | None = None,
+          remediate_url: str | None = None) -> None:
     """Run the pager until SIGTERM/SIGINT (``token``: required bearer token of the webhooks;
     ``alertmanager_url``: Alertmanager for silences, None disables them; ``escalation``: a
     :class:`gpuobs.pager.escalation.Policy` or None; ``activity_file``: drills and rollouts to link
@@ -411,7 +416,8 @@ def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None,
     :mod:`gpuobs.pager.reconcile`; None or 0: never)."""
     store = PageStore(db_path, identity_label=identity_label) if dedupe_window_s is None \
         else PageStore(db_path, dedupe_window_s, identity_label)
-    srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base, alertmanager_url, activity_file)
+    srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base, alertmanager_url, activity_file,
+                      remediate_url)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

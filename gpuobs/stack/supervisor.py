@@ -376,6 +376,7 @@ def _up(cfg: StackConfig, out) -> StackState:
                                     "--alertmanager", f"http://127.0.0.1:{p.alertmanager}",
                                     "--runbook-base", fleet.runbook_base]
         fleet.checks["remediate"] = lambda: _ok(f"{remediate_url}/health")
+        fleet.specs["pager"] += ["--remediate-url", remediate_url]
     specs = {
         **fleet.specs,
         "alertmanager": [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / 'alertmanager/data'}",

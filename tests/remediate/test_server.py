@@ -121,3 +121,26 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "not valid YAML" in capsys.readouterr().err
     assert cli_run(["remediate", "serve", "--run-dir", str(tmp_path), "--no-auth"]) == 2
     assert "needs a stack" in capsys.readouterr().err
+
+
+def test_pager_shows_the_controllers_steps_and_state(server):
+    from gpuobs.pager import console
+    from gpuobs.pager.remediation import status, with_remediation
+
+    url, fleet, clock, _ = server
+    fleet.fault("serving-3", "GpuXidCritical")
+    h = {"Authorization": f"Bearer {TOKEN}"}
+    requests.post(f"{url}/hook/remediate", json=_am_payload(alert("serving-3")), headers=h, timeout=5)
+    poll("the quarantine", lambda: fleet.nodes_["serving-3"].cordoned, 20, 0.1)
+    inc = {"nodes": ["serving-3"], "opened_at": time.time() - 5, "resolved_at": None,
+           "timeline": [{"at": time.time() - 5, "kind": "opened"}]}
+    out = with_remediation(inc, url)
+    kinds = [e["kind"] for e in out["timeline"]]
+    assert kinds[0] == "opened" and "remediation quarantined" in kinds
+    assert {e["by"] for e in out["remediation"]} >= {"alertmanager", "gpuobs"}
+    html = console.index([], {"page": {"open": 0, "acknowledged": 0}, "ticket": {"open": 0, "acknowledged": 0}},
+                         lambda u: u, status(url))
+    assert 'id="remediation"' in html and "Breaker closed" in html
+    down = with_remediation({"nodes": ["x"], "opened_at": 0, "timeline": []}, "http://127.0.0.1:9")
+    assert "remediation_error" in down and down["timeline"] == []
+    assert "error" in status("http://127.0.0.1:9")
