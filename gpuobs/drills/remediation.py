@@ -222,7 +222,9 @@ class Drills:
         node = self.serving[0]
         res = DrillOutcome("manual-override", node)
         t0 = time.time()
-        fid = self._inject(node, {"kind": "xid", "gpu": 0, "code": 48})
+        # Another GPU than remediate-xid's: the same GPU's alert may still fire (its look-back), and a
+        # firing alert already handled is not a new event.
+        fid = self._inject(node, {"kind": "xid", "gpu": 1, "code": 48})
         self._wait("the quarantine", lambda: [e for e in self._episodes(node, t0)
                                                if e["state"] in ("quarantined", "draining")], t0, res)
         self.admin[node].node_action("uncordon", by="human", reason="drill: a person takes over")
@@ -251,7 +253,7 @@ class Drills:
         res = DrillOutcome("remediate-kill", node)
         run = Path(self.state.run_dir)
         t0 = time.time()
-        fid = self._inject(node, {"kind": "xid", "gpu": 0, "code": 48})
+        fid = self._inject(node, {"kind": "xid", "gpu": 2, "code": 48})
         self._wait("the drain", lambda: [e for e in self._episodes(node, t0) if e["state"] == "draining"], t0, res)
         pids = supervisor.find_processes(supervisor.load_state(run), "remediate")
         for pid in pids:

@@ -331,7 +331,7 @@ class Controller:
             return
         try:
             health = self.actions.health_check(ep.node, ep.gpu if ep.action == "reset-gpu" else None)
-            firing = self.signals.firing(ep.node, ep.alertname)
+            firing = self.signals.firing(ep.node, ep.alertname, ep.gpu)
         except ActionError as exc:
             self._note(ep, "verify-wait", f"cannot verify yet: {exc}", "gpuobs")
             health, firing = None, True

@@ -95,9 +95,10 @@ class NodeActions(Protocol):
 class Signals(Protocol):
     """What the controller reads besides the node (real one: :class:`gpuobs.remediate.adapters.prom.PromSignals`)."""
 
-    def firing(self, node: str, alertname: str) -> bool:
-        """True while ``alertname`` fires for ``node`` (Prometheus ``ALERTS``). Raises ActionError when the
-        source cannot answer (the controller then waits; it never treats an outage as clear)."""
+    def firing(self, node: str, alertname: str, gpu: int | None = None) -> bool:
+        """True while ``alertname`` fires for ``node`` (and ``gpu`` when given: another GPU's alert is another
+        fault) in Prometheus ``ALERTS``. Raises ActionError when the source cannot answer (the controller
+        then waits; it never treats an outage as clear)."""
         ...
 
     def rollout_holds(self) -> dict[str, str]:

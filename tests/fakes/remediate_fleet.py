@@ -140,7 +140,7 @@ class FakeFleet:
         return HealthResult(not bad, bad)
 
     # ---- Signals ------------------------------------------------------------------------------
-    def firing(self, node: str, alertname: str) -> bool:
+    def firing(self, node: str, alertname: str, gpu: int | None = None) -> bool:
         n = self._node(node)
         if alertname in n.faults:
             return True

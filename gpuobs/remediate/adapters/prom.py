@@ -36,9 +36,10 @@ class PromSignals:
     def __init__(self, prom: PromClient, identity_label: str, run_dir: Path | None = None):
         self.prom, self.identity_label, self.run_dir = prom, identity_label, run_dir
 
-    def firing(self, node: str, alertname: str) -> bool:
+    def firing(self, node: str, alertname: str, gpu: int | None = None) -> bool:
+        gpu_match = "" if gpu is None else f', gpu="{int(gpu)}"'
         expr = (f'ALERTS{{alertname={_quote(alertname)}, alertstate="firing", '
-                f'{self.identity_label}={_quote(node)}}}')
+                f'{self.identity_label}={_quote(node)}{gpu_match}}}')
         try:
             return not self.prom.query(expr).empty
         except PrometheusError as exc:
