@@ -19,10 +19,16 @@ only check by running helm). Bases:
   adapter (:mod:`gpuobs.remediate.adapters.kubernetes`): namespace ``gpuobs-remediation`` (Pod Security
   ``privileged``: its GPU-reset and diagnostic Jobs are privileged), ServiceAccount, a ClusterRole with
   exactly the verbs the adapter calls (nodes get/list/update, nodes/status patch, pods list,
-  pods/eviction create) and a Role for its Jobs (create/get/delete) in its namespace, with bindings.
+  pods/eviction create) and a Role for its Jobs (create/get/delete) in its namespace, with bindings
+  (``rbac.yaml``); the ``gpuobs remediate serve --adapter kubernetes --mode dry-run`` Deployment (one
+  replica, strategy Recreate: one writer of its SQLite store on a PVC; its webhook token from the
+  Secret ``gpuobs-remediate-token``, which is not generated: the file's head says how to create it;
+  the fleet config's identity label and runbook base in a ConfigMap), Service, NetworkPolicy (in from
+  Alertmanager and Prometheus only) (``controller.yaml``); a PodMonitor for its ``/metrics`` and a
+  Role letting kube-prometheus's Prometheus discover pods in its namespace (``podmonitor.yaml``).
 * ``alertmanager/gpuobs-fragment.yaml``: an Alertmanager configuration (route tree, receivers,
   inhibit rules of ``alertmanager/alertmanager.yml``) to merge into the cluster's, with webhook URLs
-  to fill in.
+  to fill in; first among its routes the remediated alerts to the controller (``continue: true``).
 
 The controller settings (interval, count, limits) derive from the canary config's horizon and
 interval by :func:`argo_limits`, whose reasoning docs/canary.md gives; tests drive the generated
