@@ -19,10 +19,16 @@ only check by running helm). Bases:
   adapter (:mod:`gpuobs.remediate.adapters.kubernetes`): namespace ``gpuobs-remediation`` (Pod Security
   ``privileged``: its GPU-reset and diagnostic Jobs are privileged), ServiceAccount, a ClusterRole with
   exactly the verbs the adapter calls (nodes get/list/update, nodes/status patch, pods list,
-  pods/eviction create) and a Role for its Jobs (create/get/delete) in its namespace, with bindings.
+  pods/eviction create) and a Role for its Jobs (create/get/delete) in its namespace, with bindings
+  (``rbac.yaml``); the ``gpuobs remediate serve --adapter kubernetes --mode dry-run`` Deployment (one
+  replica, strategy Recreate: one writer of its SQLite store on a PVC; its webhook token from the
+  Secret ``gpuobs-remediate-token``, which is not generated: the file's head says how to create it;
+  the fleet config's identity label and runbook base in a ConfigMap), Service, NetworkPolicy (in from
+  Alertmanager and Prometheus only) (``controller.yaml``); a PodMonitor for its ``/metrics`` and a
+  Role letting kube-prometheus's Prometheus discover pods in its namespace (``podmonitor.yaml``).
 * ``alertmanager/gpuobs-fragment.yaml``: an Alertmanager configuration (route tree, receivers,
   inhibit rules of ``alertmanager/alertmanager.yml``) to merge into the cluster's, with webhook URLs
-  to fill in.
+  to fill in; first among its routes the remediated alerts to the controller (``continue: true``).
 
 The controller settings (interval, count, limits) derive from the canary config's horizon and
 interval by :func:`argo_limits`, whose reasoning docs/canary.md gives; tests drive the generated
@@ -41,6 +47,7 @@ from gpuobs import __version__
 from gpuobs.core import assets
 from gpuobs.core.files import stale_files, write_tree
 from gpuobs.core.fleet import FleetConfig
+from gpuobs.mixin.alertmanager import remediation_route
 from gpuobs.mixin.render import render_all
 
 NAMESPACE = "monitoring"
@@ -239,7 +246,10 @@ def alertmanager_fragment(text: str) -> dict[str, Any]:
     rendered for the fleet config) as a config to merge into the cluster's: the local receivers are
     replaced with webhook receivers to the pager's Service (``/hook/page`` and ``/hook/ticket``, the
     pager's two routes) with its bearer token from a mounted Secret (:data:`PAGER_TOKEN_FILE`; the
-    pager refuses webhooks without it)."""
+    pager refuses webhooks without it). First among the routes, the remediation controller's
+    (:func:`gpuobs.mixin.alertmanager.remediation_route`, ``continue: true``, limited to gpuobs's rules
+    by the routing label): receiver ``gpuobs-remediate`` posts to :data:`REMEDIATION_URL`
+    ``/hook/remediate`` with the controller's token (:data:`REMEDIATION_AM_TOKEN_FILE`)."""
     doc = yaml.safe_load(text)
     route = doc["route"]
     names = {"page": "gpuobs-page", "ticket": "gpuobs-ticket", "blackhole": "gpuobs-null"}
@@ -262,7 +272,16 @@ def alertmanager_fragment(text: str) -> dict[str, Any]:
     receivers = [{"name": "gpuobs-null"},
                  {"name": "gpuobs-page", "webhook_configs": [webhook("page")]},
                  {"name": "gpuobs-ticket", "webhook_configs": [webhook("ticket")]}]
-    return {"route": {"receiver": "gpuobs-null", "group_by": route.get("group_by", []), "routes": [gpu_route]},
+    # the remediation controller's route first: continue: true passes the same alerts on to the pager
+    rem_route, rem_receiver = remediation_route(REMEDIATION_URL)
+    rem_route = {**rem_route, "receiver": "gpuobs-remediate",
+                 "matchers": [f'{ROUTE_LABEL}="true"', *rem_route["matchers"]]}
+    (rem_hook,) = rem_receiver["webhook_configs"]
+    receivers.append({"name": "gpuobs-remediate", "webhook_configs": [{
+        **rem_hook, "http_config": {"authorization": {"type": "Bearer",
+                                                      "credentials_file": REMEDIATION_AM_TOKEN_FILE}}}]})
+    return {"route": {"receiver": "gpuobs-null", "group_by": route.get("group_by", []),
+                      "routes": [rem_route, gpu_route]},
             "receivers": receivers, "inhibit_rules": doc.get("inhibit_rules", [])}
 
 
@@ -449,8 +468,9 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
-def _dump(*docs: dict[str, Any]) -> str:
-    return HEADER + "".join("---\n" + yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=120) for d in docs)
+def _dump(*docs: dict[str, Any], note: str = "") -> str:
+    """The documents as one YAML file under :data:`HEADER`; ``note``: comment lines placed after it."""
+    return HEADER + note + "".join("---\n" + yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=120) for d in docs)
 
 
 # ---- remediation ------------------------------------------------------------------------------------
@@ -492,6 +512,161 @@ def remediation_rbac() -> list[dict[str, Any]]:
     return [ns, sa, crole, cbind, role, bind]
 
 
+#: The controller's in-cluster address (Alertmanager's webhook: ``/hook/remediate``), its database's
+#: directory (the PVC) and where its bearer token and fleet settings are mounted.
+REMEDIATION_PORT = 9098
+REMEDIATION_URL = f"http://{REMEDIATION_NAME}.{REMEDIATION_NS}.svc:{REMEDIATION_PORT}"
+REMEDIATION_STATE_DIR = "/var/lib/gpuobs-remediation"
+REMEDIATION_DB = f"{REMEDIATION_STATE_DIR}/remediate.sqlite"
+REMEDIATION_TOKEN_SECRET = "gpuobs-remediate-token"
+REMEDIATION_TOKEN_FILE = f"/etc/{REMEDIATION_TOKEN_SECRET}/token"
+#: Where Alertmanager reads the same token: the Secret listed in the Alertmanager resource's
+#: ``spec.secrets`` (created in ``monitoring`` too), as for the pager's.
+REMEDIATION_AM_TOKEN_FILE = f"/etc/alertmanager/secrets/{REMEDIATION_TOKEN_SECRET}/token"
+#: kube-prometheus's Services in ``monitoring`` (the canary base's Prometheus; Alertmanager ``main``).
+PROMETHEUS_URL = "http://prometheus-k8s.monitoring.svc:9090"
+ALERTMANAGER_URL = "http://alertmanager-main.monitoring.svc:9093"
+#: kube-prometheus's Prometheus ServiceAccount (it discovers pods only in namespaces where a Role lets it).
+PROMETHEUS_SA = "prometheus-k8s"
+
+
+#: The comment atop remediation/controller.yaml: what to do before and after applying it.
+REMEDIATION_NOTE = f"""\
+#
+# Before applying: create the webhook's bearer token (not generated: no token in the repository), the
+# same token Alertmanager's gpuobs-remediate receiver sends, in this namespace and in `monitoring`
+# (list it in the Alertmanager resource's spec.secrets, as for the pager's token):
+#   TOKEN=$(openssl rand -hex 32)
+#   kubectl -n {REMEDIATION_NS} create secret generic {REMEDIATION_TOKEN_SECRET} --from-literal=token=$TOKEN
+#   kubectl -n {NAMESPACE} create secret generic {REMEDIATION_TOKEN_SECRET} --from-literal=token=$TOKEN
+# The controller starts in --mode dry-run: it records what it would do on its timeline and changes no
+# node. Switch to --mode enforce after reviewing the dry-run timeline (`kubectl -n {REMEDIATION_NS}
+# exec deploy/{REMEDIATION_NAME} -- gpuobs remediate status`; docs/remediation.md).
+"""
+
+
+def remediation_controller(fleet: FleetConfig) -> list[dict[str, Any]]:
+    """PVC, fleet ConfigMap, Deployment, Service and NetworkPolicy of ``gpuobs remediate serve
+    --adapter kubernetes`` (dry-run), as :func:`canary_serve` does for the verdict server."""
+    name = REMEDIATION_NAME
+    labels = {"app.kubernetes.io/name": name}
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(f"{name}-state", REMEDIATION_NS),
+           "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+    # what the controller needs of the fleet config: the node label its ALERTS queries and webhooks use,
+    # and where its notices' runbook links point (rendered here, so a non-default fleet config reaches it)
+    fleet_cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{name}-fleet", REMEDIATION_NS),
+                "data": {"fleet.yaml": yaml.safe_dump({"identity_label": fleet.identity_label,
+                                                       "runbook_base": fleet.runbook_base}, sort_keys=False)}}
+    deploy = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, REMEDIATION_NS),
+        "spec": {
+            "replicas": 1,  # one writer of the SQLite store; a restart resumes every episode from it (PVC)
+            "strategy": {"type": "Recreate"},  # never two controllers on one database, not even for a rollout
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": {**labels, **PART_OF}},
+                "spec": {
+                    "serviceAccountName": name,
+                    # the Kubernetes adapter calls the API server as this ServiceAccount (rbac.yaml)
+                    "automountServiceAccountToken": True,
+                    "securityContext": {"runAsNonRoot": True, "fsGroup": 65534,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "controller", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+                        "command": ["gpuobs"],
+                        # --mode dry-run: the controller decides and records every step on its timeline
+                        # (`gpuobs remediate status`, /api/status) but changes no node. Switch to
+                        # `--mode enforce` after reviewing the dry-run timeline (docs/remediation.md).
+                        # --interval 5: every tick lists the GPU nodes and the pods from the API server.
+                        "args": ["remediate", "serve", "--adapter", "kubernetes", "--mode", "dry-run",
+                                 "--host", "0.0.0.0", "--port", str(REMEDIATION_PORT),
+                                 "--db", REMEDIATION_DB, "--run-dir", REMEDIATION_STATE_DIR,
+                                 "--token-file", REMEDIATION_TOKEN_FILE,
+                                 "--fleet", "/etc/gpuobs-remediation/fleet.yaml",
+                                 "--prometheus", PROMETHEUS_URL, "--alertmanager", ALERTMANAGER_URL,
+                                 "--namespace", REMEDIATION_NS, "--interval", "5"],
+                        # `kubectl exec` into the pod: `gpuobs remediate status|hold|release` find the
+                        # database under GPUOBS_RUN_DIR without --db
+                        "env": [{"name": "GPUOBS_RUN_DIR", "value": REMEDIATION_STATE_DIR},
+                                {"name": "GPUOBS_LOG_FORMAT", "value": "json"}],
+                        "ports": [{"name": "http", "containerPort": REMEDIATION_PORT, "protocol": "TCP"}],
+                        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+                        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 20,
+                                          "failureThreshold": 3},
+                        # the node and pod lists of each tick dominate memory: raise the limit on large clusters
+                        "resources": {"requests": {"cpu": "50m", "memory": "192Mi"},
+                                      "limits": {"cpu": "1", "memory": "1Gi"}},
+                        "securityContext": _restricted(),
+                        "volumeMounts": [{"name": "state", "mountPath": REMEDIATION_STATE_DIR},
+                                         {"name": "token", "mountPath": f"/etc/{REMEDIATION_TOKEN_SECRET}",
+                                          "readOnly": True},
+                                         {"name": "fleet", "mountPath": "/etc/gpuobs-remediation", "readOnly": True},
+                                         {"name": "tmp", "mountPath": "/tmp"}],
+                    }],
+                    "volumes": [{"name": "state", "persistentVolumeClaim": {"claimName": f"{name}-state"}},
+                                # not generated (no token in the repository): see REMEDIATION_NOTE
+                                {"name": "token", "secret": {"secretName": REMEDIATION_TOKEN_SECRET,
+                                                             "defaultMode": 0o440}},
+                                {"name": "fleet", "configMap": {"name": f"{name}-fleet"}},
+                                {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                },
+            },
+        },
+    }
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, REMEDIATION_NS),
+           "spec": {"selector": labels, "ports": [{"name": "http", "port": REMEDIATION_PORT, "targetPort": "http",
+                                                   "protocol": "TCP"}]}}
+
+    def in_monitoring(app: str) -> dict[str, Any]:
+        return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": app}}}
+    dns = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                   "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+           "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+    netpol = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(name, REMEDIATION_NS),
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress", "Egress"],
+            # in: Alertmanager's webhook (/hook/remediate) and Prometheus's scrape (/metrics), both in
+            # `monitoring`; add a `from` for a pager whose console reads /api/status (--remediate-url)
+            "ingress": [{"from": [in_monitoring("alertmanager"), in_monitoring("prometheus")],
+                         "ports": [{"protocol": "TCP", "port": REMEDIATION_PORT}]}],
+            # out: Prometheus (ALERTS), Alertmanager (notices), the API server, DNS. The API server is no
+            # pod a selector can name and its address is the cluster's: any destination on its ports
+            # (narrow it with an ipBlock of `kubectl get endpoints kubernetes`).
+            "egress": [
+                {"to": [in_monitoring("prometheus")], "ports": [{"protocol": "TCP", "port": 9090}]},
+                {"to": [in_monitoring("alertmanager")], "ports": [{"protocol": "TCP", "port": 9093}]},
+                {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]},
+                dns],
+        },
+    }
+    return [pvc, fleet_cm, deploy, svc, netpol]
+
+
+def remediation_monitoring() -> list[dict[str, Any]]:
+    """The PodMonitor that has kube-prometheus scrape the controller's ``/metrics`` (``job``
+    ``gpuobs-remediation``), and the Role letting kube-prometheus's Prometheus (whose own Roles cover
+    only ``default``, ``kube-system`` and ``monitoring``) discover the pod in the controller's namespace."""
+    name = REMEDIATION_NAME
+    # No node-identity relabelling (unlike the monitoring base's): the controller's series carry the GPU
+    # node they are about in `node`, which a target label of the controller's own node would displace.
+    ep = {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s",
+          "relabelings": [{"targetLabel": "job", "replacement": name, "action": "replace"}]}
+    monitor = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": _meta(name, REMEDIATION_NS),
+               "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                        "namespaceSelector": {"matchNames": [REMEDIATION_NS]},
+                        "podMetricsEndpoints": [ep]}}
+    meta = _meta(f"{name}-prometheus", REMEDIATION_NS)
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]}
+    bind = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-prometheus"},
+            "subjects": [{"kind": "ServiceAccount", "name": PROMETHEUS_SA, "namespace": NAMESPACE}]}
+    return [monitor, role, bind]
+
+
 def _kustomization(resources: list[str], namespace: str | None = None) -> str:
     doc: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
     if namespace:
@@ -519,6 +694,8 @@ def render(horizon_s: float, interval_s: float, fleet: FleetConfig) -> dict[str,
         "argo/analysistemplate.yaml": _dump(analysis_template(horizon_s, interval_s)),
         "flagger/canary.yaml": _dump(*flagger_objects(horizon_s, interval_s)),
         "remediation/rbac.yaml": _dump(*remediation_rbac()),
+        "remediation/controller.yaml": _dump(*remediation_controller(fleet), note=REMEDIATION_NOTE),
+        "remediation/podmonitor.yaml": _dump(*remediation_monitoring()),
         "alertmanager/gpuobs-fragment.yaml": HEADER + yaml.safe_dump(
             alertmanager_fragment(generated["alertmanager/alertmanager.yml"]), sort_keys=False),
     }
@@ -527,7 +704,7 @@ def render(horizon_s: float, interval_s: float, fleet: FleetConfig) -> dict[str,
     files["canary/kustomization.yaml"] = _kustomization(["serve.yaml"])
     files["argo/kustomization.yaml"] = _kustomization(["analysistemplate.yaml"])
     files["flagger/kustomization.yaml"] = _kustomization(["canary.yaml"])
-    files["remediation/kustomization.yaml"] = _kustomization(["rbac.yaml"])
+    files["remediation/kustomization.yaml"] = _kustomization(["rbac.yaml", "controller.yaml", "podmonitor.yaml"])
     return dict(sorted(files.items()))
 
 

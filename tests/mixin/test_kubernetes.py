@@ -19,6 +19,7 @@ from gpuobs.canary.config import load_config
 from gpuobs.cli import run as cli_main
 from gpuobs.core.fleet import parse_fleet, shipped_fleet
 from gpuobs.mixin import kubernetes as k8s
+from gpuobs.mixin.alertmanager import REMEDIATED_ALERTS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -152,7 +153,9 @@ def test_workloads_are_hardened_and_bounded():
         if doc["kind"] not in ("DaemonSet", "Deployment"):
             continue
         pod = doc["spec"]["template"]["spec"]
-        assert pod["automountServiceAccountToken"] is False
+        # only the remediation controller calls the API server (as its ServiceAccount, rbac.yaml)
+        remediation = doc["metadata"]["name"] == k8s.REMEDIATION_NAME
+        assert pod["automountServiceAccountToken"] is remediation
         for c in pod["containers"]:
             sc = c["securityContext"]
             assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
@@ -168,7 +171,7 @@ def test_workloads_are_hardened_and_bounded():
 def test_scrape_config_gives_node_identity_and_the_rule_job_names():
     rules = "".join(p.read_text() for p in (ROOT / "prometheus" / "rules").glob("*.yml"))
     jobs_in_rules = set(re.findall(r'job="([a-z-]+)"', rules))
-    monitors = [d for _, d in manifests() if d["kind"] == "PodMonitor"]
+    monitors = [d for rel, d in manifests() if d["kind"] == "PodMonitor" and rel.startswith("monitoring/")]
     jobs = set()
     for m in monitors:
         (ep,) = m["spec"]["podMetricsEndpoints"]
@@ -198,7 +201,7 @@ def test_prometheus_rules_are_the_rule_files():
 
 
 def test_dashboard_configmaps_carry_the_dashboards():
-    cms = [d for _, d in manifests() if d["kind"] == "ConfigMap"]
+    cms = [d for rel, d in manifests() if d["kind"] == "ConfigMap" and rel == "monitoring/dashboards.yaml"]
     assert len(cms) == len(list((ROOT / "grafana" / "dashboards").glob("*.json")))
     for cm in cms:
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -214,7 +217,13 @@ def test_alertmanager_fragment_is_a_valid_config(tmp_path):
     r = subprocess.run(["amtool", "check-config", str(f)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     doc = yaml.safe_load(f.read_text())
-    assert doc["route"]["routes"][0]["matchers"] == ['gpuobs="true"']
+    rem, gpu = doc["route"]["routes"]
+    assert gpu["matchers"] == ['gpuobs="true"'] and gpu["continue"] is False
+    # the remediation controller's route comes first and passes its alerts on to the pager's routes
+    assert rem["receiver"] == "gpuobs-remediate" and rem["continue"] is True
+    assert rem["matchers"][0] == 'gpuobs="true"'
+    assert rem["matchers"][1] == f'alertname=~"{"|".join(REMEDIATED_ALERTS)}"'
+    assert [r["name"] for r in doc["receivers"]] == ["gpuobs-null", "gpuobs-page", "gpuobs-ticket", "gpuobs-remediate"]
 
 
 def test_argo_limits_follow_from_the_config():
@@ -256,9 +265,122 @@ def test_a_non_default_fleet_config_reaches_the_kubernetes_manifests(tmp_path):
     fragment = k8s.load_docs(files["alertmanager/gpuobs-fragment.yaml"])[0]
     hooks = {r["name"]: r["webhook_configs"][0] for r in fragment["receivers"] if r.get("webhook_configs")}
     assert {n: h["url"].rsplit("/", 2)[-2:] for n, h in hooks.items()} == {
-        "gpuobs-page": ["hook", "page"], "gpuobs-ticket": ["hook", "ticket"]}  # the pager's two routes
+        "gpuobs-page": ["hook", "page"], "gpuobs-ticket": ["hook", "ticket"],  # the pager's two routes
+        "gpuobs-remediate": ["hook", "remediate"]}  # the remediation controller's webhook
     assert all(h["http_config"]["authorization"]["credentials_file"] for h in hooks.values())
+    # the remediation controller reads ALERTS and webhooks by the same identity label
+    cm = next(d for d in k8s.load_docs(files["remediation/controller.yaml"]) if d["kind"] == "ConfigMap")
+    assert parse_fleet(yaml.safe_load(cm["data"]["fleet.yaml"])).identity_label == "k8s_node"
     bad = tmp_path / "fleet.yaml"
     bad.write_text("identity_label: Hostname\n")
     assert cli_main(["rules", "kubernetes", "--fleet", str(bad), "--out", str(tmp_path / "k")]) == 2
     assert not (tmp_path / "k").exists()
+
+
+def _remediation() -> dict[str, dict]:
+    """The remediation base's objects by kind (one of each but Role/RoleBinding: the controller's)."""
+    docs = {}
+    for rel in ("remediation/rbac.yaml", "remediation/controller.yaml", "remediation/podmonitor.yaml"):
+        for d in k8s.load_docs(rendered()[rel]):
+            docs.setdefault(d["kind"], d)
+    return docs
+
+
+def test_remediation_controller_deployment():
+    """One controller (Recreate: one writer of the SQLite file on the PVC), as the RBAC's ServiceAccount,
+    dry-run by default, its webhook token from a Secret mounted as a file, and arguments that
+    `gpuobs remediate serve` accepts."""
+    from gpuobs.cli import build_parser
+
+    docs = _remediation()
+    dep, sa, role = docs["Deployment"], docs["ServiceAccount"], docs["Role"]
+    assert dep["metadata"]["namespace"] == sa["metadata"]["namespace"] == k8s.REMEDIATION_NS
+    spec = dep["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    (c,) = pod["containers"]
+    args = build_parser().parse_args(c["args"])
+    assert (args.remediate_cmd, args.adapter, args.mode, args.host) == ("serve", "kubernetes", "dry-run", "0.0.0.0")
+    assert args.namespace == role["metadata"]["namespace"]  # its Jobs go where its Role lets it create them
+    assert args.kubeconfig is None  # in-cluster: the ServiceAccount's token
+    assert not args.no_auth
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and sc["runAsUser"] != 0 and sc["readOnlyRootFilesystem"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    for probe in (c["livenessProbe"], c["readinessProbe"]):
+        assert probe["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["ports"] == [{"name": "http", "containerPort": args.port, "protocol": "TCP"}]
+
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    def mounted(path: str) -> dict:
+        """The volume holding ``path`` (the longest mount path above it)."""
+        m = max((m for m in c["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")),
+                key=lambda m: len(m["mountPath"]))
+        return {**volumes[m["name"]], "_mount": m}
+
+    db = mounted(args.db)
+    assert db["persistentVolumeClaim"]["claimName"] == docs["PersistentVolumeClaim"]["metadata"]["name"]
+    assert not db["_mount"].get("readOnly")
+    assert mounted(args.run_dir + "/remediate.sqlite")["name"] == db["name"]  # `kubectl exec ... status` finds it
+    assert {"name": "GPUOBS_RUN_DIR", "value": args.run_dir} in c["env"]
+    tok = mounted(args.token_file)
+    assert tok["secret"]["secretName"] == k8s.REMEDIATION_TOKEN_SECRET and tok["_mount"]["readOnly"]
+    assert args.token_file.endswith("/token")  # the key of `kubectl create secret generic ... --from-literal=token=`
+    assert "optional" not in tok["secret"]  # no token, no start (serve would otherwise create one nobody knows)
+    fleet = mounted(args.fleet)
+    assert fleet["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
+    assert parse_fleet(yaml.safe_load(docs["ConfigMap"]["data"][Path(args.fleet).name])) \
+        .identity_label == shipped_fleet().identity_label
+    assert mounted("/tmp/x")["emptyDir"]
+    # the token's value is never generated; the file says how to create the Secret
+    assert all(d["kind"] != "Secret" for _, d in manifests())
+    text = rendered()["remediation/controller.yaml"]
+    assert f"create secret generic {k8s.REMEDIATION_TOKEN_SECRET} --from-literal=token=" in text
+    assert "--mode enforce after reviewing the dry-run timeline" in text
+    # kube-prometheus's Services: the canary's Prometheus, Alertmanager main
+    canary = next(d for d in k8s.load_docs(rendered()["canary/serve.yaml"]) if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in canary["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert args.prometheus == env["GPUOBS_PROMETHEUS_URL"]
+    assert args.alertmanager == ["http://alertmanager-main.monitoring.svc:9093"]
+
+
+def test_remediation_service_network_policy_and_scrape():
+    """The Service behind the fragment's webhook URL; ingress only from Alertmanager and Prometheus in
+    `monitoring`; a PodMonitor on the controller's port, and Prometheus allowed to discover it."""
+    docs = _remediation()
+    dep, svc, np, pm = docs["Deployment"], docs["Service"], docs["NetworkPolicy"], docs["PodMonitor"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    (port,) = svc["spec"]["ports"]
+    assert port["port"] == 9098 and port["targetPort"] == "http"
+    fragment = yaml.safe_load(rendered()["alertmanager/gpuobs-fragment.yaml"])
+    (hook,) = next(r for r in fragment["receivers"] if r["name"] == "gpuobs-remediate")["webhook_configs"]
+    ns = svc["metadata"]["namespace"]
+    assert hook["url"] == f"http://{svc['metadata']['name']}.{ns}.svc:{port['port']}/hook/remediate"
+    assert hook["http_config"]["authorization"] == {
+        "type": "Bearer", "credentials_file": f"/etc/alertmanager/secrets/{k8s.REMEDIATION_TOKEN_SECRET}/token"}
+    # NetworkPolicy: this pod, both directions; in only from Alertmanager and Prometheus pods in monitoring
+    assert np["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    (rule,) = np["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9098}]
+    peers = {(p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+              p["podSelector"]["matchLabels"]["app.kubernetes.io/name"]) for p in rule["from"]}
+    assert peers == {("monitoring", "alertmanager"), ("monitoring", "prometheus")} and len(rule["from"]) == 2
+    egress_ports = {p["port"] for e in np["spec"]["egress"] for p in e["ports"]}
+    assert {9090, 9093, 443, 53} <= egress_ports
+    # scrape: the PodMonitor selects the pod's port; no node relabelling (its series' `node` is the GPU node's)
+    assert pm["metadata"]["namespace"] == ns and pm["spec"]["namespaceSelector"] == {"matchNames": [ns]}
+    assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert ep["port"] == "http" and ep["path"] == "/metrics"
+    assert all(r.get("targetLabel") != "node" for r in ep["relabelings"])
+    docs_all = [d for _, d in manifests() if d["kind"] in ("Role", "RoleBinding") and
+                d["metadata"]["name"] == f"{k8s.REMEDIATION_NAME}-prometheus"]
+    role, bind = sorted(docs_all, key=lambda d: d["kind"])
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert bind["subjects"] == [{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}]
