@@ -27,6 +27,9 @@ from gpuobs.promapi.silences import AlertmanagerClient, SilenceApiError, rfc3339
 
 _log = logging.getLogger("gpuobs.remediate.notices")
 RUNBOOK_FILE = "remediation"
+#: The label the Kubernetes Alertmanager fragment routes gpuobs's alerts on (gpuobs/mixin/kubernetes.py adds
+#: it to every alerting rule); without it the notices would go to the cluster's default receiver.
+ROUTING_LABEL = {"gpuobs": "true"}
 
 
 def desired(store: Any, identity_label: str, runbook_base: str) -> dict[tuple, dict[str, Any]]:
@@ -35,7 +38,8 @@ def desired(store: Any, identity_label: str, runbook_base: str) -> dict[tuple, d
     b = store.breaker()
     if b["open"]:
         out[("RemediationHalted",)] = {
-            "labels": {"alertname": "RemediationHalted", "severity": "critical", "family": "remediation"},
+            "labels": {"alertname": "RemediationHalted", "severity": "critical", "family": "remediation",
+                       **ROUTING_LABEL},
             "annotations": {
                 "summary": "Fleet-wide event: automatic remediation halted",
                 "description": b["reason"] + ". No node is quarantined, reset or rebooted until a person closes "
@@ -47,7 +51,7 @@ def desired(store: Any, identity_label: str, runbook_base: str) -> dict[tuple, d
             continue
         out[("RemediationEscalated", ep.node)] = {
             "labels": {"alertname": "RemediationEscalated", "severity": "warning", "family": "remediation",
-                       identity_label: ep.node, "fault": ep.alertname},
+                       identity_label: ep.node, "fault": ep.alertname, **ROUTING_LABEL},
             "annotations": {
                 "summary": f"Remediation of {ep.node} escalated: the node stays out of service",
                 "description": f"{ep.node}: {ep.reason}. Repair or RMA it, then: gpuobs remediate release {ep.node}",
