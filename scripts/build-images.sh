@@ -84,7 +84,7 @@ rm -rf "$WHEELS"
 # A fixed SOURCE_DATE_EPOCH (1980-01-01, the earliest a zip can hold) makes the gpuobs wheel depend on
 # the sources only: the same tree gives the same wheelhouse, and the image is not rebuilt.
 SOURCE_DATE_EPOCH=315532800 \
-  $PY -m pip wheel -q --disable-pip-version-check -w "$WHEELS" . 2>&1 | grep -v "^WARNING: Location" || true
+  $PY -m pip wheel -q --disable-pip-version-check -w "$WHEELS" ".[k8s]" 2>&1 | grep -v "^WARNING: Location" || true
 ls "$WHEELS"/gpuobs-"$VERSION"-*.whl >/dev/null
 echo "wheelhouse: $(ls "$WHEELS" | wc -l) wheels in $(( $(date +%s) - t0 )) s"
 
