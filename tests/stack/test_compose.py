@@ -354,7 +354,7 @@ def test_dockerfile_builds_from_a_local_base_and_the_wheelhouse_only(services):
     # The build context holds exactly what the Dockerfile copies from it (nothing else can leak in).
     ignore = [ln for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln and not ln.startswith("#")]
     assert ignore == ["*", "!build/wheelhouse/", "!compose/node-entrypoint.sh"]
-    assert any("pip install --no-index" in rest and "--find-links /wheels gpuobs" in rest
+    assert any("pip install --no-index" in rest and "--find-links /wheels \"gpuobs[k8s]\"" in rest
                for word, rest in ins if word == "RUN")
     user = [rest for word, rest in ins if word == "USER"][-1]
     uid = user.split(":")[0]
