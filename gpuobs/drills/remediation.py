@@ -5,10 +5,15 @@ Drills (run in this order by :func:`run_all`; each leaves the fleet as it found 
 
 * ``remediate-xid``: Xid 48 on GPU 0 of a serving node: one page, quarantine, drain, GPU reset,
   verification, return; no error-budget page (traffic left the node before the reset).
-* ``manual-override``: the same fault; a person uncordons the node mid-remediation: the controller
-  stops, takes no action and holds the node (the drill then releases it).
-* ``remediate-kill``: the same fault; the controller is killed with SIGKILL while the node drains and
-  started again: it resumes, cordons once, resets once, and a re-sent alert opens no new episode.
+* ``manual-override``: the same fault on the training node; a person uncordons it mid-remediation: the
+  controller stops, takes no action and holds the node (the drill then releases it).
+* ``remediate-kill``: the same fault on the training node; the controller is killed with SIGKILL while
+  the node drains (its checkpoint) and started again: it resumes, cordons once, resets once, and a
+  re-sent alert opens no new episode.
+
+The single-node drills use one serving node and the training node, so that with the default caps (3
+quarantines per pool per hour) the five drills fit in one hour: serving has remediate-xid,
+remediate-fragmentation and the storm's one quarantine; training the other two.
 * ``remediate-fragmentation``: allocator fragmentation on GPU 4: the engine is restarted before the
   framework OOMs (``GpuFrameworkOom`` never fires).
 * ``xid-storm``: Xid 79 on 5 nodes within a minute: no more than the pool cap quarantined, the fleet
@@ -80,6 +85,11 @@ class Drills:
         token = state.token()
         self.admin = {h: AdminClient(u, token) for h, u in zip(state.hostnames, state.urls.node_bases)}
         self.serving = list(state.serving_hosts)
+        others = [h for h in state.hostnames if h not in self.serving]
+        if not others or len(self.serving) < 2:
+            raise RemediationDrillError("the remediation drills need a training node and at least 2 serving nodes "
+                                        "(`make drills-remediation`: 8 nodes, 1 training)")
+        self.training = others[0]
         self.pager = PagerClient(state.urls.pager)
         self.db = Path(state.run_dir) / "remediate.sqlite"
         mode = self._status()["mode"]
@@ -119,7 +129,7 @@ class Drills:
 
     def _cordoned(self) -> list[str]:
         out = []
-        for h in self.serving:
+        for h in self.state.hostnames:
             try:
                 if self.admin[h].node_status().get("cordoned"):
                     out.append(h)
@@ -136,7 +146,7 @@ class Drills:
             worst = len(self._cordoned())
             prev = int(res.worst_out.split(" ")[0]) if res.worst_out else 0
             if worst >= prev:
-                res.worst_out = f"{worst} of {len(self.serving)} serving nodes"
+                res.worst_out = f"{worst} of {len(self.state.hostnames)} nodes"
             try:
                 value = check()
             except (requests.RequestException, AdminError, KeyError, ValueError):
@@ -219,7 +229,7 @@ class Drills:
         return res
 
     def manual_override(self) -> DrillOutcome:
-        node = self.serving[0]
+        node = self.training
         res = DrillOutcome("manual-override", node)
         t0 = time.time()
         # Another GPU than remediate-xid's: the same GPU's alert may still fire (its look-back), and a
@@ -249,7 +259,7 @@ class Drills:
         return res
 
     def remediate_kill(self) -> DrillOutcome:
-        node = self.serving[0]
+        node = self.training
         res = DrillOutcome("remediate-kill", node)
         run = Path(self.state.run_dir)
         t0 = time.time()
@@ -336,7 +346,7 @@ class Drills:
         try:
             opened = store.breaker()["opened_at"] or 0
             acts = [s for s in store.steps() if s["step"] == "act" and s["ts"] >= opened and s["node"] in hosts]
-            res.worst_out = f"{len(out)} of {len(self.serving)} serving nodes"
+            res.worst_out = f"{len(out)} of {len(self.state.hostnames)} nodes"
             if acts:
                 res.problems.append(f"{len(acts)} action(s) after the breaker opened")
             else:

@@ -37,8 +37,9 @@ from gpuobs.reference import xid as xidcat
 #: dcgm-exporter's default Xid counting window (``--xid-count-window-size``), milliseconds.
 DEFAULT_XID_WINDOW_MS = 300_000
 ROLES = ("serving", "training")
-#: Simulated seconds a training rank needs to write its checkpoint once drained (while not hung).
-CHECKPOINT_S = 5.0
+#: Simulated seconds a training rank needs to write its checkpoint once drained (while not hung). A
+#: real sharded checkpoint of a 70B model's weights and optimizer state takes tens of seconds to minutes.
+CHECKPOINT_S = 30.0
 #: Fault kinds a reboot does not clear: hardware that stays broken (RMA path, cooling, the external
 #: power brake), and ``driver``, the installed driver version (node configuration, not a fault state).
 REBOOT_PERSISTENT = ("row-remap-failure", "thermal", "power-brake", "driver")
