@@ -11,6 +11,7 @@ import pytest
 
 from gpuobs.exporter.sim.faults import FaultRequest
 from gpuobs.exporter.simfleet import SimFleet, SimFleetSpec
+from gpuobs.exporter.sim.node import CHECKPOINT_S
 from gpuobs.remediate.adapters.sim import SimActions
 from gpuobs.remediate.interfaces import ActionError, HealthResult, NodeActions
 from gpuobs.stack.state import StackState, StackUrls
@@ -88,7 +89,7 @@ def test_training_drain_checkpoints_then_stops(fleet):
     actions.cordon("gpu-node-02", "straggler")
     actions.drain("gpu-node-02")
     assert actions.view("gpu-node-02").in_flight == 1
-    for _ in range(6):
+    for _ in range(int(CHECKPOINT_S) + 1):
         nodes["gpu-node-02"].advance(1.0)
     assert actions.view("gpu-node-02").in_flight == 0
 
