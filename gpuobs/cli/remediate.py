@@ -30,6 +30,13 @@ def _store(args: argparse.Namespace, must_exist: bool = True):
     return RemediationStore(path)
 
 
+def _db_error(args: argparse.Namespace, exc: BaseException) -> int:
+    """The one-line error for a database that cannot be opened, read or written (corrupt, read-only)."""
+    if isinstance(exc, FileNotFoundError):
+        return fail(str(exc))
+    return fail(f"--db {_db(args)}: {' '.join(str(exc).split()) or type(exc).__name__}")
+
+
 def _config(args: argparse.Namespace):
     from gpuobs.remediate.config import RemediationConfig, parse_config
 
@@ -72,11 +79,7 @@ def _actions(args: argparse.Namespace):
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from gpuobs.core import tokens
-    from gpuobs.promapi.prometheus import PromClient
-    from gpuobs.remediate.adapters.prom import PromSignals
-    from gpuobs.remediate.controller import Controller
-    from gpuobs.remediate.server import serve
-    from gpuobs.remediate.store import RemediationStore
+    from gpuobs.rollout.store import RunLock
 
     cfg = _config(args)
     if isinstance(cfg, int):
@@ -91,7 +94,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.prometheus.startswith(("http://", "https://")):
         return fail(f"--prometheus {args.prometheus!r}: expected an http:// or https:// URL")
     fleet = fleet_config(args.fleet)
+    db = _db(args)
+    lock = RunLock(db.parent, db.name + ".lock")  # one controller per database: two would both act
+    try:
+        if not lock.acquire():
+            return fail(f"another `gpuobs remediate serve` holds {lock.path} (one controller per database; "
+                        "stop it first, or pass another --db)")
+    except OSError as exc:
+        return fail(f"--db {db}: cannot take the controller lock {lock.path}: {exc.strerror or exc}")
+    try:
+        return _serve(args, cfg, token, fleet)
+    finally:
+        lock.release()
+
+
+def _serve(args: argparse.Namespace, cfg, token: str | None, fleet) -> int:
+    """``serve`` once it holds the database's controller lock."""
+    from gpuobs.promapi.prometheus import PromClient
+    from gpuobs.remediate.adapters.prom import PromSignals
+    from gpuobs.remediate.controller import Controller
     from gpuobs.remediate.interfaces import ActionError
+    from gpuobs.remediate.server import serve
+    from gpuobs.remediate.store import RemediationStore
 
     try:
         actions = _actions(args)
@@ -149,7 +173,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         store = _store(args)
     except (FileNotFoundError, sqlite3.Error) as exc:
-        return fail(str(exc))
+        return _db_error(args, exc)
     try:
         doc = {"mode": "(read from the database; the running controller's is on /api/status)",
                "breaker": store.breaker(), "holds": store.holds(),
@@ -158,6 +182,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                "recent": [e.to_dict() for e in store.episodes(limit=20)]}
         if args.node:
             doc["timeline"] = store.timeline(node=args.node)
+    except sqlite3.Error as exc:
+        return _db_error(args, exc)
     finally:
         store.close()
     if args.json:
@@ -177,9 +203,11 @@ def cmd_hold(args: argparse.Namespace) -> int:
     try:
         store = _store(args, must_exist=False)
     except sqlite3.Error as exc:
-        return fail(f"--db {_db(args)}: {exc}")
+        return _db_error(args, exc)
     try:
         store.hold(args.node, _person(args), args.reason or "held by a person")
+    except sqlite3.Error as exc:
+        return _db_error(args, exc)
     finally:
         store.close()
     print(f"{args.node}: held by {_person(args)}; the controller stops any remediation of it at its next tick "
@@ -191,9 +219,11 @@ def cmd_release(args: argparse.Namespace) -> int:
     try:
         store = _store(args)
     except (FileNotFoundError, sqlite3.Error) as exc:
-        return fail(str(exc))
+        return _db_error(args, exc)
     try:
         done = store.release(args.node, _person(args), args.reason or "released by a person")
+    except sqlite3.Error as exc:
+        return _db_error(args, exc)
     finally:
         store.close()
     if not done:
@@ -206,13 +236,15 @@ def cmd_breaker_close(args: argparse.Namespace) -> int:
     try:
         store = _store(args)
     except (FileNotFoundError, sqlite3.Error) as exc:
-        return fail(str(exc))
+        return _db_error(args, exc)
     from gpuobs.remediate.config import RemediationConfig
     from gpuobs.remediate.controller import Controller
 
     try:
         c = Controller(store, None, None, RemediationConfig(), "node")  # type: ignore[arg-type]
         done = c.close_breaker(_person(args), args.reason or "closed by a person")
+    except sqlite3.Error as exc:
+        return _db_error(args, exc)
     finally:
         store.close()
     if not done:

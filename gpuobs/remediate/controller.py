@@ -22,7 +22,11 @@ counted in ``gpuobs_remediation_interlock_holds_total``:
 * ``pool-concurrency`` / ``pool-rate``: out-of-service nodes and quarantines per hour per pool.
 * ``attempts``: actions per node per window; past it the episode escalates instead of acting again.
 * ``drain``: a drain that did not finish by its deadline escalates and never reaches an action.
-* ``stale``: an event older than the node's last state change is ignored (NVIDIA/NVSentinel #1280).
+* ``stale``: an event older than the node's last state change is ignored (NVIDIA/NVSentinel #1280),
+  and so is a firing alert that arrives after its own resolution (a retried, out-of-order delivery).
+* ``escalated``: a node whose remediation escalated is not acted on again until a person releases it.
+* ``mode``: in dry-run, an episode an enforcing run left past ``pending`` is left as it is (no drain,
+  action or uncordon) until a person or an enforcing run takes it on.
 """
 
 from __future__ import annotations
@@ -78,11 +82,13 @@ class Controller:
         #: :class:`gpuobs.remediate.notices.Notifier` or None (no notices: tests of the state machine).
         self.notifier = notifier
         self._views: dict[str, NodeView] = {}
+        self._inventory_read = False  # the inventory was re-read during this ingest (at most once per payload)
 
     # ---- events -------------------------------------------------------------------------------
     def ingest(self, payload: dict[str, Any]) -> dict[str, int]:
         """Take one Alertmanager webhook payload; returns ``{outcome: count}`` over its alerts."""
         counts: dict[str, int] = {}
+        self._inventory_read = False
         for alert in payload.get("alerts") or []:
             if isinstance(alert, dict):
                 outcome = self._ingest_one(alert)
@@ -117,6 +123,9 @@ class Controller:
             self.store.log(node, "no-action", f"{alertname}: {plan.why}; no node action ({plan.fault_class})",
                            "gpuobs")
             return record("no-action")
+        if self.store.seen(fp, starts, "resolved"):
+            self.store.log(node, "stale", f"{alertname} started {starts} arrived after its resolution; ignored")
+            return record("stale")
         started = parse_time(starts)
         last = self.store.last_change(node)
         if active is None and started is not None and last is not None and started < last:
@@ -131,6 +140,11 @@ class Controller:
             self.store.log(node, "held", f"{alertname}: held by {h['by']} ({h['reason']}); no action",
                            "interlock:human")
             return record("held")
+        escalated = [e for e in self.store.out_of_service() if e.node == node and e.state == "escalated"]
+        if escalated:
+            self.store.log(node, "held", f"{alertname}: the node's remediation escalated (episode {escalated[-1].id}); "
+                           f"no action until `gpuobs remediate release {node}`", "interlock:escalated")
+            return record("held")
         pool = self._pool(node)
         state = "observed" if self.cfg.mode == "observe" else "pending"
         ep = self.store.open_episode(node, pool, plan.fault_class, plan.action, plan.gpu, alertname, fp, plan.why,
@@ -141,7 +155,8 @@ class Controller:
 
     def _pool(self, node: str) -> str:
         view = self._views.get(node)
-        if view is None:
+        if view is None and not self._inventory_read:  # once per payload: each read is a call per node
+            self._inventory_read = True
             self._refresh_views()
             view = self._views.get(node)
         return view.pool if view else "unknown"
@@ -174,14 +189,16 @@ class Controller:
         """Advance every open episode by at most one step (call every second or so)."""
         if self.cfg.mode == "observe":
             return
-        if not self._refresh_views():
-            return
-        self._check_breaker()
-        for ep in self.store.episodes(OPEN_STATES):
-            try:
-                self._advance(ep)
-            except ActionError as exc:
-                self._note(ep, "error", f"{exc}", "gpuobs")
+        if self._refresh_views():
+            self._check_breaker()
+            for ep in self.store.episodes(OPEN_STATES, limit=-1):
+                ep = self.store.episode(ep.id)  # a person's command (another process) may have closed it meanwhile
+                if not ep.open:
+                    continue
+                try:
+                    self._advance(ep)
+                except ActionError as exc:
+                    self._note(ep, "error", f"{exc}", "gpuobs")
         if self.notifier is not None and self.cfg.mode == "enforce":  # dry-run halts nothing and escalates nothing
             self.notifier.sync(self.store, self.identity_label)
 
@@ -195,7 +212,8 @@ class Controller:
         self._note(ep, "held", detail, f"interlock:{interlock}")
 
     def _human_override(self, ep: Episode, view: NodeView | None) -> bool:
-        """End the episode if a person held the node or changed its cordon; True when it did."""
+        """End the episode if a person held the node or changed its cordon, or finish the controller's own
+        uncordon that a kill interrupted (the node found uncordoned); True when it did."""
         holds = self.store.holds()
         if ep.node in holds:
             h = holds[ep.node]
@@ -204,6 +222,12 @@ class Controller:
             return True
         if ep.state == "pending" or view is None:
             return False
+        crashed = self.store.open_step(ep, "uncordon") if ep.state == "verifying" and not view.cordoned else None
+        if crashed is not None:  # the controller's own uncordon, killed before its outcome was recorded
+            self.store.set_state(ep, "returned", "uncordoned before a restart (the outcome was not recorded; the "
+                                 "node is uncordoned)",
+                                 step=(crashed["id"], "done", "found uncordoned after a restart"))
+            return True
         if not view.cordoned or view.cordoned_by == "human":
             what = "uncordoned" if not view.cordoned else "took over the cordon of"
             self.store.set_state(ep, "overridden", f"a person {what} the node mid-remediation; the controller "
@@ -217,12 +241,16 @@ class Controller:
         if self._human_override(ep, view):
             return
         now = self.clock()
+        if self.cfg.mode == "dry-run" and ep.state != "pending":
+            self._hold(ep, "mode", f"dry-run mode: the {ep.state} episode is left as it is (no drain, action or "
+                       "uncordon) until a person or an enforcing controller takes it on")
+            return
         if ep.state == "pending":
             self._pending(ep, view, now)
         elif ep.state == "quarantined":
-            self._run_step(ep, "drain", lambda: self.actions.drain(ep.node))
-            self.store.set_state(ep, "draining", f"draining; deadline {self.cfg.drain_timeout:g} s",
-                                 deadline=now + self.cfg.drain_timeout)
+            self._run_step(ep, "drain", lambda: self.actions.drain(ep.node), "draining",
+                           lambda _: f"draining; deadline {self.cfg.drain_timeout:g} s",
+                           deadline=now + self.cfg.drain_timeout)
         elif ep.state == "draining":
             fresh = self.actions.view(ep.node)
             if fresh.in_flight <= 0:
@@ -250,14 +278,17 @@ class Controller:
         if view is not None and view.cordoned and view.cordoned_by == "human":
             self.store.set_state(ep, "overridden", "a person had already cordoned the node; left to them", "human")
             return
-        self._run_step(ep, "cordon", lambda: self.actions.cordon(ep.node, f"gpuobs remediation {ep.id}: {ep.alertname}"))
-        self.store.set_state(ep, "quarantined", "cordoned (no new work)")
+        self._run_step(ep, "cordon",
+                       lambda: self.actions.cordon(ep.node, f"gpuobs remediation {ep.id}: {ep.alertname}"),
+                       "quarantined", lambda _: "cordoned (no new work)")
 
     def _interlock(self, ep: Episode, view: NodeView | None, now: float) -> tuple[str, str] | None:
         """The first interlock that holds this episode's quarantine back, as (name, detail), or None.
         Asks a rollout that holds the node to abort (once per episode; never in dry-run)."""
         if view is None:
             return "inventory", f"{ep.node} is not in the adapter's node list"
+        if view.pool != ep.pool:  # the inventory was down at ingest ("unknown"), or the node moved pools
+            ep = self.store.update(ep, pool=view.pool)
         if self.store.breaker()["open"]:
             return "breaker", "the fleet breaker is open; a person must close it (`gpuobs remediate breaker close`)"
         try:
@@ -279,22 +310,29 @@ class Controller:
         if len(out) >= cap:
             return "pool-concurrency", (f"{len(out)} of {len(pool_nodes)} {ep.pool} nodes out of service "
                                         f"({', '.join(e.node for e in out)}); cap {cap}")
-        started = self.store.count_steps("cordon", now - self.cfg.rate_window, pool_nodes)
+        started = self.store.count_steps("cordon", now - self.cfg.rate_window, pool_nodes, failed=False)
         rate = self.cfg.rate_cap(len(pool_nodes))
         if started >= rate:
             return "pool-rate", f"{started} quarantines in the {ep.pool} pool within {self.cfg.rate_window:g} s; cap {rate}"
         return None
 
-    def _run_step(self, ep: Episode, step: str, call: Any) -> str:
-        """Write-ahead: log ``step`` started, call, log done (or failed and re-raise)."""
+    def _run_step(self, ep: Episode, step: str, call: Any, state: str | None = None, reason: Any = None,
+                  **values: Any) -> str:
+        """Write-ahead: log ``step`` started, call, log done (or failed and re-raise). With ``state``, the
+        step's outcome and the episode's move to ``state`` (``reason(detail)``, ``values``) are one commit:
+        a kill between them would otherwise repeat the step, or read the controller's own uncordon as a
+        person's."""
         sid = self.store.step_start(ep, step)
         try:
-            detail = call() or ""
+            detail = str(call() or "")
         except ActionError as exc:
             self.store.step_end(sid, "failed", str(exc))
             raise
-        self.store.step_end(sid, "done", str(detail))
-        return str(detail)
+        if state is None:
+            self.store.step_end(sid, "done", detail)
+        else:
+            self.store.set_state(ep, state, reason(detail), step=(sid, "done", detail), **values)
+        return detail
 
     def _acting(self, ep: Episode, now: float) -> None:
         if self.store.breaker()["open"]:
@@ -318,13 +356,12 @@ class Controller:
         if failed and now - failed[-1]["ts"] < self.cfg.settle:
             return  # back off after a failed action
         try:
-            detail = self._run_step(ep, "act", lambda: self.actions.act(ep.node, ep.action, ep.gpu))
+            self._run_step(ep, "act", lambda: self.actions.act(ep.node, ep.action, ep.gpu), "verifying",
+                           lambda detail: f"{ep.action}: {detail}", attempts=ep.attempts + 1,
+                           deadline=now + self.cfg.settle + self.cfg.verify_timeout, verify_since=None)
         except ActionError as exc:
             self.store.update(ep, attempts=ep.attempts + 1)
             self.store.log(ep.node, "action-failed", f"{ep.action}: {exc}", "gpuobs", ep.id)
-            return
-        self.store.set_state(ep, "verifying", f"{ep.action}: {detail}", attempts=ep.attempts + 1,
-                             deadline=now + self.cfg.settle + self.cfg.verify_timeout, verify_since=None)
 
     def _verifying(self, ep: Episode, now: float) -> None:
         if now < ep.state_since + self.cfg.settle:
@@ -340,9 +377,13 @@ class Controller:
             if ep.verify_since is None:
                 self.store.update(ep, verify_since=now)
             if now - since >= self.cfg.verify_hold:
-                self._run_step(ep, "uncordon", lambda: self.actions.uncordon(ep.node))
-                self.store.set_state(ep, "returned", f"health check passed and {ep.alertname} clear for "
-                                     f"{now - since:g} s: uncordoned")
+                crashed = self.store.open_step(ep, "uncordon")
+                if crashed is not None:  # killed before the call reached the node: the node is still cordoned
+                    self.store.step_end(crashed["id"], "unknown",
+                                        "controller restarted before the outcome was recorded")
+                self._run_step(ep, "uncordon", lambda: self.actions.uncordon(ep.node), "returned",
+                               lambda _: f"health check passed and {ep.alertname} clear for {now - since:g} s: "
+                               "uncordoned")
             return
         if ep.verify_since is not None:
             self.store.update(ep, verify_since=None)

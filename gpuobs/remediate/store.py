@@ -136,7 +136,7 @@ class RemediationStore:
     def event_nodes_since(self, since: float) -> list[str]:
         """Distinct nodes with a firing event that a policy covers, received at or after ``since``."""
         rows = self.db.execute(
-            "SELECT DISTINCT node FROM events WHERE status='firing' AND received_at>=? "
+            "SELECT DISTINCT node FROM events WHERE status='firing' AND received_at>=? AND node!='' "
             "AND outcome NOT IN ('no-policy','duplicate','no-action') ORDER BY node", (since,)).fetchall()
         return [r[0] for r in rows]
 
@@ -169,6 +169,7 @@ class RemediationStore:
         return Episode(**dict(row)) if row else None
 
     def episodes(self, states: tuple[str, ...] | None = None, limit: int = 500) -> list[Episode]:
+        """Episodes in ``states`` oldest first (all: newest first); ``limit`` -1: every one."""
         if states:
             rows = self.db.execute(
                 f"SELECT * FROM episodes WHERE state IN ({','.join('?' * len(states))}) ORDER BY id LIMIT ?",
@@ -181,8 +182,10 @@ class RemediationStore:
         """Episodes that keep their node out: quarantined to verifying, and escalated until released."""
         return [e for e in self.episodes(OUT_STATES) if not (e.state == "escalated" and e.escalation_cleared)]
 
-    def set_state(self, ep: Episode, state: str, reason: str, actor: str = "gpuobs", **values: Any) -> Episode:
-        """Move ``ep`` to ``state`` (timeline entry included) in one transaction."""
+    def set_state(self, ep: Episode, state: str, reason: str, actor: str = "gpuobs",
+                  step: tuple[int, str, str] | None = None, **values: Any) -> Episode:
+        """Move ``ep`` to ``state`` (timeline entry included) in one transaction; ``step``: ``(step id,
+        status, detail)`` of the write-ahead step whose outcome led here, recorded in the same transaction."""
         now = self.clock()
         values = {"state": state, "reason": reason, "state_since": now, **values}
         if state in CLOSED_STATES:
@@ -191,6 +194,8 @@ class RemediationStore:
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
             self.db.execute(f"UPDATE episodes SET {cols} WHERE id=?", (*values.values(), ep.id))
+            if step is not None:
+                self.db.execute("UPDATE steps SET status=?, detail=? WHERE id=?", (step[1], step[2], step[0]))
             self.db.execute("INSERT INTO timeline (ts, node, episode, actor, kind, detail) VALUES (?,?,?,?,?,?)",
                             (now, ep.node, ep.id, actor, state, reason))
         return self.episode(ep.id)
@@ -230,9 +235,10 @@ class RemediationStore:
             rows = self.db.execute("SELECT * FROM steps ORDER BY id").fetchall()
         return [dict(r) for r in rows]
 
-    def count_steps(self, step: str, since: float, nodes: list[str] | None = None) -> int:
-        """Steps of kind ``step`` started at or after ``since`` (on ``nodes`` when given), any outcome."""
-        q = "SELECT count(*) FROM steps WHERE step=? AND ts>=?"
+    def count_steps(self, step: str, since: float, nodes: list[str] | None = None, failed: bool = True) -> int:
+        """Steps of kind ``step`` started at or after ``since`` (on ``nodes`` when given), any outcome
+        (``failed=False``: but failed)."""
+        q = "SELECT count(*) FROM steps WHERE step=? AND ts>=?" + ("" if failed else " AND status!='failed'")
         args: list[Any] = [step, since]
         if nodes is not None:
             q += f" AND node IN ({','.join('?' * len(nodes))})"

@@ -26,7 +26,7 @@ ROLLOUT_DBS = ("rollout.sqlite", "flag.sqlite")
 
 
 def _quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
 class PromSignals:
