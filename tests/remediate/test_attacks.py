@@ -267,7 +267,7 @@ def test_prometheus_down_during_verification_never_returns_the_node(tmp_path):
     w.send(alert("serving-3", starts_at=iso(w.clock())))
     w.run(20)
 
-    def down(node, alertname):
+    def down(node, alertname, gpu=None):
         raise ActionError("Prometheus: connection refused")
     w.fleet.firing = down
     w.run(3000)
