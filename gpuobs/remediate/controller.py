@@ -345,6 +345,14 @@ class Controller:
                                  "unknown: verifying instead of repeating it", attempts=ep.attempts + 1,
                                  deadline=now + self.cfg.settle + self.cfg.verify_timeout, verify_since=None)
             return
+        try:  # a rollout that claimed the node after the quarantine still holds the action back
+            rollout = self.signals.rollout_holds().get(ep.node)
+        except ActionError as exc:
+            self._hold(ep, "rollout", f"cannot tell whether a rollout holds the node: {exc}")
+            return
+        if rollout is not None:
+            self._hold(ep, "rollout", f"rollout {rollout} holds the node: {ep.action} waits until it releases it")
+            return
         done = self.store.count_steps("act", now - self.cfg.attempts_window, [ep.node])
         if done >= self.cfg.max_attempts:
             self.store.set_state(ep, "escalated", f"{done} actions on this node within {self.cfg.attempts_window:g} s "

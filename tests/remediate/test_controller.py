@@ -443,3 +443,18 @@ def test_the_alertmanager_route_matches_exactly_what_the_policy_acts_on():
     from gpuobs.remediate.policy import remediated_alertnames
 
     assert sorted(REMEDIATED_ALERTS) == remediated_alertnames()
+
+
+def test_a_rollout_that_claims_the_node_after_the_quarantine_holds_the_action(tmp_path):
+    w = World(tmp_path, drain_s=30)
+    w.fleet.fault("serving-0", "GpuXidCritical")
+    w.send(alert("serving-0", starts_at=iso(w.clock())))
+    w.run(10)
+    assert w.state("serving-0") == "draining"
+    w.fleet.rollouts = {"serving-0": "r-7"}
+    w.run(120)
+    assert w.fleet.actions_on("serving-0") == 0 and w.state("serving-0") == "acting"
+    assert any(e["actor"] == "interlock:rollout" for e in w.store.timeline("serving-0"))
+    w.fleet.rollouts = {}
+    w.run(300)
+    assert w.state("serving-0") == "returned" and w.fleet.actions_on("serving-0") == 1
