@@ -51,11 +51,11 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from gpuobs.core import activity, httpd, log, tokens
+from gpuobs.core import activity, httpd, log
 from gpuobs.core.durations import DurationError, parse_duration
-from gpuobs.pager import console, incidents, remediation
+from gpuobs.pager import console, incidents, remediation, webhook
 from gpuobs.pager import runbooks as rb_render
-from gpuobs.pager.store import CHANNELS, STATUSES, PageStore, PayloadError, validate
+from gpuobs.pager.store import CHANNELS, STATUSES, PageStore
 from gpuobs.promapi.silences import AlertmanagerClient, SilenceApiError, SilenceInputError
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -377,29 +377,14 @@ class PagerHandler(httpd.Handler):
             self.discard_body()
             self.send_json(404, {"error": f"no route {path}; POST to /hook/page or /hook/ticket"})
             return
-        if not self._authorized():
-            self.discard_body()
-            self.send_json(401, {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
-                           headers={"WWW-Authenticate": 'Bearer realm="gpuobs-pager"'})
-            return
-        doc = self.read_json()
-        if doc is httpd.INVALID:
-            return
-        try:
-            payload = validate(doc)
-        except PayloadError as exc:
-            _log.warning("rejected payload", extra={"fields": {"field": exc.field, "error": str(exc)}})
-            self.send_json(400, {"error": str(exc), "field": exc.field})
+        payload = webhook.read_payload(self, self.server.token, "gpuobs-pager", _log)
+        if payload is None:
             return
         nid, duplicate = self.server.store.deliver(channel, payload)
         _log.info("duplicate notification not stored" if duplicate else "notification stored", extra={"fields": {
             "id": nid, "channel": channel, "status": payload["status"], "duplicate": duplicate,
             "alerts": [a["labels"]["alertname"] for a in payload["alerts"]]}})
         self.send_json(200, {"stored": nid, "duplicate": duplicate})
-
-    def _authorized(self) -> bool:
-        """True when no token is configured or the request carries ``Authorization: Bearer <token>``."""
-        return tokens.bearer_ok(self.headers.get("Authorization"), self.server.token)
 
 
 def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None, token: str | None = None,

@@ -38,8 +38,8 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from gpuobs.core import httpd, tokens
-from gpuobs.pager.store import PayloadError, validate
+from gpuobs.core import httpd
+from gpuobs.pager import webhook
 from gpuobs.remediate.controller import Controller
 from gpuobs.remediate.store import OPEN_STATES
 
@@ -152,18 +152,8 @@ class Handler(httpd.Handler):
             self.discard_body()
             self.send_error_json(404, f"no route {path}; POST to /hook/remediate")
             return
-        if not tokens.bearer_ok(self.headers.get("Authorization"), self.server.token):
-            self.discard_body()
-            self.send_json(401, {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
-                           headers={"WWW-Authenticate": 'Bearer realm="gpuobs-remediate"'})
-            return
-        doc = self.read_json()
-        if doc is httpd.INVALID:
-            return
-        try:
-            payload = validate(doc)
-        except PayloadError as exc:
-            self.send_error_json(400, str(exc), exc.field)
+        payload = webhook.read_payload(self, self.server.token, "gpuobs-remediate", _log)
+        if payload is None:
             return
         with self.server.lock:
             outcomes = self.server.controller.ingest(payload)

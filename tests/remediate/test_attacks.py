@@ -16,7 +16,7 @@ import requests
 from gpuobs.cli import run as cli_run
 from gpuobs.remediate.controller import Controller, parse_time
 from gpuobs.remediate.interfaces import ActionError
-from gpuobs.remediate.store import OPEN_STATES, RemediationStore
+from gpuobs.remediate.store import RemediationStore
 from tests.fakes.remediate_fleet import alert
 from tests.remediate.test_controller import CFG, World, iso
 from tests.conftest import TOKEN as SIM_TOKEN
