@@ -274,7 +274,8 @@ class Drills:
         ep = self._wait("the node back in service", lambda: [e for e in self._episodes(node, t0)
                                                              if e["state"] in ("returned", "escalated")], t0, res)
         self._clear(node, fid)
-        res.times.update(quarantine=self._step_time(node, "quarantined", t0), back=self._step_time(node, "returned", t0))
+        res.times.update(quarantine=self._step_time(node, "quarantined", t0), act=self._step_time(node, "verifying", t0),
+                         back=self._step_time(node, "returned", t0))
         store = RemediationStore(self.db)
         try:
             eps = [e for e in store.episodes() if e.node == node and e.opened_at >= t0]
