@@ -281,6 +281,11 @@ class Controller:
         self._run_step(ep, "cordon",
                        lambda: self.actions.cordon(ep.node, f"gpuobs remediation {ep.id}: {ep.alertname}"),
                        "quarantined", lambda _: "cordoned (no new work)")
+        now_ep = self.store.episode(ep.id)
+        if now_ep.state == "cancelled":  # the breaker was closed while the cordon went out: take our cordon back
+            self.actions.uncordon(ep.node)
+            self.store.log(ep.node, "uncordoned", "the episode was cancelled while it was being quarantined", "gpuobs",
+                           ep.id)
 
     def _interlock(self, ep: Episode, view: NodeView | None, now: float) -> tuple[str, str] | None:
         """The first interlock that holds this episode's quarantine back, as (name, detail), or None.

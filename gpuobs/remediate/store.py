@@ -185,7 +185,11 @@ class RemediationStore:
     def set_state(self, ep: Episode, state: str, reason: str, actor: str = "gpuobs",
                   step: tuple[int, str, str] | None = None, **values: Any) -> Episode:
         """Move ``ep`` to ``state`` (timeline entry included) in one transaction; ``step``: ``(step id,
-        status, detail)`` of the write-ahead step whose outcome led here, recorded in the same transaction."""
+        status, detail)`` of the write-ahead step whose outcome led here, recorded in the same transaction.
+
+        Compare-and-swap: the move happens only if the episode is still in ``ep.state`` (another writer, a
+        person's ``hold`` or ``breaker close`` from the CLI, may have moved it since it was read); else
+        nothing but the step's outcome is written and the episode is returned as it is now."""
         now = self.clock()
         values = {"state": state, "reason": reason, "state_since": now, **values}
         if state in CLOSED_STATES:
@@ -193,11 +197,13 @@ class RemediationStore:
         cols = ", ".join(f"{k}=?" for k in values)
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute(f"UPDATE episodes SET {cols} WHERE id=?", (*values.values(), ep.id))
+            moved = self.db.execute(f"UPDATE episodes SET {cols} WHERE id=? AND state=?",
+                                    (*values.values(), ep.id, ep.state)).rowcount
             if step is not None:
                 self.db.execute("UPDATE steps SET status=?, detail=? WHERE id=?", (step[1], step[2], step[0]))
-            self.db.execute("INSERT INTO timeline (ts, node, episode, actor, kind, detail) VALUES (?,?,?,?,?,?)",
-                            (now, ep.node, ep.id, actor, state, reason))
+            if moved:
+                self.db.execute("INSERT INTO timeline (ts, node, episode, actor, kind, detail) VALUES (?,?,?,?,?,?)",
+                                (now, ep.node, ep.id, actor, state, reason))
         return self.episode(ep.id)
 
     def update(self, ep: Episode, **values: Any) -> Episode:

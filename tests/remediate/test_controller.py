@@ -458,3 +458,17 @@ def test_a_rollout_that_claims_the_node_after_the_quarantine_holds_the_action(tm
     w.fleet.rollouts = {}
     w.run(300)
     assert w.state("serving-0") == "returned" and w.fleet.actions_on("serving-0") == 1
+
+
+def test_state_moves_are_compare_and_swap(tmp_path):
+    """A tick that read an episode before a person's CLI moved it cannot move it back."""
+    w = World(tmp_path)
+    w.fleet.fault("serving-0", "GpuXidCritical")
+    w.send(alert("serving-0", starts_at=iso(w.clock())))
+    stale = w.store.active("serving-0")  # pending, as a tick would have read it
+    other = RemediationStore(w.db, w.clock)  # the CLI's connection
+    other.set_state(other.episode(stale.id), "cancelled", "breaker closed by alice", "human:alice")
+    after = w.store.set_state(stale, "quarantined", "cordoned (no new work)")
+    assert after.state == "cancelled"
+    assert [e["kind"] for e in w.store.timeline("serving-0")].count("quarantined") == 0
+    other.close()
