@@ -273,8 +273,16 @@ class Controller:
             self.store.set_state(ep, "dry-run", detail)
             return
         if blocked:
+            if blocked[0] == "inventory" and now - ep.opened_at >= self.cfg.verify_timeout:
+                # Never act, much later, on an old alert for a node that was not there when it fired.
+                self.store.set_state(ep, "cancelled", f"{ep.node} was not in the adapter's node list for "
+                                     f"{now - ep.opened_at:g} s; the page went to a person", "interlock:inventory")
+                return
             self._hold(ep, *blocked)
             return
+        failed = [s for s in self.store.steps(episode=ep.id) if s["step"] == "cordon" and s["status"] == "failed"]
+        if failed and now - failed[-1]["ts"] < min(60.0, 2.0 ** len(failed)):
+            return  # back off after failed cordons: 2, 4, 8 ... 60 s, not one API call per tick
         if view is not None and view.cordoned and view.cordoned_by == "human":
             self.store.set_state(ep, "overridden", "a person had already cordoned the node; left to them", "human")
             return

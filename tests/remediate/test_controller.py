@@ -12,6 +12,7 @@ import pytest
 from gpuobs.core.errors import ConfigError
 from gpuobs.remediate.config import RemediationConfig, parse_config
 from gpuobs.remediate.controller import Controller, parse_time
+from gpuobs.remediate.interfaces import ActionError as ActionErrorForTest
 from gpuobs.remediate.policy import plan, xid_class
 from gpuobs.remediate.store import OUT_STATES, RemediationStore
 from tests.fakes.remediate_fleet import Clock, FakeFleet, alert, payload
@@ -472,3 +473,29 @@ def test_state_moves_are_compare_and_swap(tmp_path):
     assert after.state == "cancelled"
     assert [e["kind"] for e in w.store.timeline("serving-0")].count("quarantined") == 0
     other.close()
+
+
+def test_pending_episode_for_an_unknown_node_expires(tmp_path):
+    w = World(tmp_path)
+    w.send(alert("ghost-1", starts_at=iso(w.clock())))
+    w.run(CFG.verify_timeout + 5, step=5.0)
+    assert w.state("ghost-1") == "cancelled" and w.fleet.calls == []
+    assert "not in the adapter's node list" in w.store.latest("ghost-1").reason
+
+
+def test_failed_cordons_back_off(tmp_path):
+    w = World(tmp_path)
+    w.fleet.fault("serving-0", "GpuXidCritical")
+    real = w.fleet.cordon
+
+    def refuse(node, reason):
+        w.fleet.calls.append(("cordon", node, reason))
+        raise ActionErrorForTest(f"{node}: HTTP 503")
+    w.fleet.cordon = refuse
+    w.send(alert("serving-0", starts_at=iso(w.clock())))
+    w.run(120)
+    tries = w.fleet.actions_on("serving-0", "cordon")
+    assert 5 <= tries <= 9, tries  # 2, 4, 8, 16, 32, 60 s apart, not 120 calls
+    w.fleet.cordon = real
+    w.run(400)
+    assert w.state("serving-0") == "returned"
