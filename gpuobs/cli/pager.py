@@ -30,9 +30,21 @@ def cmd_pager(args: argparse.Namespace) -> int:
         return fail(f"--remediate-url {args.remediate_url!r}: expected an http:// or https:// URL")
     if args.alertmanager_url and not args.alertmanager_url.startswith(("http://", "https://")):
         return fail(f"--alertmanager-url {args.alertmanager_url!r}: expected an http:// or https:// URL")
-    identity_label = None
-    if args.fleet:  # FleetConfigError is an InputError: one line, exit 2
-        identity_label = fleet_config(args.fleet).identity_label
+    if args.prometheus_url and not args.prometheus_url.startswith(("http://", "https://")):
+        return fail(f"--prometheus-url {args.prometheus_url!r}: expected an http:// or https:// URL")
+    fleet = fleet_config(args.fleet)  # FleetConfigError is an InputError: one line, exit 2
+    identity_label = fleet.identity_label if args.fleet else None
+    impact_config = None
+    if args.prometheus_url:
+        from gpuobs.core import assets
+        from gpuobs.mixin.slo_rules import load_config
+        from gpuobs.pager.impact import ImpactConfig
+
+        slos = load_config(Path(args.slo_config) if args.slo_config else assets.path("prometheus/slo.yaml"))
+        ttft = next((s["ttft_threshold_seconds"] for s in slos["slos"] if s["name"] == "ttft"), None)
+        if ttft is None:
+            return fail("--slo-config: impact needs the ttft SLO (slos[].name: ttft) for its threshold")
+        impact_config = ImpactConfig(fleet, float(ttft))
     escalation = None
     if args.escalation_config:
         from gpuobs.pager.escalation import EscalationConfigError, load
@@ -46,7 +58,8 @@ def cmd_pager(args: argparse.Namespace) -> int:
               alertmanager_url=args.alertmanager_url, escalation=escalation,
               activity_file=Path(args.activity_file) if args.activity_file
               else Path(args.db).parent / activity.FILE_NAME, identity_label=identity_label,
-              reconcile_after_s=args.reconcile_after, remediate_url=args.remediate_url)
+              reconcile_after_s=args.reconcile_after, remediate_url=args.remediate_url,
+              prometheus_url=args.prometheus_url, impact_config=impact_config)
     except sqlite3.Error as exc:
         return fail(f"--db {args.db}: not a usable SQLite database ({exc})")
     except OSError as exc:
@@ -78,6 +91,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--remediate-url", default=None, metavar="URL",
                    help="remediation controller whose steps join the incidents' timelines and whose state the "
                         "console shows (default: none)")
+    g.add_argument("--prometheus-url", default=None, metavar="URL",
+                   help="Prometheus-API backend the pager measures each incident's impact from (requests failed, "
+                        "goodput and GPU-hours lost; docs/incidents.md; default: none, no impact)")
+    g.add_argument("--slo-config", default=None, metavar="FILE",
+                   help="SLO definitions whose TTFT threshold the impact counts requests against (default: the "
+                        "shipped prometheus/slo.yaml)")
     g.add_argument("--reconcile-after", type=duration, default=alert_timing.DEFAULT.resolve_timeout_s,
                    metavar="DURATION",
                    help="with --alertmanager-url: resolve an open or acknowledged incident once Alertmanager has "

@@ -77,6 +77,11 @@ CREATE TABLE IF NOT EXISTS incident_silences (
     expired_at REAL,
     PRIMARY KEY (incident_id, silence_id)
 );
+CREATE TABLE IF NOT EXISTS incident_impact (
+    incident_id INTEGER PRIMARY KEY REFERENCES incidents(id),
+    measured_at REAL NOT NULL,
+    doc TEXT NOT NULL
+);
 """
 
 
@@ -247,7 +252,31 @@ def _row(db: sqlite3.Connection, r: tuple, identity_label: str) -> dict[str, Any
             "updated_at": updated, "acknowledged_at": ack_at, "acknowledged_by": ack_by, "resolved_at": res_at,
             "escalated_at": esc_at,
             "groupLabels": json.loads(gl), "commonLabels": common,
-            "firing": sum(a["status"] == "firing" for a in alerts), **_identity(alerts, common, identity_label), "alerts": alerts}
+            "firing": sum(a["status"] == "firing" for a in alerts), **_identity(alerts, common, identity_label), "alerts": alerts,
+            "impact": impact(db, iid)}
+
+
+def impact(db: sqlite3.Connection, incident_id: int) -> dict | None:
+    """The incident's last impact measurement (:func:`gpuobs.pager.impact.measure`'s dict), or None."""
+    row = db.execute("SELECT doc FROM incident_impact WHERE incident_id = ?", (incident_id,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def record_impact(db: sqlite3.Connection, incident_id: int, doc: dict) -> None:
+    """Store ``doc`` as the incident's impact (replacing the last one)."""
+    db.execute("INSERT OR REPLACE INTO incident_impact VALUES (?, ?, ?)",
+               (incident_id, doc.get("measured_at", 0.0), json.dumps(doc, sort_keys=True)))
+
+
+def impact_due(db: sqlite3.Connection, now: float, every_s: float, since: float) -> list[int]:
+    """Incidents whose impact should be measured now: open or acknowledged ones not measured in the
+    last ``every_s`` seconds, and resolved ones (resolved after ``since``) whose last measurement came
+    before their resolution (one final measurement over the whole window)."""
+    return [r[0] for r in db.execute(
+        "SELECT i.id FROM incidents i LEFT JOIN incident_impact m ON m.incident_id = i.id"
+        " WHERE (i.state != 'resolved' AND (m.measured_at IS NULL OR m.measured_at <= ?))"
+        " OR (i.state = 'resolved' AND i.resolved_at >= ? AND (m.measured_at IS NULL OR m.measured_at < i.resolved_at))"
+        " ORDER BY i.id", (now - every_s, since))]
 
 
 def list_incidents(db: sqlite3.Connection, identity_label: str, state: str | None = None,

@@ -21,6 +21,10 @@ Routes:
   rollouts recorded in the activity file (``--activity-file``, :mod:`gpuobs.core.activity`) that
   overlap it by node and time, each also on the timeline (``drill started`` / ``drill ended`` /
   ``rollout started`` / ``rollout ended``).
+* ``POST /api/incidents/<id>/impact``: measure the incident's impact now (:mod:`gpuobs.pager.impact`,
+  needs ``--prometheus-url``; 503 without it) and store it -> ``{"id", "impact"}`` (502 with the
+  error when Prometheus failed). Every incident also carries ``impact``: the last measurement (the
+  pager measures open incidents every 30 s and each resolved one once after it resolves), or null.
 * ``POST /api/incidents/<id>/ack`` (optional JSON ``{"by": name}``) -> ``{"id", "state", "changed"}``;
   ``POST /incidents/<id>/ack`` is the console's form (303 back to the incident).
 * ``POST /api/incidents/<id>/silence`` JSON ``{"duration": "2h", "comment": str, "author": str}`` ->
@@ -69,9 +73,11 @@ class PagerServer(httpd.Server):
 
     def __init__(self, addr: tuple[str, int], store: PageStore, runbooks_dir: Path | None = None,
                  token: str | None = None, runbook_base: str | None = None, alertmanager_url: str | None = None,
-                 activity_file: Path | None = None, remediate_url: str | None = None):
+                 activity_file: Path | None = None, remediate_url: str | None = None, impact=None):
         super().__init__(addr, PagerHandler)
         self.store = store
+        #: The :class:`gpuobs.pager.impact.ImpactWatcher` measuring incidents (None: no Prometheus given).
+        self.impact = impact
         #: The remediation controller whose steps join the incidents' timelines (None: none).
         self.remediate_url = remediate_url
         #: Drills and rollouts recorded by their runners (None: incidents are not linked to them).
@@ -368,8 +374,24 @@ class PagerHandler(httpd.Handler):
             answer(502, {"error": f"Alertmanager: {exc}"})
         return True
 
+    def _measure(self, iid: int) -> None:
+        """``POST /api/incidents/<id>/impact``: measure the incident's impact now and store it."""
+        self.discard_body()
+        if self.server.impact is None:
+            self.send_json(503, {"error": "impact needs the pager started with --prometheus-url"})
+            return
+        try:
+            doc = self.server.impact.measure_one(iid, time.time())
+        except incidents.IncidentNotFound:
+            self.send_json(404, {"error": f"no incident {iid}", "field": "id"})
+            return
+        self.send_json(502 if "line" not in doc else 200, {"id": iid, "impact": doc})
+
     def _post(self) -> None:
         path = urlsplit(self.path).path
+        if m := re.fullmatch(r"/api/incidents/([0-9]{1,12})/impact", path):
+            self._measure(int(m.group(1)))
+            return
         if self._action(path):
             return
         channel = path.removeprefix("/hook/")
@@ -391,18 +413,26 @@ def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None,
           runbook_base: str | None = None, dedupe_window_s: float | None = None,
           alertmanager_url: str | None = None, escalation=None, activity_file: Path | None = None,
           identity_label: str | None = None, reconcile_after_s: float | None = None,
-          remediate_url: str | None = None) -> None:
+          remediate_url: str | None = None, prometheus_url: str | None = None, impact_config=None) -> None:
     """Run the pager until SIGTERM/SIGINT (``token``: required bearer token of the webhooks;
     ``alertmanager_url``: Alertmanager for silences, None disables them; ``escalation``: a
     :class:`gpuobs.pager.escalation.Policy` or None; ``activity_file``: drills and rollouts to link
     incidents to, :mod:`gpuobs.core.activity`; ``identity_label``: the fleet config's, which names an
     incident's nodes, default the shipped one's; ``reconcile_after_s``: with ``alertmanager_url``, resolve
     incidents whose alerts Alertmanager no longer holds after that many seconds without a notification,
-    :mod:`gpuobs.pager.reconcile`; None or 0: never)."""
+    :mod:`gpuobs.pager.reconcile`; None or 0: never; ``prometheus_url`` with ``impact_config`` (a
+    :class:`gpuobs.pager.impact.ImpactConfig`): measure every incident's impact, :mod:`gpuobs.pager.impact`)."""
     store = PageStore(db_path, identity_label=identity_label) if dedupe_window_s is None \
         else PageStore(db_path, dedupe_window_s, identity_label)
+    watcher = None
+    if prometheus_url and impact_config is not None:
+        from gpuobs.pager.impact import ImpactWatcher, measure
+        from gpuobs.promapi.prometheus import PromClient
+
+        prom = PromClient(prometheus_url, timeout=10.0, retries=1)
+        watcher = ImpactWatcher(store, lambda inc, now: measure(prom, impact_config, inc, now))
     srv = PagerServer((host, port), store, runbooks_dir, token, runbook_base, alertmanager_url, activity_file,
-                      remediate_url)
+                      remediate_url, watcher)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
@@ -417,12 +447,16 @@ def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None,
         from gpuobs.pager.reconcile import Reconciler
         from gpuobs.promapi.silences import AlertmanagerClient
         reconciler = Reconciler(store, AlertmanagerClient(alertmanager_url).fingerprints, reconcile_after_s).start()
+    if watcher is not None:
+        watcher.start()
     _log.info("pager listening", extra={"fields": {"addr": f"{host}:{port}", "db": str(db_path)}})
     done.wait()
     if escalator is not None:
         escalator.stop()
     if reconciler is not None:
         reconciler.stop()
+    if watcher is not None:
+        watcher.stop()
     srv.shutdown()
     srv.server_close()
     store.close()

@@ -306,6 +306,16 @@ class PageStore:
         with self._lock, self._db:
             incidents.event(self._db, incident_id, at, "escalated", **detail)
 
+    def record_impact(self, incident_id: int, doc: dict) -> None:
+        """Store the incident's impact measurement (:mod:`gpuobs.pager.impact`), replacing the last."""
+        with self._lock, self._db:
+            incidents.record_impact(self._db, incident_id, doc)
+
+    def impact_due(self, now: float, every_s: float, since: float) -> list[int]:
+        """Incidents to measure now (:func:`gpuobs.pager.incidents.impact_due`)."""
+        with self._lock:
+            return incidents.impact_due(self._db, now, every_s, since)
+
     def count(self) -> int:
         """Number of stored notifications."""
         with self._lock:

@@ -294,7 +294,7 @@ def _up(cfg: HAConfig, out) -> StackState:
     am_urls = [f"http://127.0.0.1:{ports[f'alertmanager-{i}']}" for i in range(cfg.alertmanagers)]
     vm_url = f"http://127.0.0.1:{ports['victoria-metrics']}"
     vmalert_url = f"http://127.0.0.1:{ports['vmalert']}"
-    fleet = fleet_parts(sc, run, am_urls[0])
+    fleet = fleet_parts(sc, run, am_urls[0], vm_url)  # the pager measures impact from the global store
     timing = alert_timing.DEFAULT
     # The single stack's config (targets, scrape jobs) is the template every replica starts from.
     base_cfg = render_prometheus(run, p, fleet.nodes, fleet.engines, fleet.runbook_base, sc.profile,

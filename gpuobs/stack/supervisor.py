@@ -267,7 +267,7 @@ def check_ports(wanted: list[int], what: str) -> None:
         raise StackError(f"ports already in use on 127.0.0.1: {', '.join(busy)}; choose others with the --*-port flags", 2)
 
 
-def fleet_parts(cfg: StackConfig, run: Path, alertmanager_url: str) -> FleetProcesses:
+def fleet_parts(cfg: StackConfig, run: Path, alertmanager_url: str, prometheus_url: str | None = None) -> FleetProcesses:
     """Write the fleet's files (admin/pager tokens, k8s map, logwatch GPU maps and targets) and return
     its :class:`FleetProcesses`. ``alertmanager_url``: where the pager creates silences. Raises StackError (exit
     2) for a token that cannot be made or busy logwatch ports."""
@@ -317,7 +317,8 @@ def fleet_parts(cfg: StackConfig, run: Path, alertmanager_url: str) -> FleetProc
         **lw_specs,  # the agents follow their nodes
         "pager": py + ["pager", "--port", str(p.pager), "--db", str(run / "pager.sqlite"),
                        "--runbooks-dir", str(assets.path("runbooks")), "--token-file", str(pager_token_file),
-                       "--runbook-base", runbook_base, "--alertmanager-url", alertmanager_url],
+                       "--runbook-base", runbook_base, "--alertmanager-url", alertmanager_url,
+                       *(["--prometheus-url", prometheus_url] if prometheus_url else [])],
     }
     checks = {
         **lw_checks,
@@ -361,7 +362,7 @@ def _up(cfg: StackConfig, out) -> StackState:
     for sub in ("logs", "prometheus/data", "alertmanager/data"):
         (run / sub).mkdir(parents=True, exist_ok=True)
     timing = alert_timing.DEFAULT
-    fleet = fleet_parts(cfg, run, f"http://127.0.0.1:{p.alertmanager}")
+    fleet = fleet_parts(cfg, run, f"http://127.0.0.1:{p.alertmanager}", f"http://127.0.0.1:{p.prometheus}")
     nodes, engines, lw_urls, pager_url = fleet.nodes, fleet.engines, fleet.lw_urls, fleet.pager_url
     prom_cfg = render_prometheus(run, p, nodes, engines, fleet.runbook_base, cfg.profile, scrape_mode=cfg.scrape_mode,
                                  pods=fleet.pods)

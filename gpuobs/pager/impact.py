@@ -1,0 +1,394 @@
+"""What an incident costs: the workloads on its nodes and GPUs and what they lost, read from Prometheus.
+
+The on-call's second question after "what broke" is "what is it costing us". For an incident (its
+nodes by the fleet config's identity label, its GPUs by ``gpu``, its window from the first alert's
+``startsAt`` to its resolution or now) :func:`measure` answers with numbers and the PromQL that gives
+each of them:
+
+* **Join.** The workloads on the incident's GPUs come from dcgm-exporter's pod attribution labels
+  (``pod``/``namespace``/``container`` on GPU series when its Kubernetes pod mapping is on, stored as
+  ``exported_pod``/``exported_namespace``/``exported_container`` under a kube-prometheus
+  ServiceMonitor whose target already has those labels; dcgm-exporter ``pkg/dcgmexporter/kubernetes.go``
+  and prometheus-operator's ``honorLabels: false``). A serving engine joins when its target's ``pod``
+  is one of them; without pod labels every engine and training job on the incident's nodes is joined
+  by the identity label (``join: "node"``, said in the line).
+* **Serving** (per engine: ``identity, instance, model_name, engine``): requests, requests failed
+  (``vllm:request_success_total{finished_reason="error"}``, the availability SLI's bad event), requests
+  over the TTFT SLO threshold (``vllm:time_to_first_token_seconds`` count minus the bucket at the
+  threshold, the TTFT SLI's bad event), each also as the excess over the node's own rate in the
+  ``baseline_s`` before the incident; **goodput lost**: good requests (TTFT within the threshold and
+  not failed) the engine served at its baseline rate over the window, minus those it served
+  (requests, and requests/s over the window). Node-local: traffic a load balancer moved to other
+  nodes counts as lost here.
+* **Training** (per ``training_job`` with a rank on the incident's nodes): the job's GPUs (its rank
+  series across the fleet), ranks stalled (ranks whose step counter did not move for
+  :data:`STALL_S` or more inside the window), steps lost (baseline steps/s x window - steps done),
+  stalled time (steps lost / baseline steps/s) and **GPU-hours lost** (the job's GPUs x stalled time,
+  the effective-training-time measure of Meta's "Revisiting Reliability in Large-Scale Machine
+  Learning Research Clusters", 2024).
+* **Fleet**: GPUs out (the incident's GPUs, or every GPU of its nodes when it names none) of the
+  fleet's GPUs (``DCGM_FI_DEV_GPU_TEMP`` series by identity and ``gpu`` over the window; a MIG GPU
+  counts once).
+
+Counters are read as raw samples (one range-vector query per metric at the window's end) and
+differenced here with counter resets handled (a drop restarts from the new value) and no
+extrapolation, so a young series or a node that stopped reporting gives exact counts; the
+``queries`` of the result are the ``increase()`` forms that give the same numbers in Prometheus up to
+its extrapolation to the window's edges. Works on any Prometheus-API backend (Prometheus 2.x/3.x,
+VictoriaMetrics: plain range-vector selectors only).
+
+Errors: :class:`gpuobs.promapi.prometheus.PrometheusError` from the backend propagates (the caller
+keeps the last measurement and says so).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+from gpuobs.core.fleet import FleetConfig
+from gpuobs.promapi.prometheus import PromClient, Series
+
+#: The node's own period before the incident that sets its baseline rates, seconds.
+BASELINE_S = 900.0
+#: A rank whose step counter did not move for this long inside the window is stalled, seconds.
+STALL_S = 60.0
+#: The longest window measured (an incident open longer is measured over its last week), seconds.
+MAX_WINDOW_S = 7 * 86400.0
+#: Shortest window: below one scrape or two there is nothing to difference, seconds.
+MIN_WINDOW_S = 1.0
+_POD_LABELS = ("exported_pod", "exported_namespace", "exported_container", "pod", "namespace", "container")
+
+
+@dataclass(frozen=True)
+class ImpactConfig:
+    """What :func:`measure` needs besides the incident: the fleet config (identity label, selectors),
+    the TTFT SLO threshold (seconds, a vLLM bucket boundary: ``prometheus/slo.yaml``) and the baseline."""
+
+    fleet: FleetConfig
+    ttft_threshold_s: float
+    baseline_s: float = BASELINE_S
+
+
+def _ts(text: str | None) -> float | None:
+    if not text or text.startswith("0001-"):
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def window(inc: dict, now: float) -> tuple[float, float]:
+    """``(start, end)`` unix seconds: the earliest alert ``startsAt`` (else ``opened_at``) to
+    ``resolved_at`` (else ``now``), at most :data:`MAX_WINDOW_S` long."""
+    starts = [t for t in (_ts(a.get("startsAt")) for a in inc.get("alerts", [])) if t is not None]
+    start = min(starts + [inc["opened_at"]])
+    end = inc["resolved_at"] if inc.get("state") == "resolved" and inc.get("resolved_at") else now
+    end = max(end, start + MIN_WINDOW_S)
+    return max(start, end - MAX_WINDOW_S), end
+
+
+def _str(value: str) -> str:
+    """A PromQL double-quoted string literal's body."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _regex_alt(values: Iterable[str]) -> str:
+    """``a|b`` matching exactly the values (RE2 metacharacters escaped), as a string literal's body."""
+    meta = set(".^$*+?()[]{}|\\")
+    return _str("|".join("".join("\\" + c if c in meta else c for c in v) for v in sorted(set(values))))
+
+
+def increase(series: Series, t0: float, t1: float) -> tuple[float, float]:
+    """``(increase, seconds covered)`` of a counter between ``t0`` and ``t1`` from its raw samples.
+
+    Starts at the last sample at or before ``t0`` (else the first inside), ends at the last sample at or
+    before ``t1``; a drop is a counter reset (the new value counts from zero, as Prometheus's
+    ``increase`` does); no extrapolation. ``(0, 0)`` with fewer than two samples.
+    """
+    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t <= t1 and not math.isnan(v)]
+    before = [p for p in pts if p[0] <= t0]
+    inside = [p for p in pts if p[0] > t0]
+    use = ([before[-1]] if before else []) + inside
+    if len(use) < 2:
+        return 0.0, 0.0
+    total = 0.0
+    for (_, a), (_, b) in zip(use, use[1:]):
+        total += b - a if b >= a else b
+    return total, use[-1][0] - use[0][0]
+
+
+def longest_flat(series: Series, t0: float, t1: float) -> float:
+    """Longest stretch (seconds) inside [t0, t1] over which the counter did not increase, from raw samples
+    (the time from the last increase, or ``t0``, to the next increase, or to the last sample)."""
+    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t <= t1]
+    if not pts:
+        return 0.0
+    best, since, prev = 0.0, t0, None
+    for t, v in pts:
+        if prev is not None and v != prev and t > t0:
+            best = max(best, min(t, t1) - since)
+            since = max(t, t0)
+        prev = v
+    last = pts[-1][0]
+    return max(best, max(0.0, min(last, t1) - since))
+
+
+def _key(labels, names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(labels.get(n, "") for n in names)
+
+
+def _workload_pods(series: Iterable[Series]) -> dict[str, list[dict[str, str]]]:
+    """GPU -> workload pods from dcgm-exporter's pod attribution labels (``exported_*`` first: under a
+    ServiceMonitor ``pod`` is the exporter's own pod)."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for s in series:
+        lab = s.labels
+        if lab.get("exported_pod"):
+            pod = {"namespace": lab.get("exported_namespace", ""), "pod": lab["exported_pod"],
+                   "container": lab.get("exported_container", "")}
+        elif lab.get("pod") and "dcgm-exporter" not in lab.get("pod", "") and "dcgm" not in lab.get("container", "dcgm"):
+            pod = {"namespace": lab.get("namespace", ""), "pod": lab["pod"], "container": lab.get("container", "")}
+        else:
+            continue
+        mine = out.setdefault(lab.get("gpu", ""), [])
+        if pod not in mine:
+            mine.append(pod)
+    return out
+
+
+def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
+    """The impact of ``inc`` (a :func:`gpuobs.pager.incidents.get` dict: ``nodes``, ``gpus``, ``alerts``,
+    ``opened_at``, ``state``, ``resolved_at``) at ``now`` (unix s).
+
+    Returns ``{"measured_at", "window": {"start", "end", "seconds"}, "baseline_s", "join": "pod"|"node"|"none",
+    "pods": [{"gpu", "namespace", "pod", "container"}], "serving": [...], "training": [...], "fleet":
+    {"gpus_total", "gpus_out", "capacity_out_ratio"}, "totals": {...}, "queries": {name: PromQL},
+    "line": str}`` (see the module docstring for every number; counts are requests, steps, seconds,
+    GPU-hours). An incident without nodes gets ``join: "none"`` and no workloads. Raises
+    PrometheusError when the backend fails.
+    """
+    fleet = cfg.fleet
+    ident = fleet.identity_label
+    start, end = window(inc, now)
+    dur = end - start
+    b0 = start - cfg.baseline_s
+    rng = f"{math.ceil(end - b0) + 1}s"
+    nodes = list(inc.get("nodes") or [])
+    gpus = list(inc.get("gpus") or [])
+    doc: dict = {"measured_at": now, "window": {"start": start, "end": end, "seconds": round(dur, 3)},
+                 "baseline_s": cfg.baseline_s, "join": "none", "pods": [], "serving": [], "training": [],
+                 "fleet": {}, "queries": {}}
+    q = doc["queries"]
+    win = f"{round(dur)}s"
+    at = dt.datetime.fromtimestamp(end, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    doc["evaluated_at"] = at
+
+    # ---- fleet capacity -------------------------------------------------------------------------------
+    dcgm_all = f'DCGM_FI_DEV_GPU_TEMP{{{fleet.dcgm_selector}, {ident}!=""}}'
+    total_q = f"count(group by ({ident}, gpu) (last_over_time({dcgm_all}[{rng}])))"
+    gpus_total = prom.query(total_q, at=end).scalar() or 0.0
+    q["gpus_total"] = total_q
+    if not nodes:
+        doc["fleet"] = {"gpus_total": int(gpus_total), "gpus_out": 0, "capacity_out_ratio": 0.0}
+        doc["totals"] = _totals(doc)
+        doc["line"] = line(doc, cfg)
+        return doc
+    node_m = f'{ident}=~"{_regex_alt(nodes)}"'
+    gpu_m = f', gpu=~"{_regex_alt(gpus)}"' if gpus else ""
+    dcgm_inc = f"DCGM_FI_DEV_GPU_TEMP{{{fleet.dcgm_selector}, {node_m}{gpu_m}}}"
+    attr_q = (f"group by ({ident}, gpu, {', '.join(_POD_LABELS)}) (last_over_time({dcgm_inc}[{rng}]))")
+    attr = prom.query(attr_q, at=end)
+    q["gpus_out"] = f"count(group by ({ident}, gpu) (last_over_time({dcgm_inc}[{win}])))"
+    gpus_out = len({(s.labels.get(ident, ""), s.labels.get("gpu", "")) for s in attr.samples}) or len(gpus)
+    doc["fleet"] = {"gpus_total": int(gpus_total), "gpus_out": gpus_out,
+                    "capacity_out_ratio": round(gpus_out / gpus_total, 4) if gpus_total else 0.0}
+    pods = _workload_pods(Series(s.labels, (), ()) for s in attr.samples)
+    doc["pods"] = [{"gpu": g, **p} for g in sorted(pods, key=lambda x: (len(x), x)) for p in pods[g]]
+    pod_names = {p["pod"] for ps in pods.values() for p in ps}
+    doc["join"] = "pod" if pod_names else "node"
+
+    # ---- serving ----------------------------------------------------------------------------------------
+    ekey = (ident, "instance", "model_name", "engine")
+    vsel = f"{fleet.vllm_selector}, {node_m}"
+    le = repr(float(cfg.ttft_threshold_s))
+    success = prom.query(f"vllm:request_success_total{{{vsel}}}[{rng}]", at=end).series
+    ttft_good = prom.query(f'vllm:time_to_first_token_seconds_bucket{{{vsel}, le="{le}"}}[{rng}]', at=end).series
+    ttft_all = prom.query(f"vllm:time_to_first_token_seconds_count{{{vsel}}}[{rng}]", at=end).series
+    engines: dict[tuple, dict] = {}
+    for s in success + ttft_good + ttft_all:
+        if doc["join"] == "pod" and s.labels.get("pod") and s.labels["pod"] not in pod_names:
+            continue  # an engine on the node whose pod owns none of the incident's GPUs
+        engines.setdefault(_key(s.labels, ekey), {"pod": s.labels.get("pod", "")})
+    for key in sorted(engines):
+        e = {n: v for n, v in zip(ekey, key)}
+        e["pod"] = engines[key]["pod"]
+        mine = lambda ss: [s for s in ss if _key(s.labels, ekey) == key]  # noqa: E731
+        fail = [s for s in mine(success) if s.labels.get("finished_reason") == "error"]
+        tot_d = sum(increase(s, start, end)[0] for s in mine(success))
+        tot_b, cov_b = _sum_cov(mine(success), b0, start)
+        fail_d = sum(increase(s, start, end)[0] for s in fail)
+        fail_b = sum(increase(s, b0, start)[0] for s in fail)
+        good_d = sum(increase(s, start, end)[0] for s in mine(ttft_good))
+        good_b = sum(increase(s, b0, start)[0] for s in mine(ttft_good))
+        cnt_d = sum(increase(s, start, end)[0] for s in mine(ttft_all))
+        cnt_b = sum(increase(s, b0, start)[0] for s in mine(ttft_all))
+        over_d, over_b = max(0.0, cnt_d - good_d), max(0.0, cnt_b - good_b)
+        gp_d, gp_b = max(0.0, good_d - fail_d), max(0.0, good_b - fail_b)
+        base_rate = gp_b / cov_b if cov_b > 0 else None
+        lost = max(0.0, base_rate * dur - gp_d) if base_rate is not None else None
+        e.update({
+            "requests": round(tot_d), "failed": round(fail_d),
+            "failed_excess": round(max(0.0, fail_d - (fail_b / tot_b if tot_b else 0.0) * tot_d)),
+            "over_ttft_slo": round(over_d),
+            "over_ttft_slo_excess": round(max(0.0, over_d - (over_b / cnt_b if cnt_b else 0.0) * cnt_d)),
+            "baseline_seconds": round(cov_b, 1),
+            "baseline_requests_per_s": round(tot_b / cov_b, 4) if cov_b > 0 else None,
+            "baseline_goodput_per_s": round(base_rate, 4) if base_rate is not None else None,
+            "goodput": round(gp_d),
+            "goodput_lost": round(lost) if lost is not None else None,
+            "goodput_lost_per_s": round(lost / dur, 4) if lost is not None and dur > 0 else None,
+        })
+        doc["serving"].append(e)
+    sel1 = f"{fleet.vllm_selector}, {node_m}"
+    q["requests"] = f"sum(increase(vllm:request_success_total{{{sel1}}}[{win}]))"
+    q["failed"] = f'sum(increase(vllm:request_success_total{{{sel1}, finished_reason="error"}}[{win}]))'
+    q["over_ttft_slo"] = (f"sum(increase(vllm:time_to_first_token_seconds_count{{{sel1}}}[{win}])) - "
+                          f'sum(increase(vllm:time_to_first_token_seconds_bucket{{{sel1}, le="{le}"}}[{win}]))')
+    q["goodput"] = (f'sum(increase(vllm:time_to_first_token_seconds_bucket{{{sel1}, le="{le}"}}[{win}])) - '
+                    f'sum(increase(vllm:request_success_total{{{sel1}, finished_reason="error"}}[{win}]))')
+    q["baseline_goodput_per_s"] = f"({q['goodput'].replace(f'[{win}]', f'[{round(cfg.baseline_s)}s] offset {win}')}) / {round(cfg.baseline_s)}"
+
+    # ---- training -----------------------------------------------------------------------------------------
+    steps_here = prom.query(f'training_steps_total{{{node_m}}}[{rng}]', at=end).series
+    jobs = sorted({s.labels.get("training_job", "") for s in steps_here} - {""})
+    if jobs:
+        job_m = f'training_job=~"{_regex_alt(jobs)}"'
+        ranks = prom.query(f'training_steps_total{{{job_m}, {ident}!=""}}[{rng}]', at=end).series
+        q["training_gpus"] = f'count by (training_job) (training_steps_total{{{job_m}, {ident}!=""}})'
+        q["steps"] = f"max by (training_job) (increase(training_steps_total{{{job_m}}}[{win}]))"
+        for job in jobs:
+            mine = [s for s in ranks if s.labels.get("training_job") == job]
+            ids = {(s.labels.get(ident, ""), s.labels.get("rank", "")) for s in mine}
+            steps_d = max((increase(s, start, end)[0] for s in mine), default=0.0)
+            base = [increase(s, b0, start) for s in mine]
+            rate = max((inc_ / cov for inc_, cov in base if cov > 0), default=None)
+            stalled_ranks = sum(longest_flat(s, start, end) >= STALL_S for s in mine)
+            lost = max(0.0, rate * dur - steps_d) if rate else None
+            stalled_s = lost / rate if lost is not None and rate else None
+            doc["training"].append({
+                "training_job": job, "gpus": len(ids),
+                "ranks_on_incident_nodes": sum(1 for s in steps_here if s.labels.get("training_job") == job),
+                "ranks_stalled": stalled_ranks, "steps": round(steps_d),
+                "baseline_steps_per_s": round(rate, 4) if rate else None,
+                "steps_lost": round(lost, 1) if lost is not None else None,
+                "stalled_s": round(stalled_s, 1) if stalled_s is not None else None,
+                "gpu_hours_lost": round(len(ids) * stalled_s / 3600.0, 3) if stalled_s is not None else None,
+            })
+    doc["totals"] = _totals(doc)
+    doc["line"] = line(doc, cfg)
+    return doc
+
+
+def _sum_cov(series: list[Series], t0: float, t1: float) -> tuple[float, float]:
+    """Summed increase and the longest coverage among ``series`` over [t0, t1]."""
+    parts = [increase(s, t0, t1) for s in series]
+    return sum(p[0] for p in parts), max((p[1] for p in parts), default=0.0)
+
+
+def _totals(doc: dict) -> dict:
+    sv, tr = doc["serving"], doc["training"]
+    return {"requests_failed": sum(e["failed"] for e in sv),
+            "requests_over_ttft_slo": sum(e["over_ttft_slo"] for e in sv),
+            "goodput_lost": sum(e["goodput_lost"] or 0 for e in sv),
+            "goodput_lost_per_s": round(sum(e["goodput_lost_per_s"] or 0.0 for e in sv), 4),
+            "gpu_hours_lost": round(sum(t["gpu_hours_lost"] or 0.0 for t in tr), 3),
+            "ranks_stalled": sum(t["ranks_stalled"] for t in tr)}
+
+
+def _n(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "unknown (no baseline)"
+    return f"{x:,.0f}{unit}" if abs(x) >= 10 or float(x).is_integer() else f"{x:.2f}{unit}"
+
+
+def line(doc: dict, cfg: ImpactConfig) -> str:
+    """The one-line impact the console, the CLI and the drills print (numbers as in ``doc``)."""
+    parts = []
+    mins = doc["window"]["seconds"] / 60.0
+    for e in doc["serving"]:
+        parts.append(
+            f"serving {e['model_name'] or 'engine'} on {e[cfg.fleet.identity_label]}: {_n(e['failed'])} requests failed "
+            f"({_n(e['failed_excess'])} above baseline), {_n(e['over_ttft_slo'])} over the "
+            f"{cfg.ttft_threshold_s:g} s TTFT SLO ({_n(e['over_ttft_slo_excess'])} above baseline), goodput lost "
+            f"{_n(e['goodput_lost'])} requests ({_n(e['goodput_lost_per_s'])} req/s)")
+    for t in doc["training"]:
+        parts.append(
+            f"training {t['training_job']}: {t['ranks_stalled']}/{t['gpus']} ranks stalled, "
+            f"{_n(t['stalled_s'])} s stalled, {_n(t['gpu_hours_lost'])} GPU-hours lost")
+    f = doc["fleet"]
+    if f:
+        parts.append(f"capacity out: {f['gpus_out']} of {f['gpus_total']} GPUs ({100 * f['capacity_out_ratio']:.1f}%)")
+    if doc["join"] == "node" and (doc["serving"] or doc["training"]):
+        parts.append("joined by node (no pod attribution labels)")
+    if not doc["serving"] and not doc["training"] and doc["join"] != "none":
+        parts.append("no serving engine or training job on the node")
+    return f"{mins:.1f} min: " + "; ".join(parts) if parts else f"{mins:.1f} min: no node named"
+
+
+class ImpactWatcher:
+    """Measures every open incident's impact every ``every_s`` seconds and each resolved one once more
+    after its resolution (the final figures over its whole window), storing them on the incident.
+
+    ``measure_fn(inc, now) -> dict`` is :func:`measure` bound to a client and config. A failed
+    measurement keeps the last stored one and adds ``error`` (one line) and ``error_at`` to it; an
+    incident never measured gets ``{"error", "measured_at"}`` so the console says why it has no
+    numbers. Resolved incidents older than ``lookback_s`` are not revisited.
+    """
+
+    def __init__(self, store, measure_fn, every_s: float = 30.0, lookback_s: float = 86400.0):
+        from gpuobs.pager.periodic import Periodic
+
+        watcher = self
+
+        class _Loop(Periodic):
+            failure = "impact measurement failed"
+
+            def check(self, now: float):
+                return watcher.check(now)
+
+        self.store, self.measure_fn, self.every_s, self.lookback_s = store, measure_fn, every_s, lookback_s
+        self._loop = _Loop(min(every_s, 5.0), "impact")
+
+    def start(self) -> "ImpactWatcher":
+        self._loop.start()
+        return self
+
+    def stop(self) -> None:
+        self._loop.stop()
+
+    def check(self, now: float) -> list[int]:
+        """Measure what is due at ``now``; returns the ids measured (successfully or not)."""
+        ids = self.store.impact_due(now, self.every_s, now - self.lookback_s)
+        for iid in ids:
+            self.measure_one(iid, now)
+        return ids
+
+    def measure_one(self, iid: int, now: float) -> dict:
+        """Measure incident ``iid`` at ``now`` and store the result (or the error); returns what was stored.
+        Raises IncidentNotFound for an unknown id."""
+        from gpuobs.promapi.prometheus import PrometheusError
+
+        inc = self.store.incident(iid)
+        try:
+            doc = self.measure_fn(inc, now)
+        except PrometheusError as exc:
+            msg = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            last = inc.get("impact")
+            doc = ({**last, "error": msg, "error_at": now} if last and "line" in last
+                   else {"error": msg, "measured_at": now})
+        self.store.record_impact(iid, doc)
+        return doc
