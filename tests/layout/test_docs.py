@@ -102,3 +102,22 @@ def test_fault_kinds_line_names_exactly_the_catalogue():
     assert line is not None, "docs/faults.md lists the kinds on a 'Kinds:' line"
     named = re.findall(r"`([a-z-]+)`", line.group(1))
     assert named == sorted(named, key=list(KINDS).index) and set(named) == set(KINDS)
+
+
+def test_no_file_cites_the_design_document_outside_the_repository():
+    """Code comments, docstrings, rule files, runbooks and the Makefile say what they mean or name a file in
+    the repository instead of a section of a design document that is not in it."""
+    roots = ["Makefile", "gpuobs", "runbooks", "compose", "prometheus", "alertmanager", "deploy", "bench", "scripts",
+             "tests"]
+    bad = []
+    for root in roots:
+        base = REPO / root
+        for path in [base] if base.is_file() else sorted(base.rglob("*")):
+            if not path.is_file() or path == Path(__file__) or path.suffix in {".pyc", ".png", ".sqlite"}:
+                continue
+            try:
+                text = path.read_text()
+            except (UnicodeDecodeError, OSError):
+                continue
+            bad += [f"{path.relative_to(REPO)}: {m}" for m in re.findall(r".{0,30}(?:design §|design\.md).{0,10}", text)]
+    assert bad == []
