@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # 0 = serial.
 PYTEST_WORKERS ?= 2
 
-# What the simulated exporters serve (stock | helm | recommended; design §4.6), for `make up` and `make drills`.
+# What the simulated exporters serve (stock | helm | recommended; docs/metrics.md), for `make up` and `make drills`.
 EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
 
 DRILL_RUN_DIR ?= .run-drills

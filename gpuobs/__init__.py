@@ -1,3 +1,3 @@
-"""gpuobs: observability and release safety for GPU platforms (see shared design.md)."""
+"""gpuobs: observability and release safety for GPU platforms (README.md, docs/)."""
 
 __version__ = "0.1.0"

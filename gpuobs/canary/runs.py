@@ -41,7 +41,7 @@ from typing import Any
 
 PROMOTE, ROLLBACK, HOLD, INCONCLUSIVE = "PROMOTE", "ROLLBACK", "HOLD", "INCONCLUSIVE"
 VERDICTS = (PROMOTE, ROLLBACK, HOLD, INCONCLUSIVE)
-#: Exit-code style numbers (design §8): INCONCLUSIVE shares HOLD's 3 ("no decision").
+#: Exit-code style numbers (:mod:`gpuobs.core.errors`): INCONCLUSIVE shares HOLD's 3 ("no decision").
 CODES = {PROMOTE: 0, ROLLBACK: 1, HOLD: 3, INCONCLUSIVE: 3}
 DB_NAME = "canary-runs.sqlite"
 

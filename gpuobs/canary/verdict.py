@@ -9,7 +9,7 @@ Combination (:func:`decide`, vectorised so the benchmark applies the same rule):
   so missing data can delay a promotion but never cause one, and never cause a rollback either.
 
 Non-critical metrics are advisory: reported (and listed as warnings when harmful) but never decide.
-Verdict codes equal the CLI exit codes of design §8: PROMOTE 0, ROLLBACK 1, HOLD 3.
+Verdict codes equal the CLI exit codes (:mod:`gpuobs.core.errors`): PROMOTE 0, ROLLBACK 1, HOLD 3.
 
 Said once: a ROLLBACK's reasons are one short line per deciding test (:func:`deciding_tests`,
 :func:`deciding_line`: ``ttft: High (+29.8% [+0.6%, +67.3%])``); the assumptions a look rests on
@@ -130,7 +130,7 @@ class Verdict:
 
     @property
     def exit_code(self) -> int:
-        """0 PROMOTE, 1 ROLLBACK, 3 HOLD (design §8)."""
+        """0 PROMOTE, 1 ROLLBACK, 3 HOLD (:mod:`gpuobs.core.errors`)."""
         return {v: k for k, v in VERDICT_NAMES.items()}[self.verdict]
 
     @property

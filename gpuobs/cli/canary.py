@@ -1,7 +1,7 @@
 """``gpuobs canary``: the canary analyzer's command line (``analyze``, ``serve``).
 
 The main CLI calls :func:`register` with its sub-parsers object, then ``args.func(args)`` and exits
-with the returned code, or the exit code of the error it raises (:func:`gpuobs.cli.dispatch`; design §8):
+with the returned code, or the exit code of the error it raises (:func:`gpuobs.cli.dispatch`; gpuobs/core/errors.py):
 
 * 0 PROMOTE, 1 ROLLBACK, 3 HOLD: a verdict, printed as a table or, with ``--json``, one JSON object;
 * 2 usage or input error: a bad flag, selector, duration or config file, or a query the backend

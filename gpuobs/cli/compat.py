@@ -3,7 +3,7 @@
 The main CLI calls :func:`register` with its sub-parsers object, then ``args.func(args)`` and
 exits with the returned code: 0 compatible (warnings included) or plan OK, 1 incompatible or
 plan blocked, 2 bad input (one ``error:`` line on stderr naming the field, the value and what is
-accepted; design §8). Results go to stdout, as text or, with ``--json``, one JSON object.
+accepted; :mod:`gpuobs.core.errors`). Results go to stdout, as text or, with ``--json``, one JSON object.
 """
 
 from __future__ import annotations

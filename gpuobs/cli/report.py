@@ -1,7 +1,7 @@
 """``gpuobs report``: write the HTML reports from the command line (``drill``, ``rollout``).
 
 The main CLI calls :func:`register` with its sub-parsers object, then ``args.func(args)`` and exits
-with the returned code (design §8). The written file's path is always the last line on stdout, so
+with the returned code (:mod:`gpuobs.core.errors`). The written file's path is always the last line on stdout, so
 ``make drill-*`` / ``make rollout-*`` can print or open it (``... | tail -n 1``). Exit codes:
 
 * 0: the report was written;

@@ -3,7 +3,7 @@
 Works on the native stack of ``--run-dir`` (``<run>/stack.json``: nodes, admin token, Prometheus URL);
 the rollout database is ``<run>/rollout.sqlite`` and one controller at a time holds
 ``<run>/rollout.lock``. Progress goes to stdout, one line per event, then a report with the stage
-table and the deciding canary verdict table. Exit codes (design §8; see :mod:`gpuobs.rollout.controller`):
+table and the deciding canary verdict table. Exit codes (docs/rollout.md; see :mod:`gpuobs.rollout.controller`):
 0 Succeeded, 1 RolledBack / Rejected / rollback incomplete, 3 Aborted (inconclusive, operator abort,
 Prometheus errors, freeze mid-rollout), 2 usage or input error (one ``error:`` line on stderr).
 

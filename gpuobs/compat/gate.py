@@ -104,7 +104,7 @@ class Verdict:
 
     @property
     def exit_code(self) -> int:
-        """0 for COMPATIBLE and COMPATIBLE_WITH_WARNINGS, 1 for INCOMPATIBLE (design §8)."""
+        """0 for COMPATIBLE and COMPATIBLE_WITH_WARNINGS, 1 for INCOMPATIBLE (:mod:`gpuobs.core.errors`)."""
         return 1 if self.verdict == INCOMPATIBLE else 0
 
     def failed(self) -> list[str]:

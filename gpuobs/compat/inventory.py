@@ -2,7 +2,7 @@
 
 Inventory source: dcgm-exporter's own labels on one per-GPU series (default ``DCGM_FI_DEV_GPU_TEMP``,
 in dcgm-exporter's default counter set), keyed by the fleet config's identity label (the one the rules
-group by; dcgm-exporter's ``Hostname`` may be a pod name, ``localhost`` or absent, design §4.1) and
+group by; dcgm-exporter's ``Hostname`` may be a pod name, ``localhost`` or absent, docs/real-fleet.md step 3) and
 read through its DCGM selector with one instant query::
 
     count by (<identity>, modelName, DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP{<selector>})
@@ -94,7 +94,7 @@ class FleetReport:
 
     @property
     def exit_code(self) -> int:
-        """0 compatible (warnings included), 1 otherwise (design §8)."""
+        """0 compatible (warnings included), 1 otherwise (:mod:`gpuobs.core.errors`)."""
         return 1 if self.verdict == INCOMPATIBLE else 0
 
     def blockers(self) -> list[str]:

@@ -4,12 +4,12 @@
 A monitoring mixin's ``_config``: the few facts about a fleet that the rules, the Alertmanager config's
 grouping and inhibitions and the dashboards are rendered from (:mod:`gpuobs.mixin.render`), and that
 the runtime users read instead of keeping defaults of their own (doctor, the canary's selectors, the
-rollout's inventory and signals, compat's inventory, drills, reports) (design §4.6, §6):
+rollout's inventory and signals, compat's inventory, drills, reports) (docs/real-fleet.md):
 
 * ``identity_label``: the node-identity label the scrape config guarantees on every DCGM, vLLM and
   gpuobs series (default ``node``; see README "Pointing it at a real fleet" for the relabelling).
   dcgm-exporter's own ``Hostname`` is NOT usable: it may be the node name, the exporter pod name,
-  ``localhost``, lowercase ``hostname`` or absent (design §4.1).
+  ``localhost``, lowercase ``hostname`` or absent (docs/real-fleet.md, step 3).
 * ``selectors.dcgm`` / ``selectors.vllm``: PromQL label matchers that select the DCGM exporter's and
   the serving engines' targets (``job`` is the Service name under kube-prometheus ServiceMonitors,
   e.g. ``nvidia-dcgm-exporter``).

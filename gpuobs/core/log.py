@@ -1,4 +1,4 @@
-"""Structured logging: one JSON object per line on stderr (design §8).
+"""Structured logging: one JSON object per line on stderr.
 
 Each record carries ``ts`` (RFC 3339 UTC), ``level``, ``component``, ``msg`` and any extra
 ``fields`` passed with ``extra={"fields": {...}}``.

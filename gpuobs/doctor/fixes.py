@@ -55,7 +55,7 @@ STOCK_FIELDS = frozenset({
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE",
     "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
     "DCGM_FI_DRIVER_VERSION", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"})
-#: Fields no shipped counters file names, not even commented out (design §4.1).
+#: Fields no shipped counters file names, not even commented out (docs/metrics.md).
 NOT_IN_ANY_CSV = frozenset({"DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_ROW_REMAP_PENDING"})
 #: Legacy metric names that mean a field is there under an old name (metric -> legacy name, why).
 LEGACY_NAMES: dict[str, tuple[str, str]] = {

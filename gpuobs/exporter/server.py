@@ -64,7 +64,7 @@ class NodeServer(httpd.Server):
         self._generation = node.exporter_generation  # a replaced exporter starts its counters at 0
 
     def metrics_page(self) -> bytes:
-        """Render the node's page, plus exporter self-metrics (design §4.5) when the collector's profile
+        """Render the node's page, plus exporter self-metrics (docs/metrics.md) when the collector's profile
         carries them (a stock dcgm-exporter page has none)."""
         start = time.perf_counter()
         fams = self.collector.collect()

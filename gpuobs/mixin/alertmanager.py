@@ -1,5 +1,5 @@
 """``alertmanager/alertmanager.yml`` from the fleet config: routing by severity, grouping by alertname and
-the identity label, and inhibitions keyed on the identity (design §6).
+the identity label, and inhibitions keyed on the identity (docs/strategy.md#what-pages-what-tickets).
 
 Every inhibition that is ``equal:`` on the identity label (or on ``gpu``, ``pci_bus_id``) carries
 ``<label>=~".+"`` on BOTH its source and its target matchers: Alertmanager treats a missing label as

@@ -66,7 +66,7 @@ class Family:
 
 
 CSV = "add to the dcgm-exporter counters CSV (deploy/dcgm-exporter/recommended.csv has the line)"
-APP = "instrument the framework (PyTorch allocator metrics, design §4.2)"
+APP = "instrument the framework (PyTorch allocator metrics, docs/metrics.md)"
 
 FAMILIES: tuple[Family, ...] = (
     Family("xid", ("GpuXidCritical", "GpuXidWarning", "GpuKernelXidCritical", "GpuKernelXidWarning",

@@ -6,7 +6,7 @@ that makes the best signal win), and composing them in code keeps one definition
 output goes through PyYAML (:mod:`gpuobs.mixin.yamlout`), so it is always valid YAML, and no template
 engine is added to the dependencies.
 
-Contract of every rule (design §4.6, §6; tests/mixin check it):
+Contract of every rule (docs/strategy.md, docs/real-fleet.md; tests/mixin check it):
 
 * every DCGM series is read through the configured DCGM selector, every vLLM series through the
   vLLM selector, and every series with ``<identity>!=""``: a series without the identity label never
@@ -57,7 +57,7 @@ GAP_TOLERANCE = "2m"
 
 #: The label that names a target whose series lack the identity label (a scrape without the identity
 #: relabelling): unique per target on every scrape shape, unlike dcgm-exporter's ``Hostname``
-#: (``localhost`` or the exporter pod's name on every node alike, design §4.1).
+#: (``localhost`` or the exporter pod's name on every node alike; docs/real-fleet.md, step 3).
 FALLBACK_IDENTITY = "instance"
 #: Alerts that never get a degraded twin: meta alerts, the ticket that names the targets without the
 #: identity label, and fleet-level alerts (no identity in their labels).
@@ -491,7 +491,7 @@ class Rules:
                           f"/ on ({J}) (max by ({J}) (deriv({reserved}[30m])) > 0)")},
             ]},
             {"name": "gpu-memory", "rules": [
-                {"#": ("Enhanced (framework allocator metrics, design §4.2): the caching allocator's reserved-minus-\n"
+                {"#": ("Enhanced (framework allocator metrics, docs/metrics.md): the caching allocator's reserved-minus-\n"
                        "allocated gap grows while allocated memory is flat, with alloc retries or a projected OOM\n"
                        "within 4 h. Stock (DCGM only): FB used grows and heads for the framebuffer's capacity within\n"
                        "4 h (predict_linear). The value is the growth in bytes/s. FB_* are absent on H100 MIG instances."),
@@ -687,13 +687,13 @@ def _indent(text: str, n: int = 2) -> str:
 #: Rule file name -> (header comment, builder).
 FILES = {
     "gpu-xid.yml": ("Xid alerts; code lists from gpuobs/reference/data/xid_catalog.csv (critical = reset GPU /\n"
-                    "reboot node / RMA; warning = the rest plus design §6's ticketed codes 63, 92, 94, 13, 31, 43, 45, 68).",
+                    "reboot node / RMA; warning = the rest plus the ticketed codes 63, 92, 94, 13, 31, 43, 45, 68).",
                     Rules.xid_file),
     "gpu-health.yml": ("GPU fleet health: exporter reachability and identity, GPUs missing from the DCGM page, stale\n"
                        "telemetry, and the Watchdog (dead man's switch).", Rules.health_file),
     "gpu-hardware.yml": ("GPU hardware health: ECC, row remapping, NVLink, PCIe and throttling. Page on imminent loss\n"
                          "of hardware (uncorrectable errors, failed remap); ticket on causes.", Rules.hardware_file),
-    "gpu-memory.yml": ("GPU memory: the framework allocator's fragmentation (design §4.2) when it is instrumented,\n"
+    "gpu-memory.yml": ("GPU memory: the framework allocator's fragmentation (docs/metrics.md) if it is instrumented,\n"
                        "DCGM's framebuffer trend otherwise.", Rules.memory_file),
     "serving.yml": ("Serving engine signals (vLLM V1 names) other than the SLOs (slo.yml).", Rules.serving_file),
     "training.yml": ("Training jobs: MFU, stragglers, and the collective hang where GPU utilisation lies.",

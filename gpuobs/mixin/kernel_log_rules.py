@@ -3,7 +3,7 @@
 ``gpuobs rules kernel-log`` prints the file; ``--check FILE`` exits 1 if FILE differs. Code
 lists come from the Xid catalogue (:mod:`gpuobs.reference.xid`, the same split as ``gpu-xid.yml``).
 
-One page per incident, with the DCGM path (design §6):
+One page per incident, with the DCGM path (docs/logwatch.md):
 
 * Which path pages for a node is decided in the rule expressions, not in Alertmanager: DCGM's
   ``GpuXidCritical``/``GpuXidWarning`` (``gpu-xid.yml``) stand aside ``unless on (<identity>)`` the

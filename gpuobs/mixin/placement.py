@@ -36,7 +36,7 @@ import yaml
 from gpuobs.core.durations import parse_duration
 
 #: Besides the fleet config's identity label (the node, which file_sd and ServiceMonitor targets both
-#: carry, design §4.1), the label that identifies where a series comes from: the scrape target itself.
+#: carry, docs/real-fleet.md step 3), the label that identifies where a series comes from: the scrape target itself.
 TARGET_LABEL = "instance"
 
 SHARD = "shard"

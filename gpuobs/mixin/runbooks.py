@@ -1,4 +1,4 @@
-"""Runbook URLs of the alerts: ``<base>/runbooks/<file>.md#<alertname-lowercase>`` (design §6).
+"""Runbook URLs of the alerts: ``<base>/runbooks/<file>.md#<alertname-lowercase>`` (runbooks/README.md).
 
 Every generated and hand-written rule links its runbook this way, ``<base>`` being the fleet config's
 ``runbook_base`` (:class:`gpuobs.core.fleet.FleetConfig`); the stack rewrites the shipped files' base to
@@ -9,5 +9,5 @@ from __future__ import annotations
 
 
 def runbook_url(base: str, file: str, alertname: str) -> str:
-    """``<base>/runbooks/<file>.md#<alertname-lowercase>`` (design §6); ``base`` without a trailing slash."""
+    """``<base>/runbooks/<file>.md#<alertname-lowercase>``; ``base`` without a trailing slash."""
     return f"{base.rstrip('/')}/runbooks/{file}.md#{alertname.lower()}"

@@ -32,7 +32,7 @@ CUDA_ACCEPTED = "MAJOR.MINOR[.PATCH] CUDA toolkit version, e.g. 12.4 or 12.4.1"
 GPU_EXAMPLES = ("'NVIDIA H100 80GB HBM3'", "'NVIDIA A100-SXM4-80GB'", "'Tesla V100-SXM2-32GB'",
                 "'NVIDIA B200'", "'NVIDIA L4'", "sm_90", "9.0", "Hopper")
 
-#: Words in a row's cells that mark it provisional (shared/data/README.md: the 13.3/13.4 rows are
+#: Words in a row's cells that mark it provisional (gpuobs/reference/data/README.md: the 13.3/13.4 rows are
 #: third-party copies, Orin is unverified, vLLM torch map and TensorRT-LLM rows partly approximate).
 _PROVISIONAL_WORDS = ("third-party", "unverified", "not verified", "approximate", "verify against")
 _VENDOR_WORDS = ("NVIDIA", "TESLA", "GEFORCE")

@@ -33,7 +33,7 @@ HW_SLOWDOWN = 0x8
 SW_THERMAL = 0x20
 HW_THERMAL = 0x40
 HW_POWER_BRAKE = 0x80
-#: The bits that cost clock to thermal or power limits (design §4.1), by name: what the throttling
+#: The bits that cost clock to thermal or power limits (docs/metrics.md), by name: what the throttling
 #: rules and the throttling dashboard test.
 THROTTLE_BITS = (("SW_POWER_CAP", SW_POWER_CAP), ("HW_SLOWDOWN", HW_SLOWDOWN), ("SW_THERMAL", SW_THERMAL),
                  ("HW_THERMAL", HW_THERMAL), ("HW_POWER_BRAKE", HW_POWER_BRAKE))

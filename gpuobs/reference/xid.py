@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-#: Xid codes that design §6 tickets even though the catalogue marks some of them ``info``:
+#: Xid codes that ticket (runbooks/xid.md) even though the catalogue marks some of them ``info``:
 #: 63 row remap pending, 92 high SBE rate, 94 contained memory error, and the application-class
 #: codes 13, 31, 43, 45, 68 (k8s-device-plugin internal/rm/health.go).
 TICKETED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 63, 68, 92, 94})
@@ -67,7 +67,7 @@ def critical_codes() -> list[int]:
 
 
 def ticket_codes() -> list[int]:
-    """Codes that ticket: catalogue severity ``warning`` plus design §6's ticketed list."""
+    """Codes that ticket: catalogue severity ``warning`` plus the ticketed list :data:`TICKETED_XIDS`."""
     crit = set(critical_codes())
     return sorted(
         c for c, i in catalog().items()

@@ -521,7 +521,7 @@ class Controller:
                                     "stage.hosts": st.hosts, "stage.share": len(st.hosts) / len(spec.hosts)})
 
     def _say(self, rec: RolloutRecord, msg: str) -> None:
-        """A progress line to ``out`` (human) and the same event as a JSON log line (design §8)."""
+        """A progress line to ``out`` (human) and the same event as a JSON log line (:mod:`gpuobs.core.log`)."""
         stamp = time.strftime("%H:%M:%SZ", time.gmtime(self.clock()))
         self.out(f"{stamp} rollout {rec.id}: {msg}")
         LOG.info(msg, extra={"fields": {"rollout": rec.id, "version": rec.version}})

@@ -38,7 +38,7 @@ Healthy, Degraded, Aborted)::
   node is deployed twice), labels are restored, then the recorded target state is entered. A node
   that cannot be reverted keeps the rollout in RollingBack (exit 1; ``resume`` retries).
 
-Exit codes (design §8, :data:`EXIT_CODES`): 0 Succeeded; 1 RolledBack, Rejected, or a rollback left
+Exit codes (:data:`EXIT_CODES`; docs/rollout.md#exit-codes): 0 Succeeded; 1 RolledBack, Rejected, or a rollback left
 incomplete; 3 Aborted (no verdict on the release); 2 usage errors (:class:`UsageError`, mapped by the CLI).
 """
 

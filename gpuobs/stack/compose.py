@@ -13,7 +13,7 @@ Prometheus, Alertmanager and the pager. Grafana and Jaeger (Compose profiles ``g
 start only when their images have been loaded (``docker load``).
 
 :class:`ComposeAdmin` is the drills' access to a node container: the fault admin API listens on the
-container's loopback only (design §5), so calls go through ``docker exec`` as the gpuobs user with the
+container's loopback only (docs/faults.md), so calls go through ``docker exec`` as the gpuobs user with the
 admin token in the container's tmpfs; the ``down`` fault stops the container itself (``docker stop``)
 and clearing it starts it again.
 """

@@ -1,4 +1,4 @@
-"""Native-mode Grafana: started only when a Grafana binary is on PATH (design §2).
+"""Native-mode Grafana: started only when a Grafana binary is on PATH (docs/topology.md).
 
 The repository's ``grafana/grafana.ini`` (outbound features off, anonymous read-only Viewer) and
 provisioning files are the source of truth for both modes; for native mode the datasource URLs are

@@ -78,7 +78,7 @@ class StackState:
     training_nodes: int = 0
     seed: int = 1
     profile: str = "default"
-    #: Exporter profile, host-label mode and scrape mode of the simulated fleet (design §4.6).
+    #: Exporter profile, host-label mode and scrape mode of the simulated fleet (docs/metrics.md).
     exporter_profile: str = "stock"
     host_label_mode: str = "Hostname"
     scrape_mode: str = "file_sd"

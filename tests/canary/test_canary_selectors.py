@@ -1,6 +1,6 @@
 """Named target selectors ($vllm, $dcgm) of the canary config, and why they exist.
 
-Under kube-prometheus a ServiceMonitor's ``job`` is the Service name (design §4.1): vLLM served behind
+Under kube-prometheus a ServiceMonitor's ``job`` is the Service name (docs/real-fleet.md, step 3): vLLM served behind
 Service ``vllm-engine-service`` is scraped as ``job="vllm-engine-service"``. The packaged config used
 a literal ``job="vllm"``, which selected nothing there, so every look on a real fleet was NoData and
 HOLD. Its selectors now default to the fleet config's (prometheus/fleet.yaml).

@@ -4,7 +4,7 @@ Field lists (what each counters file enables), read from NVIDIA/dcgm-exporter at
 ``STOCK_FIELDS`` are the uncommented metric lines of etc/default-counters.csv (25 metrics, plus the
 DCGM_FI_DRIVER_VERSION label line); the Helm chart's ConfigMap (deployment/templates/metrics-configmap.yaml)
 drops DCGM_FI_DEV_FB_RESERVED and the driver label. ``RECOMMENDED_EXTRA`` is what deploy/dcgm-exporter/
-recommended.csv adds (design §4.1's second table). Label shapes: design §4.1 (dcgm-exporter's label order,
+recommended.csv adds (docs/real-fleet.md, step 2). Label shapes: docs/metrics.md (dcgm-exporter's label order,
 host-label variants, MIG instances without GPU_UTIL/MEM_COPY_UTIL and, on H100, FB_*) and kube-prometheus
 ServiceMonitor targets (job = Service name, pod labels stored as exported_*, no node).
 """
@@ -29,7 +29,7 @@ RECOMMENDED_EXTRA = (
     "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
     "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
     "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_EXP_XID_ERRORS_COUNT")
-#: Series a MIG instance does not get (design §4.1; dcgm-exporter #105, #512, #380 for H100).
+#: Series a MIG instance does not get (docs/metrics.md#mig-instances; dcgm-exporter #105, #512, #380 for H100).
 MIG_ABSENT = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED",
               "DCGM_FI_DEV_FB_RESERVED")
 ALLOCATOR = ("pytorch_cuda_memory_allocated_bytes", "pytorch_cuda_memory_reserved_bytes",

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 UPSTREAM = REPO / "tests" / "data" / "dcgm-exporter-4.5.3-4.8.2-default-counters.csv"
 RECOMMENDED = REPO / "deploy" / "dcgm-exporter" / "recommended.csv"
 VALUES = REPO / "deploy" / "dcgm-exporter" / "values-recommended.yaml"
-#: The fields the enhanced rule paths read, canonical names (issue 10 item 1; design §4.1 second table).
+#: The fields the enhanced rule paths read, canonical names (issue 10 item 1; docs/real-fleet.md, step 2).
 EXTRAS = {
     ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge"), ("DCGM_FI_DEV_POWER_VIOLATION", "counter"),
     ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter"), ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter"),

@@ -332,7 +332,7 @@ def test_every_identity_inhibition_requires_a_non_empty_identity_on_both_sides()
         assert guard in rule.source and guard in rule.target, rule
 
 
-#: dcgm-exporter host-label modes (design §4.1) as they reach Alertmanager on an alert's labels when a
+#: dcgm-exporter host-label modes (docs/real-fleet.md, step 3) as they reach Alertmanager on an alert's labels when a
 #: rule keeps them: the node name, the exporter pod's name, "localhost" (4.0-4.5.3 with -r), lowercase
 #: `hostname` (master after #655), none (-n).
 HOST_MODES = {

@@ -99,7 +99,7 @@ DCGM_FIELDS: list[tuple[str, str, bool, str, Callable[[G], float]]] = [
     ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", True, "Total number of NVLink recovery errors.",
      lambda g: g.nvlink_recovery_errors),
 ]
-#: Fields a MIG instance does not report (design §4.1: use the PROF ratios instead; dcgm-exporter #105).
+#: Fields a MIG instance does not report (docs/metrics.md: use the PROF ratios instead; dcgm-exporter #105).
 MIG_EXCLUDED = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL"}
 #: Framebuffer fields, absent on MIG instances of products whose ``mig_instance_fb`` is False (H100).
 FB_FIELDS = {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED"}
@@ -116,7 +116,7 @@ LABEL_FIELDS = ("DCGM_FI_DRIVER_VERSION",)
 XID_HELP = "Value of the last XID error encountered."
 XID_COUNT_HELP = "Count of XID Errors within user-specified time window (see xid-count-window-size param)."
 
-# torch.cuda.memory_stats keys as Prometheus metrics (design §4.2; pytorch torch/cuda/memory.py).
+# torch.cuda.memory_stats keys as Prometheus metrics (docs/metrics.md; pytorch torch/cuda/memory.py).
 ALLOCATOR_FIELDS = [
     ("pytorch_cuda_memory_allocated_bytes", "gauge", "Bytes held by live tensors (allocated_bytes.all.current).",
      lambda g: g.alloc.allocated),

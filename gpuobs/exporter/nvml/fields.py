@@ -19,7 +19,7 @@ CODES = {"NVML_ERROR_INVALID_ARGUMENT": 2, "NVML_ERROR_NOT_SUPPORTED": 3, "NVML_
 MIB = 1 << 20
 
 # (name, type, integer-formatted, HELP) in page order; HELP as dcgm-exporter's default-counters.csv and
-# the simulated collector (violation counters in ns, design §4.1).
+# the simulated collector (violation counters in ns, docs/nvml.md).
 FIELDS: list[tuple[str, str, bool, str]] = [
     ("DCGM_FI_DEV_SM_CLOCK", "gauge", True, "SM clock frequency (in MHz)."),
     ("DCGM_FI_DEV_MEM_CLOCK", "gauge", True, "Memory clock frequency (in MHz)."),

@@ -40,7 +40,7 @@ class NvmlHTTPServer(httpd.Server):
         self.last_collect_s = 0.0
 
     def metrics_page(self) -> bytes:
-        """The collector's families plus design §4.5 self-metrics, rendered. Raises what collect raises."""
+        """The collector's families plus its self-metrics (docs/metrics.md), rendered. Raises what collect raises."""
         with self.scrape_lock:
             self.scrapes += 1
             start = time.perf_counter()

@@ -10,7 +10,7 @@ generation length (lognormal), a queue time, a TTFT and per-token inter-token la
 * the deployed release's hidden profile combined with those of the feature flags that are on
   (TTFT/ITL multipliers, added error ratio, added error ratio on long prompts).
 
-Metric names, types and bucket boundaries follow vllm/v1/metrics/loggers.py (design §4.3; read at
+Metric names, types and bucket boundaries follow vllm/v1/metrics/loggers.py (docs/metrics.md; read at
 vllm-project/vllm commits a6f0308cfe80 and 005a810bc40f): besides the latency histograms, the per-request
 ones vLLM's example Grafana dashboard plots, observed per finished request as vLLM's
 ``PrometheusStatLogger.record`` does: ``request_prefill_time_seconds`` (time in PREFILL: first token

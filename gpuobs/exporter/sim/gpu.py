@@ -1,7 +1,7 @@
 """Physics of one simulated GPU: load -> activity -> power -> temperature -> clocks, plus its
 error counters and the framework's caching allocator.
 
-Quantities use dcgm-exporter's units (design §4.1): clocks MHz, temperature C, power W, energy mJ,
+Quantities use dcgm-exporter's units (docs/metrics.md): clocks MHz, temperature C, power W, energy mJ,
 framebuffer MiB, violation counters ns; the allocator uses bytes (torch.cuda.memory_stats).
 The thermal model is a first-order RC circuit with a proportional clock governor:
 
@@ -18,7 +18,7 @@ The thermal model is a first-order RC circuit with a proportional clock governor
   sets HW_POWER_BRAKE (0x80) and HW_SLOWDOWN and accrues DCGM_FI_DEV_POWER_VIOLATION.
 
 H100 SXM5 figures (NVIDIA H100 datasheet): TDP 700 W, max boost SM clock 1980 MHz, HBM3 memory
-clock 2619 MHz, 81559 MiB framebuffer as NVML reports it; idle power ~70 W (design §5).
+clock 2619 MHz, 81559 MiB framebuffer as NVML reports it; idle power ~70 W (docs/faults.md, healthy bands).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exporter profiles (design §4.6): which counters file the simulated dcgm-exporter serves, how it
+"""Exporter profiles (docs/metrics.md): which counters file the simulated dcgm-exporter serves, how it
 prints the host label, and whether gpuobs's own extras are on the page.
 
 * ``stock`` (default): dcgm-exporter 4.x ``etc/default-counters.csv`` (tag 4.5.3-4.8.2), exactly: 25

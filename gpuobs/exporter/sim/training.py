@@ -2,7 +2,7 @@
 
 Each step, every rank computes (forward + backward) for ``compute_s / clock_ratio * slowdown`` and
 then joins an all-reduce; the collective completes only when the slowest rank arrives, so the job's
-step time is ``max(compute) + comm``. Per rank we record (design §4.4):
+step time is ``max(compute) + comm``. Per rank we record (docs/metrics.md):
 
 * ``training_step_duration_seconds``: the rank's own busy time in the step (its compute + the
   collective's transfer time, without waiting for slower ranks), the per-rank signal a profiler
@@ -13,7 +13,7 @@ step time is ``max(compute) + comm``. Per rank we record (design §4.4):
 
 A collective hang stops every step: no step completes, MFU drops to 0, and the GPUs spin in the NCCL
 kernel (GPU_UTIL ~100 % while SM_ACTIVE and power collapse, the "utilisation lies" case).
-The label is ``training_job`` rather than design §4.4's ``job`` because a scraped ``job`` label
+The label is ``training_job`` rather than ``job`` because a scraped ``job`` label
 collides with Prometheus's own target label and would be renamed ``exported_job``.
 """
 
