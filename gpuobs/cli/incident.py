@@ -78,7 +78,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"{doc['open']} open ({doc['counts']['page']['open']} pages, {doc['counts']['ticket']['open']} tickets)")
     for i in doc["incidents"]:
         print(_line(i))
+        if impact_line(i):
+            print(f"       impact: {impact_line(i)}")
     return 0
+
+
+def impact_line(inc: dict) -> str:
+    """The incident's impact line (:mod:`gpuobs.pager.impact`), its error, or '' before any measurement."""
+    imp = inc.get("impact") or {}
+    if "line" in imp:
+        return imp["line"] + (f" (last measurement failed: {imp['error']})" if imp.get("error") else "")
+    return f"not measured: {imp['error']}" if imp.get("error") else ""
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -94,6 +104,8 @@ def cmd_show(args: argparse.Namespace) -> int:
           f"{' by ' + doc['acknowledged_by'] if doc['acknowledged_by'] else ''}  resolved {_utc(doc['resolved_at'])}")
     if doc["runbook_url"]:
         print(f"  runbook {doc['runbook_url']}")
+    if impact_line(doc):
+        print(f"  impact {impact_line(doc)}")
     for s in doc["silences"]:
         print(f"  silence {s['id']} until {s['endsAt']} by {s['createdBy']}: {s['comment']}"
               f"{' (expired)' if s['expired_at'] else ''}")
@@ -105,7 +117,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_ack(args: argparse.Namespace) -> int:
     pager, _ = _urls(args)
-    status, doc = _call("POST", f"{pager}/api/incidents/{args.id}/ack", {"by": args.author})
+    status, doc = _call("POST", f"{pager}/api/incidents/{args.id}/ack", {"by": args.author, "note": args.note or ""})
     if status != 200:
         return _err(status, doc)
     print(f"incident #{args.id}: {doc['state']}" + ("" if doc["changed"] else f" ({doc['message']})"))
@@ -203,6 +215,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_show)
     p = gs.add_parser("ack", parents=[common, who], help="acknowledge an open incident")
     p.add_argument("id", type=ID)
+    p.add_argument("--note", default=None, help="what you are doing about it (on the incident's timeline)")
     p.set_defaults(func=cmd_ack)
     p = gs.add_parser("silence", parents=[common, who],
                       help="silence the incident's alerts in Alertmanager (matchers: its common labels)")

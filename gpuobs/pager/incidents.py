@@ -178,9 +178,10 @@ def resolve_unheld(db: sqlite3.Connection, ids: list[int], present: set[str], at
     return out
 
 
-def acknowledge(db: sqlite3.Connection, incident_id: int, by: str, at: float) -> tuple[str, bool]:
-    """Acknowledge an open incident; returns ``(state after, changed)``. Acknowledging an acknowledged
-    or resolved incident changes nothing (``changed`` False). Raises IncidentNotFound."""
+def acknowledge(db: sqlite3.Connection, incident_id: int, by: str, at: float, note: str = "") -> tuple[str, bool]:
+    """Acknowledge an open incident (``note``: what the person is doing about it, on the timeline);
+    returns ``(state after, changed)``. Acknowledging an acknowledged or resolved incident changes
+    nothing (``changed`` False). Raises IncidentNotFound."""
     row = db.execute("SELECT state FROM incidents WHERE id = ?", (incident_id,)).fetchone()
     if row is None:
         raise IncidentNotFound(incident_id)
@@ -188,7 +189,7 @@ def acknowledge(db: sqlite3.Connection, incident_id: int, by: str, at: float) ->
         return row[0], False
     db.execute("UPDATE incidents SET state = 'acknowledged', acknowledged_at = ?, acknowledged_by = ?,"
                " updated_at = ? WHERE id = ?", (at, by, at, incident_id))
-    event(db, incident_id, at, "acknowledged", by=by)
+    event(db, incident_id, at, "acknowledged", by=by, **({"note": note} if note else {}))
     return "acknowledged", True
 
 

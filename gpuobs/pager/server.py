@@ -25,7 +25,7 @@ Routes:
   needs ``--prometheus-url``; 503 without it) and store it -> ``{"id", "impact"}`` (502 with the
   error when Prometheus failed). Every incident also carries ``impact``: the last measurement (the
   pager measures open incidents every 30 s and each resolved one once after it resolves), or null.
-* ``POST /api/incidents/<id>/ack`` (optional JSON ``{"by": name}``) -> ``{"id", "state", "changed"}``;
+* ``POST /api/incidents/<id>/ack`` (optional JSON ``{"by": name, "note": text}``) -> ``{"id", "state", "changed"}``;
   ``POST /incidents/<id>/ack`` is the console's form (303 back to the incident).
 * ``POST /api/incidents/<id>/silence`` JSON ``{"duration": "2h", "comment": str, "author": str}`` ->
   201 ``{"silence": id, ...}``: a silence created in Alertmanager (API v2, ``--alertmanager-url``)
@@ -215,8 +215,17 @@ class PagerHandler(httpd.Handler):
         elif url.path == "/notifications":
             self._html(render_html(store.list(200), self.server.runbook_prefix))
         elif url.path == "/":
+            chosen = {k: qs.get(k, [""])[0][:200] for k in (*console.FILTERS, "node")}
+            bad = next((k for k, allowed in console.FILTERS.items() if chosen[k] and chosen[k] not in allowed), None)
+            if bad:
+                self._html(f"<!doctype html><p>{bad} must be one of {', '.join(console.FILTERS[bad])}. "
+                           "<a href=\"/\">incidents</a></p>", 400)
+                return
             self._html(console.index(store.incidents(limit=500), store.incident_counts(), self._safe,
-                                     remediation.status(self.server.remediate_url)))
+                                     remediation.status(self.server.remediate_url), chosen))
+        elif url.path == "/console.js":
+            self.send_body(200, console.SCRIPT.encode(), "text/javascript; charset=utf-8",
+                           headers={"Cache-Control": "no-cache"})
         elif m := re.fullmatch(r"/incidents/([0-9]{1,12})", url.path):
             self._incident_page(int(m.group(1)), qs.get("msg", [""])[0][:300])
         else:
@@ -224,7 +233,10 @@ class PagerHandler(httpd.Handler):
 
     # ---- console --------------------------------------------------------------------------------
     def _html(self, text: str, code: int = 200) -> None:
-        self.send_body(code, text.encode("utf-8", "backslashreplace"), "text/html; charset=utf-8")
+        # Scripts only from the pager itself (/console.js): an injected inline script never runs.
+        self.send_body(code, text.encode("utf-8", "backslashreplace"), "text/html; charset=utf-8",
+                       headers={"Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
+                                                           "img-src 'self' data:; script-src 'self'"})
 
     def _safe(self, url: str) -> str | None:
         return _safe_url(url, self.server.runbook_prefix)
@@ -337,7 +349,7 @@ class PagerHandler(httpd.Handler):
             self.send_json(404, {"error": f"no incident {iid}", "field": "id"})
             return True
         if action == "ack":
-            state, changed = store.acknowledge(iid, by)
+            state, changed = store.acknowledge(iid, by, note=str(fields.get("note") or "")[:500])
             _log.info("incident acknowledged" if changed else "acknowledge: nothing to do",
                       extra={"fields": {"incident": iid, "by": by, "state": state}})
             answer(200, {"id": iid, "state": state, "changed": changed,

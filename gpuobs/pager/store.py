@@ -260,10 +260,11 @@ class PageStore:
         with self._lock:
             return incidents.counts(self._db)
 
-    def acknowledge(self, incident_id: int, by: str, at: float | None = None) -> tuple[str, bool]:
-        """Acknowledge (one committed transaction); returns ``(state, changed)``; raises IncidentNotFound."""
+    def acknowledge(self, incident_id: int, by: str, at: float | None = None, note: str = "") -> tuple[str, bool]:
+        """Acknowledge (one committed transaction; ``note`` goes on the timeline); returns ``(state,
+        changed)``; raises IncidentNotFound."""
         with self._lock, self._db:
-            return incidents.acknowledge(self._db, incident_id, by, time.time() if at is None else at)
+            return incidents.acknowledge(self._db, incident_id, by, time.time() if at is None else at, note)
 
     def record_silence(self, incident_id: int, silence_id: str, ends_at: str, by: str, comment: str,
                        matchers: list[dict]) -> None:

@@ -49,8 +49,9 @@ def test_firing_opens_one_incident_with_identity_and_description_up_front(pager)
     assert inc["descriptions"] == ["GPU 3 (PCI 00000000:18:00.0) on gpu-node-01 reported Xid 48"]
     html = requests.get(f"{url}/", timeout=5).text
     assert '<span id="open-pages">1</span> open page' in html
-    assert "reported Xid 48" in html and '<td class="xid">48</td>' in html and '<td class="node">gpu-node-01</td>' in html
-    assert 'action="/incidents/1/ack"' in html and "refresh" not in html
+    assert "reported Xid 48" in html and 'Xid <span class="xid">48</span>' in html
+    assert '<section class="node-group" data-node="gpu-node-01"><h2>gpu-node-01 <span class="sev sev-critical">critical' in html
+    assert 'action="/incidents/1/ack"' in html and '<input name="note"' in html
     one = requests.get(f"{url}/api/incidents/{inc['id']}", timeout=5).json()
     assert [e["kind"] for e in one["timeline"]] == ["notified", "opened"]  # the duplicate added nothing
     assert requests.get(f"{url}/api/incidents/999", timeout=5).status_code == 404
@@ -117,7 +118,10 @@ def test_group_stays_open_while_any_alert_fires_and_pages_and_tickets_are_apart(
     assert page["state"] == "open" and page["firing"] == 1 and page["gpus"] == ["5"]
     assert doc["counts"]["ticket"]["open"] == 1 and doc["open"] == 2
     html = requests.get(f"{url}/", timeout=5).text
-    pages, tickets = html.split('<section id="tickets">')
+    assert html.count('<span class="muted">page</span>') + html.count('<div class="muted">page</div>') == 1
+    assert '<div class="muted">ticket</div>' in html  # channel by word in the severity cell
+    pages = requests.get(f"{url}/", params={"channel": "page"}, timeout=5).text
+    tickets = requests.get(f"{url}/", params={"channel": "ticket"}, timeout=5).text
     assert "GpuXidCritical" in pages and "GpuXidWarning" not in pages
     assert "GpuXidWarning" in tickets and "Xid 13" in tickets
     assert requests.get(f"{url}/api/incidents?channel=ticket", timeout=5).json()["incidents"][0]["xids"] == ["13"]
