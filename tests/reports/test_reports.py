@@ -162,8 +162,61 @@ def test_drill_report_fail_false_alerts_and_rejected_query(tmp_path):
     assert "FAIL" in text and "did not resolve" in text
     assert "&lt;img src=x onerror=alert(1)&gt;" in text
     assert "query rejected (bad_data): parse error &lt;b&gt;here&lt;/b&gt;" in text
-    assert len(pngs(text)) == len(PANELS["xid"])
+    assert len(pngs(text)) == len(PANELS["xid"]) - 1  # the rejected query's panel is said, not plotted empty
     assert ends == {T0 + 400}  # unresolved: the window runs to now
+
+
+class OnlySome(DrillData):
+    """DrillData for queries naming one of ``present``; every other query has no series (a metric the
+    stack's exporter profile does not export, or a path that did not run)."""
+
+    def __init__(self, present: tuple[str, ...]):
+        super().__init__()
+        self.present = present
+
+    def __call__(self, endpoint, params):
+        if not any(m in params["query"][0] for m in self.present):
+            return ok(matrix([]))
+        return super().__call__(endpoint, params)
+
+
+def _figure_captions(text: str) -> list[str]:
+    return re.findall(r"<figcaption>(.*?)</figcaption>", text, re.S)
+
+
+def test_xid_drill_report_plots_the_kernel_log_path_that_paged_first_and_no_empty_dcgm_panel(tmp_path):
+    """Issue 29: on the default stack (logwatch on the nodes) GpuKernelXidCritical pages from logwatch's
+    counter, and the exporter's DCGM_EXP_XID_ERRORS_COUNT panel was always empty."""
+    res = drill_result(drill="xid", faults=[{"kind": "xid", "gpu": 1, "code": 48}],
+                       alerts=[{"alertname": "GpuKernelXidCritical", "expected_receiver": "page", "fired_s": 2.0,
+                                "paged_s": 4.0, "receiver": "page", "resolved_s": 70.0, "runbook_url": None}])
+    with FakePrometheus(OnlySome(("gpuobs_xid_events_total", "DCGM_FI_DEV_XID_ERRORS{"))) as fp:
+        text = write_drill_report(res, fp.url, tmp_path, now=T0 + 3600).read_text()
+    caps = _figure_captions(text)
+    assert len(pngs(text)) == len(caps) == 2
+    assert "gpuobs_xid_events_total{" in caps[0], caps  # the path that paged comes first
+    assert not any("DCGM_EXP_XID_ERRORS_COUNT" in c for c in caps)
+    absent = text.split("Not on this profile", 1)[1]
+    assert "DCGM_EXP_XID_ERRORS_COUNT" in absent and "not on this profile" in absent
+
+
+def test_xid_drill_report_on_the_dcgm_path_puts_the_exporter_panel_first():
+    from gpuobs.reports.drill import order_panels
+    res = {"drill": "xid", "alerts": [{"alertname": "GpuXidCritical", "paged_s": 9.0}]}
+    assert "DCGM_EXP_XID_ERRORS_COUNT" in order_panels(PANELS["xid"], res)[0].queries[0][1]
+    res = {"drill": "xid", "alerts": [{"alertname": "GpuKernelXidCritical", "paged_s": 3.0}]}
+    assert "gpuobs_xid_events_total" in order_panels(PANELS["xid"], res)[0].queries[0][1]
+
+
+def test_thermal_report_says_the_throttle_ratio_is_not_on_this_profile(tmp_path):
+    """The stock exporter profile has no DCGM_FI_DEV_THERMAL_VIOLATION: no empty plot, a line saying so;
+    a ticket-severity alert reads "ticketed", not "paged"."""
+    with FakePrometheus(OnlySome(("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK", "vllm:"))) as fp:
+        text = write_drill_report(drill_result(), fp.url, tmp_path, now=T0 + 3600).read_text()
+    caps = _figure_captions(text)
+    assert len(pngs(text)) == len(caps) == 3 and not any("THERMAL_VIOLATION" in c for c in caps)
+    assert "Fraction of time thermally throttled" in text.split("Not on this profile", 1)[1]
+    assert "ticketed GPUThrottling -&gt; ticket" in text and "paged GPUThrottling" not in text
 
 
 def test_drill_report_unreachable_prometheus_writes_nothing(tmp_path):
