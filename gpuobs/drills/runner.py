@@ -32,6 +32,7 @@ from typing import Any, Callable
 from gpuobs.core import activity
 from gpuobs.core.errors import Failure
 from gpuobs.core.fleet import FleetConfig, shipped_fleet
+from gpuobs.core.meta_alerts import is_meta
 from gpuobs.drills.catalogue import (
     DRILLS,
     FINAL,
@@ -413,9 +414,9 @@ class _Drill:
         for a in alerts:
             labels = a["labels"]
             an, ah = labels.get("alertname"), labels.get(self.ident)
-            # The Watchdog fires all the time.
+            # The Watchdog fires all the time (gpuobs.core.meta_alerts).
             active_at = _parse_ts(a["activeAt"])
-            if a["state"] != "firing" or an == "Watchdog" or active_at < self.t0 - 1:
+            if a["state"] != "firing" or is_meta(labels) or active_at < self.t0 - 1:
                 continue
             own = any(e.alertname == an and (not e.scoped or host is None or ah == host) for e in spec.expect)
             allowed = an in spec.allowed and (host is None or ah in (host, None))
