@@ -19,10 +19,15 @@ half a record from one writer; a line it cannot parse is skipped)::
 A record is written when the activity starts (``ended_at`` null) and again when it ends; records with
 the same ``(kind, id)`` are merged, later values winning (:func:`load`).
 
-An incident is related to an activity (:func:`related`) when their times overlap, the activity's end
-extended by :data:`LINGER_S` (an alert caused by a fault can fire after the fault was cleared, e.g.
-an ECC error counted over a 10-minute window), and their nodes meet: a shared node, or either side
-fleet-wide (no node). A rollout notice (label ``rollout``) is related to that rollout only.
+An incident is related to an activity (:func:`related`) when their own recorded time spans intersect
+and their nodes meet: a shared node, or either side fleet-wide (no node). The activity's span is
+``started_at .. ended_at`` (a drill ends after its alerts resolved, a rollout after its verdict), or
+``started_at .. now`` while it runs (capped by ``until``); the incident's is ``opened_at ..
+resolved_at`` (or now). The only slack is :data:`SKEW_S` on either side, for the clocks of the
+pager and the runner that wrote the record (the same host or NTP-synced hosts); there is no fixed
+"within 5 minutes" padding, which linked a drill that had ended before the incident opened, or one
+about to start after it resolved, to an incident it did not cause. A rollout notice (label
+``rollout``) is related to that rollout only.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ from typing import Any, Iterable, Mapping
 
 FILE_NAME = "activity.jsonl"
 KINDS = ("drill", "rollout")
-#: Seconds after an activity ended during which a newly opened incident still counts as related.
-LINGER_S = 300.0
+#: Clock-skew tolerance in seconds between the activity's recorder and the pager: two spans still
+#: intersect when they miss each other by at most this much. Not a "related if near" window.
+SKEW_S = 5.0
 
 
 @dataclass
@@ -52,6 +58,14 @@ class Activity:
     ended_at: float | None = None
     until: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+
+    def span_end(self, now: float | None) -> float:
+        """End of the activity's own span, epoch s: ``ended_at``; while it runs, ``now`` capped by
+        ``until`` (``now`` None: ``until``, else infinity)."""
+        if self.ended_at is not None:
+            return self.ended_at
+        running = math.inf if now is None else now
+        return min(running, self.until) if self.until is not None else running
 
     @property
     def end(self) -> float:
@@ -139,12 +153,15 @@ def load(path: Path | str) -> list[Activity]:
 
 def related(activities: Iterable[Activity], nodes: Iterable[str], opened_at: float, resolved_at: float | None,
             labels: Mapping[str, str] | None = None, now: float | None = None,
-            linger_s: float = LINGER_S) -> list[tuple[Activity, str]]:
+            skew_s: float = SKEW_S) -> list[tuple[Activity, str]]:
     """The activities related to an incident (see the module doc), each with how it matched:
     ``"rollout label"``, ``"node <name>"``, ``"fleet-wide activity"`` or ``"fleet-wide incident"``.
 
     ``nodes``: the incident's nodes; ``opened_at``/``resolved_at``: its span (None: still open, up to
-    ``now``); ``labels``: its common labels (a ``rollout`` label links that rollout only)."""
+    ``now``); ``labels``: its common labels (a ``rollout`` label links that rollout only); ``skew_s``:
+    clock-skew tolerance in seconds (:data:`SKEW_S`). Spans intersect when ``a.started_at - skew_s <=
+    incident end`` and ``opened_at <= activity end + skew_s``; an activity without ``started_at`` is
+    never related by time."""
     inc_nodes = set(nodes)
     labels = labels or {}
     end = resolved_at if resolved_at is not None else (now if now is not None else math.inf)
@@ -156,8 +173,8 @@ def related(activities: Iterable[Activity], nodes: Iterable[str], opened_at: flo
             continue
         if a.started_at is None:
             continue
-        a_end = a.end + linger_s
-        if not (a.started_at <= end and opened_at <= a_end):
+        a_end = a.span_end(now)
+        if not (a.started_at - skew_s <= end and opened_at <= a_end + skew_s):
             continue
         shared = sorted(inc_nodes & set(a.nodes))
         if shared:

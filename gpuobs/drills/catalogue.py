@@ -213,30 +213,39 @@ class Panel:
     """One plot: title, y-axis unit, and ``(legend, expr)`` queries. Exprs are :class:`string.Template`
     text: ``$gpu`` (identity and gpu matchers), ``$host`` (the fleet config's identity label, which the
     scrape config sets; dcgm-exporter's ``Hostname`` may be a pod name or ``localhost``), ``$w`` (rate
-    window); a fleet-wide drill substitutes empty selectors."""
+    window); a fleet-wide drill substitutes empty selectors. ``pages_with``: the alerts whose page this
+    panel shows the cause of (the report puts the panels of the alerts that actually paged first)."""
 
     title: str
     unit: str
     queries: tuple[tuple[str, str], ...]
+    pages_with: frozenset[str] = frozenset()
 
 
-def _p(title: str, unit: str, *queries: tuple[str, str]) -> Panel:
-    return Panel(title, unit, tuple(queries))
+def _p(title: str, unit: str, *queries: tuple[str, str], pages_with: tuple[str, ...] = ()) -> Panel:
+    return Panel(title, unit, tuple(queries), frozenset(pages_with))
 
 
-_XID = _p("Xids in the exporter's sliding window (DCGM_EXP_XID_ERRORS_COUNT)", "Xids",
-          ("GPU {gpu} xid {xid}", "DCGM_EXP_XID_ERRORS_COUNT{$gpu}"))
+_XID = _p("Xids in the exporter's sliding window (DCGM_EXP_XID_ERRORS_COUNT; the DCGM path)", "Xids",
+          ("GPU {gpu} xid {xid}", "DCGM_EXP_XID_ERRORS_COUNT{$gpu}"), pages_with=("GpuXidCritical", "GpuXidWarning"))
+#: The kernel-log path (logwatch's counter, gpuobs.logwatch.agent): what pages an Xid on a stack whose
+#: nodes run logwatch (the default stack; prometheus/rules/gpu-kernel-log.yml).
+_KERNEL_XID = _p("Xid lines counted in the kernel log (logwatch: gpuobs_xid_events_total)", "lines since logwatch's state began",
+                 ("GPU {gpu} xid {xid}", "gpuobs_xid_events_total{$gpu}"),
+                 pages_with=("GpuKernelXidCritical", "GpuKernelXidWarning", "GpuKernelXidRepeated"))
 _SM_CLOCK = _p("SM clock", "MHz", ("GPU {gpu}", "DCGM_FI_DEV_SM_CLOCK{$gpu}"))
 _POWER = _p("Power draw", "W", ("GPU {gpu}", "DCGM_FI_DEV_POWER_USAGE{$gpu}"))
 
 #: The metrics each drill's fault moves (keyed by drill name, falling back to the fault's kind).
 PANELS: dict[str, tuple[Panel, ...]] = {
-    "xid": (_XID, _p("Last Xid seen (DCGM_FI_DEV_XID_ERRORS; never resets)", "Xid code",
+    "xid": (_KERNEL_XID, _XID, _p("Last Xid seen (DCGM_FI_DEV_XID_ERRORS; never resets)", "Xid code",
                      ("GPU {gpu}", "DCGM_FI_DEV_XID_ERRORS{$gpu}"))),
     "gpu-missing": (
         _p("GPUs reporting vs expected", "GPUs",
            ("reporting", "count(count by (gpu) (DCGM_FI_DEV_GPU_TEMP{$host}))"),
-           ("expected", "max(gpuobs_node_expected_gpus{$host})")),
+           ("expected", "max(gpuobs_node_expected_gpus{$host})"), pages_with=("GpuMissing",)),
+        _p("GPU fallen off the bus per the kernel log (logwatch: gpuobs_gpu_fallen_off_bus)", "0/1",
+           ("GPU {gpu}", "gpuobs_gpu_fallen_off_bus{$host}"), pages_with=("GpuFallenOffBus",)),
         _p("Xids in the exporter's window (the GPU's series vanish with it)", "Xids",
            ("GPU {gpu} xid {xid}", "DCGM_EXP_XID_ERRORS_COUNT{$host}")),
         _p("Serving engine scrape health", "up", ("vLLM engine", f'up{{{VLLM_SELECTOR},$host}}'))),
@@ -257,7 +266,7 @@ PANELS: dict[str, tuple[Panel, ...]] = {
         _p("Remapped rows", "rows", ("uncorrectable", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{$gpu}"),
            ("correctable", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{$gpu}"),
            ("remap failure", "DCGM_FI_DEV_ROW_REMAP_FAILURE{$gpu}")),
-        _XID),
+        _KERNEL_XID, _XID),
     "fragmentation": (
         _p("PyTorch allocator: reserved vs allocated", "GiB",
            ("reserved", "pytorch_cuda_memory_reserved_bytes{$gpu} / 2^30"),

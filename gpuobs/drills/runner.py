@@ -32,6 +32,7 @@ from typing import Any, Callable
 from gpuobs.core import activity
 from gpuobs.core.errors import Failure
 from gpuobs.core.fleet import FleetConfig, shipped_fleet
+from gpuobs.core.meta_alerts import is_meta
 from gpuobs.drills.catalogue import (
     DRILLS,
     FINAL,
@@ -413,9 +414,9 @@ class _Drill:
         for a in alerts:
             labels = a["labels"]
             an, ah = labels.get("alertname"), labels.get(self.ident)
-            # The Watchdog fires all the time.
+            # The Watchdog fires all the time (gpuobs.core.meta_alerts).
             active_at = _parse_ts(a["activeAt"])
-            if a["state"] != "firing" or an == "Watchdog" or active_at < self.t0 - 1:
+            if a["state"] != "firing" or is_meta(labels) or active_at < self.t0 - 1:
                 continue
             own = any(e.alertname == an and (not e.scoped or host is None or ah == host) for e in spec.expect)
             allowed = an in spec.allowed and (host is None or ah in (host, None))
@@ -549,23 +550,60 @@ def _t(v: float | None) -> str:
     return f"{v:6.1f}" if v is not None else "     -"
 
 
+def delivery(receiver: str | None) -> tuple[str, str]:
+    """``(verb, hop)`` naming how an alert reached its receiver: ``("ticketed", "fault-to-ticket")`` for the
+    ticket receiver, else ``("paged", "fault-to-page")``. ``receiver``: the one it reached, else the
+    expected one."""
+    return ("ticketed", "fault-to-ticket") if receiver == "ticket" else ("paged", "fault-to-page")
+
+
+def format_faults(faults: list[dict]) -> str:
+    """The faults as text, one ``kind key=value ...`` per fault (admin-API bodies), ``; ``-separated;
+    ``none`` for none (a deploy-only drill)."""
+    parts = []
+    for f in faults:
+        rest = " ".join(f"{k}={v}" for k, v in f.items() if k != "kind")
+        parts.append(f"{f.get('kind', '?')} {rest}".strip())
+    return "; ".join(parts) or "none"
+
+
 def format_timeline(res: DrillResult) -> str:
-    """Human timeline of one drill with per-hop latencies."""
-    lines = [f"drill {res.drill} on {res.hostname} (profile {res.profile}): faults {res.faults}",
-             f"  {_t(0.0)}s  injected"]
+    """Human timeline of one drill with per-hop latencies.
+
+    Event lines (injected, firing, paged or ticketed, cleared, resolved; seconds since injection) are in
+    time order, whichever alert they belong to; events that did not happen (``-``) follow, in the
+    order above. An alert that reached the ticket receiver says ``ticketed`` and counts toward
+    ``fault-to-ticket``; ``fault-to-page``/``fault-to-ticket`` is the latest such delivery."""
+    events: list[tuple[float | None, int, str]] = [(0.0, 0, "injected")]
+
+    def add(t: float | None, text: str) -> None:
+        events.append((t, len(events), text))
     for a in res.alerts:
+        verb, _ = delivery(a.receiver or a.expected_receiver)
         hop = f"(+{a.paged_s - a.fired_s:.1f}s)" if a.fired_s is not None and a.paged_s is not None else ""
-        lines.append(f"  {_t(a.fired_s)}s  firing    {a.alertname} in Prometheus")
-        lines.append(f"  {_t(a.paged_s)}s  paged     {a.alertname} -> {a.receiver or '-'} "
-                     f"(expected {a.expected_receiver}) {hop}")
-    lines.append(f"  {_t(res.cleared_s)}s  cleared")
+        add(a.fired_s, f"{'firing':<9} {a.alertname} in Prometheus")
+        add(a.paged_s, f"{verb:<9} {a.alertname} -> {a.receiver or '-'} (expected {a.expected_receiver}) {hop}".rstrip())
+    add(res.cleared_s, "cleared")
     for a in res.alerts:
         if res.resolve_waited:
-            lines.append(f"  {_t(a.resolved_s)}s  resolved  {a.alertname}")
+            add(a.resolved_s, f"{'resolved':<9} {a.alertname}")
         else:
-            lines.append(f"  {'     -'}s  resolved  {a.alertname}: not awaited (--no-wait-resolve)")
-        lines.append(f"  runbook: {a.runbook_url or '-'}")
-    lines.append(f"  fault-to-page: {res.paged_s:.1f}s" if res.paged_s is not None else "  fault-to-page: not paged")
+            add(None, f"{'resolved':<9} {a.alertname}: not awaited (--no-wait-resolve)")
+    events.sort(key=lambda e: (e[0] is None, e[0] if e[0] is not None else 0.0, e[1]))
+    lines = [f"drill {res.drill} on {res.hostname} (profile {res.profile})", f"  faults: {format_faults(res.faults)}"]
+    lines += [f"  {_t(t)}s  {text}" for t, _, text in events]
+    for a in res.alerts:
+        lines.append(f"  runbook {a.alertname}: {a.runbook_url or '-'}")
+    by_hop: dict[str, list[float | None]] = {}
+    for a in res.alerts:
+        by_hop.setdefault(delivery(a.receiver or a.expected_receiver)[1], []).append(a.paged_s)
+    for hop in ("fault-to-page", "fault-to-ticket"):
+        if hop in by_hop:
+            times = by_hop[hop]
+            lines.append(f"  {hop}: {max(times):.1f}s" if None not in times
+                         else f"  {hop}: not {'ticketed' if hop == 'fault-to-ticket' else 'paged'}")
+    if not res.alerts:
+        lines.append("  fault-to-page: no alert expected")
     if res.bound:
         lines.append(f"  bound: {res.bound} = scrape + evaluation + for + group_wait (docs/drills.md)")
     lines.append(f"  false alerts: {', '.join(res.unexpected) or 'none'}")
@@ -574,16 +612,18 @@ def format_timeline(res: DrillResult) -> str:
 
 
 def format_table(results: list[DrillResult]) -> str:
-    """One row per drill: expected alerts, fired, fault-to-firing, fault-to-page, false alerts, resolved."""
-    head = f"{'drill':<16} {'expected alerts':<34} {'fired':<5} {'to firing s':>11} {'to page s':>9} {'bound s':>7}  " \
+    """One row per drill: expected alerts, fired, fault-to-firing, fault-to-notified (paged or ticketed,
+    whichever its receivers are), false alerts, resolved."""
+    head = f"{'drill':<16} {'expected alerts':<34} {'fired':<5} {'to firing s':>11} {'to notify s':>11} {'bound s':>7}  " \
            f"{'unexpected alerts':<24} {'resolved':<8} result"
     rows = [head, "-" * len(head)]
     for r in results:
         exp = ",".join(f"{a.alertname}->{a.expected_receiver}" for a in r.alerts)
         rows.append(f"{r.drill:<16} {exp[:34]:<34} {'y' if r.firing_s is not None else 'n':<5} "
-                    f"{_t(r.firing_s):>11} {_t(r.paged_s):>9} {_t(r.bound_s):>7}  {(','.join(r.unexpected) or 'none')[:24]:<24} "
+                    f"{_t(r.firing_s):>11} {_t(r.paged_s):>11} {_t(r.bound_s):>7}  {(','.join(r.unexpected) or 'none')[:24]:<24} "
                     f"{('y' if r.resolved else 'n') if r.resolve_waited else 'skipped':<8} "
                     f"{'PASS' if r.ok else 'FAIL'}")
+    rows.append("to notify: fault to the page, or to the ticket for a ticket-severity alert")
     rows.append("bound: scrape + evaluation + for: + group_wait on this stack, for a condition true at the fault's "
                 "first sample; windowed conditions (rates, GPU gone 2m, SLO burn) add their window (docs/drills.md)")
     return "\n".join(rows)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpuobs.core.fleet import FleetConfig, shipped_fleet
+from gpuobs.core.meta_alerts import is_meta
 from gpuobs.promapi.alertmanager import AlertApiError, PagerClient
 from gpuobs.drills.runner import alerts_client
 from gpuobs.stack.state import StackState
@@ -60,7 +61,7 @@ def run_soak(state: StackState, minutes: float, poll_s: float = 5.0, progress=No
         res.polls += 1
         for a in alerts:
             name = a["labels"].get("alertname")
-            if name != "Watchdog" and a["state"] == "firing":
+            if not is_meta(a["labels"]) and a["state"] == "firing":
                 key = f"{name}{{{ident}={a['labels'].get(ident, '')}}}"
                 if key not in res.fired and progress:
                     progress(f"ALERT {key} firing")

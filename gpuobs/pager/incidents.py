@@ -27,6 +27,8 @@ import json
 import sqlite3
 from typing import Any
 
+from gpuobs.core.meta_alerts import is_meta
+
 STATES = ("open", "acknowledged", "resolved")
 #: Severity labels in the order the console lists them (alert rules use critical/warning/info).
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -95,8 +97,17 @@ def event(db: sqlite3.Connection, incident_id: int, at: float, kind: str, **deta
                (incident_id, at, kind, json.dumps(detail, sort_keys=True)))
 
 
-def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: dict, at: float) -> int:
-    """Fold one stored, validated notification into its incident; returns the incident id."""
+def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: dict, at: float) -> int | None:
+    """Fold one stored, validated notification into its incident; returns the incident id.
+
+    Always-firing state alerts (the Watchdog, :func:`gpuobs.core.meta_alerts.is_meta`) are no incident:
+    they are left out, and a notification of nothing else opens none (returns None). Alertmanager
+    routes the Watchdog away from the pager; this keeps the console and ``gpuobs incident`` clean when a
+    route sends it here anyway (e.g. a catch-all receiver)."""
+    alerts = [a for a in payload["alerts"] if not is_meta(a["labels"])]
+    if not alerts:
+        return None
+    payload = {**payload, "alerts": alerts}
     gk = payload["groupKey"]
     row = db.execute("SELECT id, state FROM incidents WHERE channel = ? AND group_key = ?", (channel, gk)).fetchone()
     group_labels = json.dumps(payload["groupLabels"], sort_keys=True)

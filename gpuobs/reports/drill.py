@@ -6,7 +6,15 @@ injection, ``injected_at`` (epoch s), ``cleared_s``, false alerts and problems. 
 the drill catalogue's panels (:data:`gpuobs.drills.catalogue.PANELS`) name the metrics that fault moves; each is fetched from Prometheus over a window from
 :data:`BEFORE_S` before the injection to shortly after the last alert resolved (or now, at most
 :data:`MAX_AFTER_S` after the injection), scoped to the drill's node (identity label ``node``) and ``gpu``, and
-plotted with vertical lines at injected, firing, paged, cleared and resolved.
+plotted with vertical lines at injected, firing, paged (ticketed), cleared and resolved.
+
+Which panels: :func:`order_panels` puts first the panels of the alerts that actually reached a receiver
+(``Panel.pages_with``: the kernel-log Xid counter ``gpuobs_xid_events_total`` when
+``GpuKernelXidCritical`` paged, as on a stack whose nodes run logwatch; DCGM's
+``DCGM_EXP_XID_ERRORS_COUNT`` when ``GpuXidCritical`` did). A panel none of whose queries returns a
+series over the window is not plotted (an empty plot reads as "the metric stayed flat"): it is listed
+as "not on this profile", since its metric is not exported by this stack's exporter profile (e.g.
+``DCGM_FI_DEV_THERMAL_VIOLATION`` outside the ``recommended`` one) or its path is not the one that ran.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from string import Template
 
 from gpuobs.core.files import atomic_write
 from gpuobs.core.fleet import FleetConfig, shipped_fleet
-from gpuobs.drills.catalogue import panels_for
+from gpuobs.drills.catalogue import Panel, panels_for
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reports import html as h
 from gpuobs.reports.plots import Marker, timeseries_png
@@ -62,14 +70,33 @@ def window(result: dict, now: float | None = None) -> tuple[float, float]:
     return t0 - BEFORE_S, max(end, t0 + 10.0)
 
 
+def delivered_verb(alert: dict) -> str:
+    """``ticketed`` for an alert that reached (else was expected at) the ticket receiver, else ``paged``."""
+    return "ticketed" if (alert.get("receiver") or alert.get("expected_receiver")) == "ticket" else "paged"
+
+
+def order_panels(panels: tuple[Panel, ...] | list[Panel], result: dict) -> list[Panel]:
+    """``panels`` with those showing an alert that reached a receiver (``paged_s`` set) first, then
+    those of an expected alert that did not, then the rest; catalogue order within each group."""
+    alerts = result.get("alerts") or []
+    paged = {a.get("alertname") for a in alerts if a.get("paged_s") is not None}
+    expected = {a.get("alertname") for a in alerts}
+
+    def rank(p: Panel) -> int:
+        return 0 if p.pages_with & paged else 1 if p.pages_with & expected else 2
+    return sorted(panels, key=rank)  # stable
+
+
 def timeline(result: dict) -> list[tuple[str, str, float]]:
-    """``(kind, label, seconds since injection)`` for every known event, in time order."""
+    """``(kind, label, seconds since injection)`` for every known event, in time order. An alert's
+    delivery has kind ``paged`` and reads ``ticketed`` for a ticket (:func:`delivered_verb`)."""
     events: list[tuple[str, str, float]] = [("injected", "fault injected", 0.0)]
     for a in result.get("alerts") or []:
         name = a.get("alertname", "?")
         for kind, key in (("firing", "fired_s"), ("paged", "paged_s"), ("resolved", "resolved_s")):
             if a.get(key) is not None:
-                what = f"{kind} {name}" + (f" -> {a.get('receiver')}" if kind == "paged" else "")
+                verb = delivered_verb(a) if kind == "paged" else kind
+                what = f"{verb} {name}" + (f" -> {a.get('receiver')}" if kind == "paged" else "")
                 events.append((kind, what, float(a[key])))
     if result.get("cleared_s") is not None:
         events.append(("cleared", "fault cleared", float(result["cleared_s"])))
@@ -112,8 +139,8 @@ def _header(result: dict, prometheus_url: str, start: float, end: float) -> list
                      [(label, h.seconds(s), h.utc(t0 + s if t0 else None)) for _, label, s in timeline(result)],
                      numeric=(1,))
     hops = h.table(
-        ["alert", "expected receiver", "receiver", "fault -> firing", "firing -> paged", "fault -> paged",
-         "cleared -> resolved", "runbook"],
+        ["alert", "expected receiver", "receiver", "fault -> firing", "firing -> paged/ticketed",
+         "fault -> paged/ticketed", "cleared -> resolved", "runbook"],
         [(a.get("alertname"), a.get("expected_receiver"),
           h.badge(a.get("receiver") or "none", "ok" if a.get("receiver") == a.get("expected_receiver") else "bad"),
           h.seconds(a.get("fired_s")), _hop(a.get("fired_s"), a.get("paged_s")), h.seconds(a.get("paged_s")),
@@ -131,7 +158,7 @@ def _markers(result: dict) -> list[Marker]:
     multi = len(result.get("alerts") or []) > 1
     out = []
     for kind, label, s in timeline(result):
-        short = label if multi or kind in ("injected", "cleared") else kind
+        short = label if multi or kind in ("injected", "cleared") else label.split(" ", 1)[0]
         out.append(Marker(s, f"{short} (+{s:.0f} s)" if s else short, kind))
     return out
 
@@ -160,9 +187,18 @@ def write_drill_report(result: dict, prometheus_url: str, out_dir: Path, *, clie
     values = selectors(result, (fleet or shipped_fleet()).identity_label)
     markers = _markers(result)
     figures: list[h.Raw] = []
-    for panel in panels_for(result):
+    absent: list[str] = []
+    for panel in order_panels(panels_for(result), result):
         queries = [(legend, tidy(Template(expr).substitute(values))) for legend, expr in panel.queries]
         got = fetch_lines(client, queries, start, end, step, origin=t0)
+        if not got.lines:
+            rejected = [n for n in got.notes if not n.startswith("no data: ")]
+            if rejected:  # a query error is said as such, under the panel's title
+                figures.append(h.bullet_list([f"{panel.title}: not plotted; {n}" for n in rejected]))
+            else:
+                absent.append(f"{panel.title}: not on this profile (no series in the plotted window for "
+                              + "  |  ".join(q for _, q in queries) + ")")
+            continue
         png = timeseries_png(panel.title, panel.unit, got.lines, markers, xlim=(start - t0, end - t0))
         caption = "PromQL: " + "  |  ".join(q for _, q in queries)
         figures.append(h.figure(png, caption, alt=panel.title))
@@ -175,7 +211,8 @@ def write_drill_report(result: dict, prometheus_url: str, out_dir: Path, *, clie
                        str(result.get("hostname", "?")), ", injected ", h.utc(result.get("injected_at"))])
     sections = [*_header(result, prometheus_url, start, end),
                 h.section("What the fault did (vertical lines: injected, firing, paged, cleared, resolved)",
-                          *figures)]
+                          *figures),
+                h.section("Not on this profile (no series on this stack; not plotted)", h.bullet_list(absent))]
     doc = h.page(f"Drill report: {name} - {verdict}", subtitle, sections, time.time() if now is None else now)
     out_dir = Path(out_dir)
     path = out_dir / f"drill-{_safe(name)}-{int(t0)}.html"

@@ -33,17 +33,20 @@ Input contract (a plain dict, e.g. the rollout controller's final document; ever
 The report has: a header (versions, state, reason, the assumptions the canary verdicts rest on, each
 once, duration, selectors), the stages table, the compatibility
 gate's table (always when the gate ran; first thing after the summary on a Rejected rollout), the
-timeline (transitions and operator decisions in UTC), the final verdict table, canary-vs-baseline
-distributions of TTFT, ITL and E2E latency from
-``sum by (le) (increase(<metric>_bucket{<selector>}[<rollout duration>]))`` evaluated at its end, and
-TTFT p99, ITL p99, error ratio and request rate per track over time with the stages as shaded spans
-and boundaries, on a UTC time axis.
+timeline (transitions and operator decisions in UTC), the final verdict table, then canary against
+baseline per track over time (:data:`OVER_TIME`: TTFT, ITL and E2E p50 and TTFT, ITL p99 over
+:data:`QUANTILE_WINDOW` windows, error ratio and request rate over :data:`RATE_WINDOW`) with the stages
+as shaded spans and boundaries on a UTC time axis, and the distributions of TTFT, ITL and E2E latency
+from ``sum by (le) (increase(<metric>_bucket{<selector>}[<rollout duration>]))`` evaluated at its
+end. The panels of the metric the verdict rested on (:func:`deciding_metric`) come first in both.
+The compatibility table lists each node's failed and warned rules, and below it every failing rule
+and warning with its message and source.
 
 Every window comes from the rollout's own timeline: the distributions cover exactly [started_at,
-ended_at]; the over-time panels start one rate window (:data:`RATE_WINDOW`) after ``started_at`` so
-that no ``rate()`` reaches back into samples from before the rollout (the previous rollout's canary
-carries the same ``track="canary"`` labels), and end at ``ended_at`` (or now, for a rollout still
-running). Nothing is padded.
+ended_at]; each over-time panel starts one of its windows after ``started_at`` so that no ``rate()``
+reaches back into samples from before the rollout (the previous rollout's canary carries the same
+``track="canary"`` labels), and ends at ``ended_at`` (or now, for a rollout still running). Nothing
+is padded.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from gpuobs.core.files import atomic_write
 from gpuobs.promapi.prometheus import PromClient, PrometheusError, PrometheusQueryError
@@ -63,21 +66,51 @@ from gpuobs.reports.query import client_for, fetch_lines, step_for, tidy
 
 RATE_WINDOW = "1m"
 RATE_WINDOW_S = 60.0
-#: Histograms shown as distributions: (metric, title, unit).
-DISTRIBUTIONS = (("vllm:time_to_first_token_seconds", "TTFT", "s"),
-                 ("vllm:inter_token_latency_seconds", "Inter-token latency", "s"),
-                 ("vllm:e2e_request_latency_seconds", "End-to-end request latency", "s"))
-#: Panels over time: (title, unit, expr template with {sel} and {w}).
+#: Window of the latency-quantile panels over time: ``histogram_quantile(q, sum by (le)
+#: (rate(<hist>_bucket[3m])))``. A quantile over a 1-minute rate rests on one minute of one track's
+#: requests (a 5% canary: tens of requests), so its p99 jumps by the single slowest request; 3 minutes
+#: triples the requests behind each point while still resolving a stage (the controller's stages last
+#: minutes). Its first point is 3 minutes after the rollout started (no window reaches before it).
+QUANTILE_WINDOW = "3m"
+QUANTILE_WINDOW_S = 180.0
+
+
+class OverTime(NamedTuple):
+    """One panel over time: ``expr`` is a template with ``{sel}`` (track selector) and ``{w}`` (its
+    ``window``, ``window_s`` seconds); ``metric``: the canary metric it shows (gpuobs/canary/data/
+    metrics.yaml names), whose panels come first when the verdict rested on it (:func:`deciding_metric`)."""
+
+    title: str
+    unit: str
+    expr: str
+    window: str
+    window_s: float
+    metric: str | None
+
+
+def _quantile(q: float, hist: str) -> str:
+    return f"histogram_quantile({q}, sum by (le) (rate({hist}_bucket{{{{{{sel}}}}}}[{{w}}])))"
+
+
+_Q = (QUANTILE_WINDOW, QUANTILE_WINDOW_S)
+_R = (RATE_WINDOW, RATE_WINDOW_S)
+#: Histograms shown as distributions: (metric, title, unit, canary metric name).
+DISTRIBUTIONS = (("vllm:time_to_first_token_seconds", "TTFT", "s", "ttft"),
+                 ("vllm:inter_token_latency_seconds", "Inter-token latency", "s", "itl"),
+                 ("vllm:e2e_request_latency_seconds", "End-to-end request latency", "s", "e2e"))
+#: Panels over time, canary against baseline: the p50 (the shift a location test decides on) and the
+#: p99 of each latency, the error ratio and the request rate.
 OVER_TIME = (
-    ("TTFT p99", "s",
-     "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{sel}}}[{w}])))"),
-    ("Inter-token latency p99", "s",
-     "histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{{sel}}}[{w}])))"),
-    ("Request error ratio", "ratio",
-     'sum(rate(vllm:request_success_total{{{sel},finished_reason="error"}}[{w}])) '
-     "/ sum(rate(vllm:request_success_total{{{sel}}}[{w}]))"),
-    ("Request rate (traffic share per track)", "requests per second",
-     "sum(rate(vllm:request_success_total{{{sel}}}[{w}]))"),
+    OverTime("TTFT p50", "s", _quantile(0.5, "vllm:time_to_first_token_seconds"), *_Q, "ttft"),
+    OverTime("TTFT p99", "s", _quantile(0.99, "vllm:time_to_first_token_seconds"), *_Q, "ttft"),
+    OverTime("Inter-token latency p50", "s", _quantile(0.5, "vllm:inter_token_latency_seconds"), *_Q, "itl"),
+    OverTime("Inter-token latency p99", "s", _quantile(0.99, "vllm:inter_token_latency_seconds"), *_Q, "itl"),
+    OverTime("End-to-end request latency p50", "s", _quantile(0.5, "vllm:e2e_request_latency_seconds"), *_Q, "e2e"),
+    OverTime("Request error ratio", "ratio",
+             'sum(rate(vllm:request_success_total{{{sel},finished_reason="error"}}[{w}])) '
+             "/ sum(rate(vllm:request_success_total{{{sel}}}[{w}]))", *_R, "error_ratio"),
+    OverTime("Request rate (traffic share per track)", "requests per second",
+             "sum(rate(vllm:request_success_total{{{sel}}}[{w}]))", *_R, None),
 )
 _STATE_KIND = {"Succeeded": "ok", "RolledBack": "bad", "Rejected": "bad", "Aborted": "warn"}
 _VERDICT_KIND = {"PROMOTE": "ok", "ROLLBACK": "bad", "HOLD": "warn"}
@@ -228,12 +261,32 @@ def verdict_rows(metrics: Sequence[Any]) -> list[tuple]:
     return rows
 
 
+def deciding_metric(doc: dict) -> str | None:
+    """The canary metric the final verdict rested on: the first harmful critical metric (what rolled
+    back), else the first harmful one, else the first critical one not classified Pass/NoData, else the
+    first critical one (what a PROMOTE was judged on); None without metrics."""
+    fv = doc.get("final_verdict") if isinstance(doc.get("final_verdict"), dict) else {}
+    ms = [m for m in fv.get("metrics") or [] if isinstance(m, dict) and m.get("name")]
+    for pred in (lambda m: m.get("harmful") and m.get("critical"), lambda m: m.get("harmful"),
+                 lambda m: m.get("critical") and m.get("classification") not in ("Pass", "NoData"),
+                 lambda m: m.get("critical")):
+        for m in ms:
+            if pred(m):
+                return str(m["name"])
+    return None
+
+
+def order_by_decision(items: Sequence, decided: str | None, key) -> list:
+    """``items`` with those whose ``key(item)`` is the deciding metric first, order kept otherwise."""
+    return sorted(items, key=lambda it: 0 if decided is not None and key(it) == decided else 1)
+
+
 def _distributions(client: PromClient, sels: dict[str, str], versions: dict[str, str], start: float,
-                   end: float) -> list[h.Raw]:
+                   end: float, decided: str | None = None) -> list[h.Raw]:
     # whole seconds, rounded down: the window never reaches before the rollout started
     span = f"{max(1, int(math.floor(end - start)))}s"
     out: list[h.Raw] = []
-    for metric, title, unit in DISTRIBUTIONS:
+    for metric, title, unit, _ in order_by_decision(DISTRIBUTIONS, decided, key=lambda d: d[3]):
         groups, notes, shared, rows = [], [], None, []
         for track, sel in sels.items():
             expr = tidy(f"sum by (le) (increase({metric}_bucket{{{sel}}}[{span}]))")
@@ -294,31 +347,33 @@ def _stage_overlays(doc: dict, origin: float, end: float) -> tuple[list[Span], l
     return spans, markers
 
 
-def over_time_range(start: float, end: float, now: float) -> tuple[float, float] | None:
-    """``(first, last)`` evaluation instants of the over-time panels: from one rate window after
-    ``start`` (no rate() window reaches before the rollout) to ``end`` capped at ``now``; None when
-    the rollout was shorter than one rate window."""
-    first, last = start + RATE_WINDOW_S, min(end, now)
+def over_time_range(start: float, end: float, now: float, window_s: float = RATE_WINDOW_S
+                    ) -> tuple[float, float] | None:
+    """``(first, last)`` evaluation instants of an over-time panel whose window is ``window_s``
+    seconds: from one window after ``start`` (no rate() window reaches before the rollout) to ``end``
+    capped at ``now``; None when the rollout was shorter than one window."""
+    first, last = start + window_s, min(end, now)
     return (first, last) if last >= first else None
 
 
 def _over_time(client: PromClient, doc: dict, sels: dict[str, str], versions: dict[str, str], start: float,
-               end: float, now: float) -> list[h.Raw]:
-    rng = over_time_range(start, end, now)
+               end: float, now: float, decided: str | None = None) -> list[h.Raw]:
     spans, markers = _stage_overlays(doc, start, end)
     out: list[h.Raw] = []
-    for title, unit, template in OVER_TIME:
-        queries = [(f"{track} {versions.get(track, '')}".strip(), tidy(template.format(sel=sel, w=RATE_WINDOW)))
+    for panel in order_by_decision(OVER_TIME, decided, key=lambda p: p.metric):
+        title = panel.title + (" (the metric the verdict rested on)" if decided and panel.metric == decided else "")
+        rng = over_time_range(start, end, now, panel.window_s)
+        queries = [(f"{track} {versions.get(track, '')}".strip(), tidy(panel.expr.format(sel=sel, w=panel.window)))
                    for track, sel in sels.items()]
         if rng is None:
-            png = timeseries_png(title, unit, [], markers, spans, xlim=(0.0, max(end - start, 1.0)),
-                                 utc_origin=start, empty_note=f"the rollout lasted under one {RATE_WINDOW} rate window")
+            png = timeseries_png(title, panel.unit, [], markers, spans, xlim=(0.0, max(end - start, 1.0)),
+                                 utc_origin=start, empty_note=f"the rollout lasted under one {panel.window} window")
             out.append(h.figure(png, "PromQL: " + "  |  ".join(q for _, q in queries), alt=title))
             continue
         got = fetch_lines(client, queries, rng[0], rng[1], step_for(rng[1] - rng[0]), origin=start)
-        png = timeseries_png(title, unit, got.lines, markers, spans, xlim=(0.0, max(end - start, 1.0)),
+        png = timeseries_png(title, panel.unit, got.lines, markers, spans, xlim=(0.0, max(end - start, 1.0)),
                              utc_origin=start)
-        out.append(h.figure(png, f"PromQL ({RATE_WINDOW} rates, first point {RATE_WINDOW} after the rollout "
+        out.append(h.figure(png, f"PromQL ({panel.window} window, first point {panel.window} after the rollout "
                                  "started): " + "  |  ".join(q for _, q in queries), alt=title))
         if got.notes:
             out.append(h.bullet_list(got.notes))
@@ -330,7 +385,9 @@ def _events(doc: dict) -> list[dict]:
 
 
 def _compat_section(doc: dict) -> list[h.Raw]:
-    """The compatibility gate's per-node table and failing rules (the last compat gate recorded)."""
+    """The compatibility gate's per-node table, then each distinct failing rule (``fix: ...``) and
+    warning (``warning: ...``) with its message and source, as ``gpuobs rollout`` printed them (the last
+    compat gate recorded; ``detail`` is ``FleetReport.to_dict()``, gpuobs.compat.inventory)."""
     gates = [g for g in doc.get("gates") or [] if isinstance(g, dict) and g.get("gate") == "compat"]
     if not gates:
         return []
@@ -342,18 +399,26 @@ def _compat_section(doc: dict) -> list[h.Raw]:
         if not isinstance(n, dict):
             continue
         nv = str(n.get("verdict") or "-")
-        failed = ", ".join(map(str, n.get("failed") or [])) or "-"
+        rules = [r for r in n.get("rules") or [] if isinstance(r, dict)]
+        by_status = {st: [str(r.get("rule", "?")) for r in rules if str(r.get("status", "")).lower() == st]
+                     for st in ("fail", "warn")}
+        failed = [str(x) for x in n.get("failed") or []] or by_status["fail"]
+        warned = [str(x) for x in n.get("warned") or []] or by_status["warn"]
+        said = "; ".join(p for p in (("fail: " + ", ".join(failed)) if failed else "",
+                                     ("warn: " + ", ".join(warned)) if warned else "") if p)
         rows.append((n.get("hostname", "?"), n.get("gpus", "-"), n.get("gpu") or "-", n.get("driver") or "-",
                      h.badge(nv, "ok" if nv == "COMPATIBLE" else "bad" if nv in ("INCOMPATIBLE", "UNKNOWN")
-                             else "warn"), failed))
-        for r in n.get("rules") or []:
-            if isinstance(r, dict) and str(r.get("status", "")).upper() == "FAIL":
-                note = f"{n.get('gpu') or '?'} / driver {n.get('driver') or '?'}: {r.get('rule', '?')}: " \
+                             else "warn"), said or ("see below" if n.get("error") else "-")))
+        for r in rules:
+            status = str(r.get("status", "")).lower()
+            if status in ("fail", "warn"):
+                prefix = "fix" if status == "fail" else "warning"
+                note = f"{prefix}: {n.get('gpu') or '?'} / driver {n.get('driver') or '?'}: {r.get('rule', '?')}: " \
                        f"{r.get('message', '')}" + (f" [source: {r['source']}]" if r.get("source") else "")
                 if note not in notes:
                     notes.append(note)
-        if n.get("error") and n["error"] not in notes:
-            notes.append(str(n["error"]))
+        if n.get("error") and f"fix: {n['error']}" not in notes:
+            notes.append(f"fix: {n['error']}")
     rows += [(m, "0", "-", "-", h.badge("MISSING", "bad"), "no inventory series") for m in detail.get("missing") or []]
     release = f"{detail.get('release') or doc.get('version') or '?'} ({detail.get('engine') or '?'}, " \
               f"CUDA {detail.get('cuda') or '?'})"
@@ -361,8 +426,8 @@ def _compat_section(doc: dict) -> list[h.Raw]:
         h.paragraph(f"Release {release} at {h.utc(epoch(g.get('ts')))}: ",
                     h.badge(verdict, "ok" if verdict == "COMPATIBLE" else "bad" if verdict == "INCOMPATIBLE"
                             else "warn")),
-        h.table(["node", "GPUs", "GPU", "driver", "verdict", "failed rules"], rows, numeric=(1,)),
-        h.bullet_list([f"fix: {n}" for n in notes], empty="")]
+        h.table(["node", "GPUs", "GPU", "driver", "verdict", "rules (failed, warned)"], rows, numeric=(1,)),
+        h.bullet_list(notes, empty="")]
     return [h.section("Compatibility gate (what blocks the release, per node)", *parts)]
 
 
@@ -473,15 +538,21 @@ def write_rollout_report(doc: dict, out_dir: Path, *, client: PromClient | None 
         sections.append(h.section("Plots", "No Prometheus URL in the rollout document: plots omitted."))
     else:
         try:
-            dists = _distributions(client, sels, versions, start, end)
-            timeline = _over_time(client, doc, sels, versions, start, end, time.time() if now is None else now)
+            decided = deciding_metric(doc)
+            dists = _distributions(client, sels, versions, start, end, decided)
+            timeline = _over_time(client, doc, sels, versions, start, end, time.time() if now is None else now,
+                                  decided)
         except PrometheusError as exc:
             if strict:
                 raise
             sections.append(h.section("Plots", f"Prometheus could not answer ({exc}): plots omitted."))
         else:
+            why = h.paragraph(f"The verdict rested on {decided}: its panels come first." if decided else
+                              "No deciding metric recorded in the final verdict.")
+            sections.append(h.section("Over time, canary vs baseline (shaded: stages; dashed: stage boundaries; "
+                                      f"latency quantiles over {QUANTILE_WINDOW} windows, rates over {RATE_WINDOW})",
+                                      why, *timeline))
             sections.append(h.section("Canary vs baseline: distributions over the rollout", *dists))
-            sections.append(h.section("Over time (shaded: stages; dashed: stage boundaries)", *timeline))
     rid = str(doc.get("rollout_id") or "rollout")
     state = str(doc.get("state", "unknown"))
     against = versions["baseline"] or "an unrecorded baseline version"

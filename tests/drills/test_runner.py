@@ -389,3 +389,36 @@ def test_page_bound_never_raises_on_configs_it_cannot_read(monkeypatch):
         assert bounds.page_bound("http://p", "http://a", "X", {}) is None, (prom, am, groups)
     fake("global: {scrape_interval: 15s, evaluation_interval: 15s}", "route: {group_wait: 5s}", rules)
     assert bounds.page_bound("http://p", "http://a", "X", {}).seconds == 35.0
+
+
+def _two_alert_result() -> runner.DrillResult:
+    """An ecc-dbe-like result: the second alert (a ticket) fired at 3.0 s, the first paged at 73 s."""
+    return runner.DrillResult(
+        "ecc-dbe", "gpu-node-01", "drill", faults=[{"kind": "ecc_dbe", "gpu": 0}],
+        alerts=[runner.AlertOutcome("GpuEccDoubleBitError", "page", fired_s=70.0, paged_s=73.0, receiver="page",
+                                    resolved_s=140.0),
+                runner.AlertOutcome("GpuRowRemapPending", "ticket", fired_s=3.0, paged_s=8.0, receiver="ticket",
+                                    resolved_s=130.0)],
+        injected_at=T0, cleared_s=80.0)
+
+
+def test_timeline_lines_are_in_time_order_whichever_alert_they_belong_to():
+    """Issue 29: the 3.0 s line was printed after the 73 s ones (lines were grouped per alert)."""
+    text = runner.format_timeline(_two_alert_result())
+    times = [float(line.split("s ", 1)[0]) for line in text.splitlines()
+             if line.startswith("  ") and line.strip()[:1].isdigit()]
+    assert times == sorted(times) and times[:3] == [0.0, 3.0, 8.0], text
+    assert "{" not in text and "'kind'" not in text  # no Python repr of the faults
+    assert "  faults: ecc_dbe gpu=0" in text
+
+
+def test_a_ticket_says_ticketed_and_fault_to_ticket():
+    text = runner.format_timeline(_two_alert_result())
+    assert "ticketed  GpuRowRemapPending -> ticket (expected ticket)" in text
+    assert "paged     GpuEccDoubleBitError -> page" in text
+    assert "paged     GpuRowRemapPending" not in text
+    assert "  fault-to-page: 73.0s" in text and "  fault-to-ticket: 8.0s" in text
+    only_ticket = runner.DrillResult("xid", "gpu-node-01", "drill", alerts=[
+        runner.AlertOutcome("GpuKernelXidWarning", "ticket", fired_s=2.0, paged_s=6.0, receiver="ticket")])
+    text = runner.format_timeline(only_ticket)
+    assert "fault-to-ticket: 6.0s" in text and "fault-to-page" not in text

@@ -106,3 +106,19 @@ def test_kernel_log_xid_pages_are_never_held_back(tmp_path, profile):
     kernel = [r for g in by_file["gpu-kernel-log.yml"]["groups"] for r in g["rules"]
               if r.get("alert") in ("GpuKernelXidCritical", "GpuKernelXidWarning", "GpuFallenOffBus")]
     assert len(kernel) == 3 and not any("for" in r for r in kernel)
+
+
+def test_no_rendered_alert_is_a_state_only_the_watchdog_fires_by_design():
+    """Issue 29: an idle stack listed GpuKernelLogWatching (one per node) and Watchdog as firing. The
+    watcher being up is gpuobs_logwatch_source_up, read inside the rules, not an alert; the Watchdog is
+    the one always-firing alert (family=meta, which every firing view leaves out: gpuobs.core.meta_alerts)."""
+    import yaml
+
+    from gpuobs.core.meta_alerts import META_ALERTS, is_meta
+    alerts = [r for f in sorted((ROOT / "prometheus" / "rules").glob("*.yml"))
+              for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts and not [r["alert"] for r in alerts if "Watching" in r["alert"]]
+    meta = [r["alert"] for r in alerts if is_meta({"alertname": r["alert"], **r.get("labels", {})})]
+    assert meta == sorted(META_ALERTS) == ["Watchdog"]
+    constant = [r["alert"] for r in alerts if "{" not in r["expr"] and "(" in r["expr"] and "_" not in r["expr"]]
+    assert constant == ["Watchdog"], constant  # vector(1): fires with no input at all

@@ -208,3 +208,23 @@ def test_the_console_ack_form_records_the_name_typed_in_it(pager):
                       allow_redirects=False, timeout=5)
     assert r.status_code == 303
     assert requests.get(f"{url}/api/incidents/1", timeout=5).json()["acknowledged_by"] == "alice"
+
+
+def test_the_watchdog_is_never_an_incident_even_when_a_route_sends_it_here(tmp_path):
+    """Issue 29: the Watchdog always fires by design (dead man's switch); the firing views (incidents,
+    the console, `gpuobs incident list`) leave it out, and a group holding it and a real alert shows
+    only the real one."""
+    store = PageStore(tmp_path / "p.sqlite")
+    try:
+        dog = _payload(alertname="Watchdog", severity="info", family="meta")
+        dog["groupKey"] = '{}:{alertname="Watchdog"}'
+        dog["alerts"][0]["fingerprint"] = "wd"
+        store.add("page", dog)
+        assert store.incidents() == [] and store.count() == 1  # stored as received, no incident
+        mixed = _payload(alertname="GpuXidCritical", severity="critical", node="gpu-node-01")
+        mixed["alerts"].append({**copy.deepcopy(dog["alerts"][0])})
+        store.add("page", mixed)
+        (inc,) = store.incidents()
+        assert inc["firing"] == 1 and [a["labels"]["alertname"] for a in inc["alerts"]] == ["GpuXidCritical"]
+    finally:
+        store.close()

@@ -162,8 +162,61 @@ def test_drill_report_fail_false_alerts_and_rejected_query(tmp_path):
     assert "FAIL" in text and "did not resolve" in text
     assert "&lt;img src=x onerror=alert(1)&gt;" in text
     assert "query rejected (bad_data): parse error &lt;b&gt;here&lt;/b&gt;" in text
-    assert len(pngs(text)) == len(PANELS["xid"])
+    assert len(pngs(text)) == len(PANELS["xid"]) - 1  # the rejected query's panel is said, not plotted empty
     assert ends == {T0 + 400}  # unresolved: the window runs to now
+
+
+class OnlySome(DrillData):
+    """DrillData for queries naming one of ``present``; every other query has no series (a metric the
+    stack's exporter profile does not export, or a path that did not run)."""
+
+    def __init__(self, present: tuple[str, ...]):
+        super().__init__()
+        self.present = present
+
+    def __call__(self, endpoint, params):
+        if not any(m in params["query"][0] for m in self.present):
+            return ok(matrix([]))
+        return super().__call__(endpoint, params)
+
+
+def _figure_captions(text: str) -> list[str]:
+    return re.findall(r"<figcaption>(.*?)</figcaption>", text, re.S)
+
+
+def test_xid_drill_report_plots_the_kernel_log_path_that_paged_first_and_no_empty_dcgm_panel(tmp_path):
+    """Issue 29: on the default stack (logwatch on the nodes) GpuKernelXidCritical pages from logwatch's
+    counter, and the exporter's DCGM_EXP_XID_ERRORS_COUNT panel was always empty."""
+    res = drill_result(drill="xid", faults=[{"kind": "xid", "gpu": 1, "code": 48}],
+                       alerts=[{"alertname": "GpuKernelXidCritical", "expected_receiver": "page", "fired_s": 2.0,
+                                "paged_s": 4.0, "receiver": "page", "resolved_s": 70.0, "runbook_url": None}])
+    with FakePrometheus(OnlySome(("gpuobs_xid_events_total", "DCGM_FI_DEV_XID_ERRORS{"))) as fp:
+        text = write_drill_report(res, fp.url, tmp_path, now=T0 + 3600).read_text()
+    caps = _figure_captions(text)
+    assert len(pngs(text)) == len(caps) == 2
+    assert "gpuobs_xid_events_total{" in caps[0], caps  # the path that paged comes first
+    assert not any("DCGM_EXP_XID_ERRORS_COUNT" in c for c in caps)
+    absent = text.split("Not on this profile", 1)[1]
+    assert "DCGM_EXP_XID_ERRORS_COUNT" in absent and "not on this profile" in absent
+
+
+def test_xid_drill_report_on_the_dcgm_path_puts_the_exporter_panel_first():
+    from gpuobs.reports.drill import order_panels
+    res = {"drill": "xid", "alerts": [{"alertname": "GpuXidCritical", "paged_s": 9.0}]}
+    assert "DCGM_EXP_XID_ERRORS_COUNT" in order_panels(PANELS["xid"], res)[0].queries[0][1]
+    res = {"drill": "xid", "alerts": [{"alertname": "GpuKernelXidCritical", "paged_s": 3.0}]}
+    assert "gpuobs_xid_events_total" in order_panels(PANELS["xid"], res)[0].queries[0][1]
+
+
+def test_thermal_report_says_the_throttle_ratio_is_not_on_this_profile(tmp_path):
+    """The stock exporter profile has no DCGM_FI_DEV_THERMAL_VIOLATION: no empty plot, a line saying so;
+    a ticket-severity alert reads "ticketed", not "paged"."""
+    with FakePrometheus(OnlySome(("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK", "vllm:"))) as fp:
+        text = write_drill_report(drill_result(), fp.url, tmp_path, now=T0 + 3600).read_text()
+    caps = _figure_captions(text)
+    assert len(pngs(text)) == len(caps) == 3 and not any("THERMAL_VIOLATION" in c for c in caps)
+    assert "Fraction of time thermally throttled" in text.split("Not on this profile", 1)[1]
+    assert "ticketed GPUThrottling -&gt; ticket" in text and "paged GPUThrottling" not in text
 
 
 def test_drill_report_unreachable_prometheus_writes_nothing(tmp_path):
@@ -207,7 +260,7 @@ def test_rollout_report(tmp_path):
     text = path.read_text()
     assert_self_contained(text, set())
     images = pngs(text)
-    assert len(images) == len(DISTRIBUTIONS) + len(OVER_TIME) == 7
+    assert len(images) == len(DISTRIBUTIONS) + len(OVER_TIME) == 10
     assert all(img.startswith(PNG_SIGNATURE) for img in images)
     for needle in ("RolledBack", "ROLLBACK", "PROMOTE", "+21.0%", "[+15.0%, +27.0%]", "z=5.2", "p99=0.9",
                    "gpu-node-01, gpu-node-02", "25%", "r-1&lt;script&gt;x&lt;/script&gt;",
@@ -218,6 +271,51 @@ def test_rollout_report(tmp_path):
     assert any('track="baseline",finished_reason="error"' in q for q in qs)
     instant = [r for r in fp.requests if r["endpoint"] == "query"]
     assert {float(r["params"]["time"][0]) for r in instant} == {T0 + 900}
+
+
+def test_rollout_report_has_p50_over_time_and_the_deciding_metric_first(tmp_path):
+    """Issue 29: the p99-only panels were noisy and did not show the p50 shift a TTFT rollback rested on:
+    TTFT p50 and p99 per track over a stated 3m window, the deciding metric's (ttft) panels first."""
+    from gpuobs.reports.rollout import QUANTILE_WINDOW, deciding_metric
+    with FakePrometheus(rollout_fleet()) as fp:
+        text = write_rollout_report(rollout_doc(prometheus=fp.url), tmp_path, now=T0 + 3600).read_text()
+        ranged = [r["params"]["query"][0] for r in fp.requests if r["endpoint"] == "query_range"]
+    assert QUANTILE_WINDOW == "3m" and "3m windows" in text
+    p50 = 'histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{track="canary"}[3m])))'
+    assert p50 in ranged and p50.replace('"canary"', '"baseline"') in ranged
+    assert ranged.index(p50) < ranged.index(p50.replace("0.5", "0.99"))  # p50 first, p99 kept
+    caps = re.findall(r"<figcaption>(.*?)</figcaption>", text, re.S)
+    assert "TTFT p50" in text and "The verdict rested on ttft" in text
+    assert "time_to_first_token" in caps[0] and "time_to_first_token" in caps[1]  # deciding metric first
+    assert text.index("Over time, canary vs baseline") < text.index("distributions over the rollout")
+    itl_doc = rollout_doc(final_verdict={"verdict": "ROLLBACK", "metrics": [
+        {"name": "ttft", "classification": "Pass", "critical": True},
+        {"name": "itl", "classification": "High", "harmful": True, "critical": True}]})
+    assert deciding_metric(itl_doc) == "itl" and deciding_metric({}) is None
+
+
+def test_rollout_report_lists_failed_rules_and_warnings_with_messages(tmp_path):
+    """Issue 29: the compatibility table said "failed rules: -" for a node with warnings and the warnings
+    the CLI printed were missing."""
+    def rule(rid, status, msg):
+        return {"rule": rid, "status": status, "message": msg, "source": "engine_requirements.csv"}
+    nodes = [{"hostname": "gpu-node-00", "gpus": 8, "gpu": "H100", "driver": "550.54", "verdict": "COMPATIBLE_WITH_WARNINGS",
+              "failed": [], "warned": ["driver-branch-eol"],
+              "rules": [rule("toolkit-min-driver", "pass", "ok"),
+                        rule("driver-branch-eol", "warn", "driver branch R550 is past end of life")]},
+             {"hostname": "gpu-node-01", "gpus": 8, "gpu": "H100", "driver": "535.1", "verdict": "INCOMPATIBLE",
+              "failed": ["toolkit-min-driver"],  # no "warned" key: a document from before it existed
+              "rules": [rule("toolkit-min-driver", "fail", "CUDA 12.8 needs driver >= 570.26"),
+                        rule("fm-version", "warn", "fabric manager version not reported")]}]
+    doc = rollout_doc(state="Rejected", stages=[], gates=[{"gate": "compat", "outcome": "rejected", "ts": T0,
+                                                           "detail": {"verdict": "INCOMPATIBLE", "nodes": nodes}}])
+    text = write_rollout_report(doc, tmp_path, now=T0 + 60).read_text()
+    compat = text[text.index("Compatibility gate"):text.index("<h2>Stages</h2>")]
+    assert "warn: driver-branch-eol" in compat and "fail: toolkit-min-driver; warn: fm-version" in compat
+    assert "<td>-</td></tr>" not in compat.split("<table", 1)[1].split("</table>")[0]
+    assert "fix: H100 / driver 535.1: toolkit-min-driver: CUDA 12.8 needs driver &gt;= 570.26" in compat
+    assert "warning: H100 / driver 550.54: driver-branch-eol: driver branch R550 is past end of life" in compat
+    assert "warning: H100 / driver 535.1: fm-version: fabric manager version not reported" in compat
 
 
 def test_rollout_report_tolerates_a_minimal_document(tmp_path):
@@ -297,4 +395,4 @@ def test_cli_rollout_report(tmp_path, capsys):
     with FakePrometheus(rollout_fleet()) as fp:
         assert cli(["report", "rollout", "--file", str(doc), "--prometheus", fp.url, "--out", str(tmp_path / "o")]) == 0
     last = Path(capsys.readouterr().out.strip().splitlines()[-1])
-    assert last.parent == tmp_path / "o" and last.exists() and len(pngs(last.read_text())) == 7
+    assert last.parent == tmp_path / "o" and last.exists() and len(pngs(last.read_text())) == len(DISTRIBUTIONS) + len(OVER_TIME)
