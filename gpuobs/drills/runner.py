@@ -134,6 +134,10 @@ class DrillResult:
     #: group_wait in seconds, and its parts as text; None when the stack could not be read.
     bound_s: float | None = None
     bound: str = ""
+    #: What the drill's incident cost (gpuobs.pager.impact), measured by the pager after the drill:
+    #: ``{"incident": id, "line", "totals", "window", "serving", "training", "fleet", "queries"}``,
+    #: ``{"error": text}`` when it could not be measured, None when no incident was found.
+    impact: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -244,6 +248,20 @@ class _Session:
         pages = self._pager.pages(limit=1000)
         return [p for p in reversed(pages) if p["received_at"] >= since]  # oldest first
 
+    def impact(self, alertnames: set[str], host: str, since: float) -> dict | None:
+        """The impact (gpuobs.pager.impact) of the newest incident of one of ``alertnames`` on ``host``
+        opened at or after ``since``, measured by the pager now; ``{"error": ...}`` when it cannot be
+        measured, None when there is no such incident."""
+        try:
+            incs = [i for i in self._pager.incidents() if set(i["alertnames"]) & alertnames
+                    and host in i["nodes"] and i["opened_at"] >= since]
+            if not incs:
+                return None
+            inc = max(incs, key=lambda i: i["opened_at"])
+            return {"incident": inc["id"], **self._pager.measure_impact(inc["id"])}
+        except AlertApiError as exc:
+            return {"error": str(exc)}
+
 
 def run_drill(state: StackState, name: str, claims: Claims | None = None, progress=None,
               spec: DrillSpec | None = None, wait_resolve: bool = True,
@@ -280,6 +298,7 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
     drill.claims.remove(name, at=clock())
     drill.judge_allowed()
     _finish_problems(res, wait_resolve)
+    res.impact = drill.impact()
     _note(state, res, drill.say, drill.nodes, ended_at=clock(),
           outcome="PASS" if res.ok else "FAIL: " + "; ".join([*res.problems, *res.unexpected])[:300])
     return res
@@ -325,6 +344,13 @@ class _Drill:
         self.t0 = 0.0
         self.previous: dict[int, str] = {}  # node index -> version before a deploy fault
         self.injected: list[tuple[int, str]] = []  # (node index, fault id)
+
+    def impact(self) -> dict | None:
+        """What the drill's incident cost, measured by the pager now (:meth:`_Session.impact`); None for a
+        fleet-wide drill, one that notified nothing, or on a simulated clock."""
+        if self.host is None or all(a.paged_s is None for a in self.res.alerts) or self.clock is not time.time:
+            return None
+        return self.session.impact({a.alertname for a in self.res.alerts}, self.host, self.t0 - 5.0)
 
     def read_bound(self) -> None:
         """Note the first expected alert's pipeline bound on this stack (:mod:`gpuobs.drills.bounds`)."""
@@ -594,6 +620,9 @@ def format_timeline(res: DrillResult) -> str:
     lines += [f"  {_t(t)}s  {text}" for t, _, text in events]
     for a in res.alerts:
         lines.append(f"  runbook {a.alertname}: {a.runbook_url or '-'}")
+    if res.impact:
+        lines.append(f"  impact (incident #{res.impact['incident']}): {res.impact['line']}" if "line" in res.impact
+                     else f"  impact: not measured ({res.impact.get('error')})")
     by_hop: dict[str, list[float | None]] = {}
     for a in res.alerts:
         by_hop.setdefault(delivery(a.receiver or a.expected_receiver)[1], []).append(a.paged_s)

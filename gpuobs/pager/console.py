@@ -31,9 +31,9 @@ _CSS = ("body{font-family:sans-serif;margin:1rem auto;max-width:1240px;padding:0
         ".node-group h2{font-size:1.1rem;margin:1.2rem 0 .3rem}.age{white-space:nowrap}"
         "form.inline{display:inline}form.ack input{width:7rem;margin:1px 0}.count{font-size:1.3rem}"
         "#filters{margin:.5rem 0;padding:.4rem;background:#f4f4f4}#filters label{margin-right:.8rem}"
-        ".muted{color:#666;font-size:.85rem}")
+        ".muted{color:#666;font-size:.85rem}td.state{overflow-wrap:normal}")
 #: Column widths of the incident tables (sum 100%: fits 1280 px with no horizontal scroll).
-_COLS = '<colgroup><col style="width:5%"><col style="width:9%"><col style="width:10%"><col style="width:18%">' \
+_COLS = '<colgroup><col style="width:5%"><col style="width:9%"><col style="width:11%"><col style="width:17%">' \
         '<col style="width:36%"><col style="width:7%"><col style="width:15%"></colgroup>'
 #: The console's script (served as /console.js; the pages allow scripts from the pager only): the
 #: acknowledger's name remembered per browser, and the list refreshed in place every 15 s.

@@ -2,7 +2,9 @@
 
 The on-call's second question after "what broke" is "what is it costing us". For an incident (its
 nodes by the fleet config's identity label, its GPUs by ``gpu``, its window from the first alert's
-``startsAt`` to its resolution or now) :func:`measure` answers with numbers and the PromQL that gives
+``startsAt`` to its resolution or now; an alert about a change rather than a node, a rollout notice,
+names the nodes and span it touched in ``affected_nodes``/``affected_since``/``affected_until``
+annotations) :func:`measure` answers with numbers and the PromQL that gives
 each of them:
 
 * **Join.** The workloads on the incident's GPUs come from dcgm-exporter's pod attribution labels
@@ -21,9 +23,11 @@ each of them:
   (requests, and requests/s over the window). Node-local: traffic a load balancer moved to other
   nodes counts as lost here.
 * **Training** (per ``training_job`` with a rank on the incident's nodes): the job's GPUs (its rank
-  series across the fleet), ranks stalled (ranks whose step counter did not move for
-  :data:`STALL_S` or more inside the window), steps lost (baseline steps/s x window - steps done),
-  stalled time (steps lost / baseline steps/s) and **GPU-hours lost** (the job's GPUs x stalled time,
+  series across the fleet), ranks stalled (ranks whose step counter stayed flat for :data:`STALL_S`,
+  or 4 of its normal step intervals if longer, in a stretch overlapping the window; a stall that began
+  before the alert, which waits for it, counts from its start), stalled time (the longest such rank's
+  flat time), steps lost (stalled time x the steps/s before the stall) and **GPU-hours lost** (the
+  job's GPUs x stalled time,
   the effective-training-time measure of Meta's "Revisiting Reliability in Large-Scale Machine
   Learning Research Clusters", 2024).
 * **Fleet**: GPUs out (the incident's GPUs, or every GPU of its nodes when it names none) of the
@@ -81,12 +85,30 @@ def _ts(text: str | None) -> float | None:
         return None
 
 
+def affected(inc: dict) -> tuple[list[str], list[str]]:
+    """``(nodes, gpus)`` the incident touched: its own (the identity label, ``gpu``), else the nodes its
+    alerts name in an ``affected_nodes`` annotation (comma-separated; a rollout notice's stage)."""
+    nodes = list(inc.get("nodes") or [])
+    if not nodes:
+        for a in inc.get("alerts", []):
+            for n in (a.get("annotations") or {}).get("affected_nodes", "").split(","):
+                if n.strip() and n.strip() not in nodes:
+                    nodes.append(n.strip())
+    return nodes, list(inc.get("gpus") or [])
+
+
 def window(inc: dict, now: float) -> tuple[float, float]:
-    """``(start, end)`` unix seconds: the earliest alert ``startsAt`` (else ``opened_at``) to
-    ``resolved_at`` (else ``now``), at most :data:`MAX_WINDOW_S` long."""
-    starts = [t for t in (_ts(a.get("startsAt")) for a in inc.get("alerts", [])) if t is not None]
+    """``(start, end)`` unix seconds: the earliest alert ``startsAt`` or ``affected_since`` annotation
+    (else ``opened_at``) to ``resolved_at`` (else ``now``), cut at the latest ``affected_until``
+    annotation when every alert has one, at most :data:`MAX_WINDOW_S` long."""
+    alerts = inc.get("alerts", [])
+    starts = [t for a in alerts for t in (_ts(a.get("startsAt")), _ts((a.get("annotations") or {}).get("affected_since")))
+              if t is not None]
     start = min(starts + [inc["opened_at"]])
     end = inc["resolved_at"] if inc.get("state") == "resolved" and inc.get("resolved_at") else now
+    untils = [_ts((a.get("annotations") or {}).get("affected_until")) for a in alerts]
+    if alerts and None not in untils:
+        end = min(end, max(untils))
     end = max(end, start + MIN_WINDOW_S)
     return max(start, end - MAX_WINDOW_S), end
 
@@ -121,20 +143,32 @@ def increase(series: Series, t0: float, t1: float) -> tuple[float, float]:
     return total, use[-1][0] - use[0][0]
 
 
-def longest_flat(series: Series, t0: float, t1: float) -> float:
-    """Longest stretch (seconds) inside [t0, t1] over which the counter did not increase, from raw samples
-    (the time from the last increase, or ``t0``, to the next increase, or to the last sample)."""
-    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t <= t1]
+def stalls(series: Series, t0: float, t1: float, lo: float, min_s: float) -> list[tuple[float, float]]:
+    """The counter's flat stretches (``(from, to)`` unix s) of at least ``min_s`` seconds that overlap
+    [t0, t1], from raw samples since ``lo``: from the sample that last showed an increase (or the first
+    sample) to the next one that shows one (or the last sample, a stall still going on). A stretch that
+    began before ``t0`` is kept whole: the stall began before the alert did (its rule's detection lag)."""
+    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if lo <= t <= t1 and not math.isnan(v)]
+    out: list[tuple[float, float]] = []
     if not pts:
-        return 0.0
-    best, since, prev = 0.0, t0, None
-    for t, v in pts:
-        if prev is not None and v != prev and t > t0:
-            best = max(best, min(t, t1) - since)
-            since = max(t, t0)
-        prev = v
-    last = pts[-1][0]
-    return max(best, max(0.0, min(last, t1) - since))
+        return out
+    since, prev = pts[0][0], pts[0][1]
+    for t, v in pts[1:]:
+        if v != prev:
+            if t - since >= min_s and t >= t0:
+                out.append((since, t))
+            since, prev = t, v
+    if pts[-1][0] - since >= min_s and pts[-1][0] >= t0:
+        out.append((since, pts[-1][0]))
+    return out
+
+
+def step_gap(series: Series, t0: float, t1: float) -> float | None:
+    """Median seconds between the samples that show an increase in [t0, t1] (None with fewer than 3)."""
+    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t0 <= t <= t1]
+    ups = [t for (t, v), (_, p) in zip(pts[1:], pts) if v != p]
+    gaps = sorted(b - a for a, b in zip(ups, ups[1:]))
+    return gaps[len(gaps) // 2] if len(gaps) >= 2 else None
 
 
 def _key(labels, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -177,8 +211,7 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
     dur = end - start
     b0 = start - cfg.baseline_s
     rng = f"{math.ceil(end - b0) + 1}s"
-    nodes = list(inc.get("nodes") or [])
-    gpus = list(inc.get("gpus") or [])
+    nodes, gpus = affected(inc)
     doc: dict = {"measured_at": now, "window": {"start": start, "end": end, "seconds": round(dur, 3)},
                  "baseline_s": cfg.baseline_s, "join": "none", "pods": [], "serving": [], "training": [],
                  "fleet": {}, "queries": {}}
@@ -274,19 +307,25 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
             mine = [s for s in ranks if s.labels.get("training_job") == job]
             ids = {(s.labels.get(ident, ""), s.labels.get("rank", "")) for s in mine}
             steps_d = max((increase(s, start, end)[0] for s in mine), default=0.0)
-            base = [increase(s, b0, start) for s in mine]
+            # A stall is a flat stretch of at least STALL_S, or of 4 normal step intervals for a job
+            # whose steps are that slow; it may have begun before the alert (the rule waits for it).
+            gaps = [g for g in (step_gap(s, b0, start) for s in mine) if g is not None]
+            min_s = max(STALL_S, 4 * max(gaps)) if gaps else STALL_S
+            per_rank = [stalls(s, start, end, b0, min_s) for s in mine]
+            spans = [sp for r in per_rank for sp in r]
+            since = min((a for a, _ in spans), default=None)
+            stalled_s = max((sum(b - a for a, b in r) for r in per_rank), default=0.0)
+            base = [increase(s, b0, since if since is not None else start) for s in mine]
             rate = max((inc_ / cov for inc_, cov in base if cov > 0), default=None)
-            stalled_ranks = sum(longest_flat(s, start, end) >= STALL_S for s in mine)
-            lost = max(0.0, rate * dur - steps_d) if rate else None
-            stalled_s = lost / rate if lost is not None and rate else None
             doc["training"].append({
                 "training_job": job, "gpus": len(ids),
                 "ranks_on_incident_nodes": sum(1 for s in steps_here if s.labels.get("training_job") == job),
-                "ranks_stalled": stalled_ranks, "steps": round(steps_d),
+                "ranks_stalled": sum(bool(r) for r in per_rank), "steps": round(steps_d),
+                "stalled_since": since, "stall_min_s": round(min_s, 1),
                 "baseline_steps_per_s": round(rate, 4) if rate else None,
-                "steps_lost": round(lost, 1) if lost is not None else None,
-                "stalled_s": round(stalled_s, 1) if stalled_s is not None else None,
-                "gpu_hours_lost": round(len(ids) * stalled_s / 3600.0, 3) if stalled_s is not None else None,
+                "steps_lost": round(rate * stalled_s, 1) if rate else None,
+                "stalled_s": round(stalled_s, 1),
+                "gpu_hours_lost": round(len(ids) * stalled_s / 3600.0, 3),
             })
     doc["totals"] = _totals(doc)
     doc["line"] = line(doc, cfg)

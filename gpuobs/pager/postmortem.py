@@ -157,6 +157,42 @@ def plots(inc: dict, prom_url: str, out: Path, now: float) -> tuple[list[tuple[s
     return made, ("; ".join(errors) or None)
 
 
+def impact_section(inc: dict, m: dict) -> list[str]:
+    """The draft's Impact section: the pager's last measurement (:mod:`gpuobs.pager.impact`) with each
+    number and the PromQL that gives it, or the prompt to fill it when there is none."""
+    imp = inc.get("impact") or {}
+    head = ["## Impact", ""]
+    if "line" not in imp:
+        why = f" (the pager could not measure it: {imp['error']})" if imp.get("error") else ""
+        return head + [f"_Not measured{why}. Fill from the SLO queries of runbooks/postmortem-template.md for the "
+                       f"window {_utc(m['first_start'] or inc['opened_at'])} - {_utc(inc['resolved_at'])} UTC._", ""]
+    w = imp["window"]
+    out = head + [f"{imp['line']}", "",
+                  f"Measured by the pager from Prometheus at {_utc(imp['measured_at'])} over {_utc(w['start'])} - "
+                  f"{_utc(w['end'])} UTC ({w['seconds']:.0f} s); baseline: each node's own {imp['baseline_s']:.0f} s "
+                  f"before; workloads joined by {imp['join']}."
+                  + (f" The last measurement failed: {imp['error']}." if imp.get("error") else ""), ""]
+    if imp.get("serving"):
+        out += ["| Serving engine | Requests | Failed (above baseline) | Over TTFT SLO (above baseline) | Goodput lost |",
+                "|---|---|---|---|---|"]
+        out += [f"| {e.get('model_name', '')} on {e.get('instance', '')} | {e['requests']} | {e['failed']} "
+                f"({e['failed_excess']}) | {e['over_ttft_slo']} ({e['over_ttft_slo_excess']}) | {e['goodput_lost']} "
+                f"requests ({e['goodput_lost_per_s']} req/s) |" for e in imp["serving"]]
+        out.append("")
+    if imp.get("training"):
+        out += ["| Training job | GPUs | Ranks stalled | Stalled (s) | GPU-hours lost |", "|---|---|---|---|---|"]
+        out += [f"| {t['training_job']} | {t['gpus']} | {t['ranks_stalled']} | {t['stalled_s']} | {t['gpu_hours_lost']} |"
+                for t in imp["training"]]
+        out.append("")
+    f = imp.get("fleet") or {}
+    if f:
+        out += [f"Capacity out: {f['gpus_out']} of {f['gpus_total']} GPUs.", ""]
+    out += [f"PromQL (evaluate at {imp.get('evaluated_at', '')}; `increase()` extrapolates to the window's edges, "
+            "the pager's numbers difference the raw samples):", ""]
+    out += [f"- {k}: `{v}`" for k, v in sorted(imp["queries"].items())]
+    return out + [""]
+
+
 def markdown_draft(inc: dict, plotted: list[tuple[str, str, Path]], metrics_note: str | None,
                    runbook_base: str | None = None) -> str:
     """The draft as Markdown (the template's structure; facts filled in, narrative left as prompts)."""
@@ -190,9 +226,7 @@ def markdown_draft(inc: dict, plotted: list[tuple[str, str, Path]], metrics_note
     md += [f"| {k} | {v.replace('|', '/')} |" for k, v in rows]
     md += ["", "## Summary", "", *(f"- {d}" for d in inc["descriptions"]), "",
            "_To write: what users experienced, for how long, the cause in one line, how it was fixed._", "",
-           "## Impact (in SLO terms)", "",
-           "_To fill from the SLO queries of runbooks/postmortem-template.md for the window "
-           f"{_utc((m['first_start'] or inc['opened_at']))} - {_utc(inc['resolved_at'])} UTC._", "",
+           *impact_section(inc, m),
            "## Timeline (UTC)", "", "| Time | Source | Event |", "|---|---|---|"]
     # One table in time order: the alerts' own start times (Prometheus) and the pager's timeline rows. An
     # alert names its node by whichever label carries one of the incident's nodes (the fleet's identity).

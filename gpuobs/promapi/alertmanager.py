@@ -97,3 +97,27 @@ class PagerClient:
             return list(doc["pages"])
         except (KeyError, TypeError) as exc:
             raise AlertApiError(f"{self.base_url}/api/pages: not a pager answer ({exc})") from None
+
+    def incidents(self, limit: int = 500) -> list[dict[str, Any]]:
+        """The pager's incidents (``GET /api/incidents``; shape: docs/incidents.md, each with ``impact``).
+        Raises AlertApiError."""
+        doc = _get_json(f"{self.base_url}/api/incidents", {"limit": limit}, self.timeout_s)
+        try:
+            return list(doc["incidents"])
+        except (KeyError, TypeError) as exc:
+            raise AlertApiError(f"{self.base_url}/api/incidents: not a pager answer ({exc})") from None
+
+    def measure_impact(self, incident_id: int, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Have the pager measure incident ``incident_id``'s impact now (``POST
+        /api/incidents/<id>/impact``) and return it (:mod:`gpuobs.pager.impact`'s dict). Raises
+        AlertApiError when the pager cannot (no Prometheus configured, Prometheus failing, unknown id)."""
+        url = f"{self.base_url}/api/incidents/{int(incident_id)}/impact"
+        try:
+            resp = requests.post(url, timeout=timeout_s)
+            doc = resp.json()
+        except (requests.RequestException, ValueError) as exc:
+            raise AlertApiError(f"POST {url}: {exc}") from None
+        if resp.status_code != 200 or not isinstance(doc, dict) or "line" not in (doc.get("impact") or {}):
+            err = doc.get("error") or (doc.get("impact") or {}).get("error") if isinstance(doc, dict) else None
+            raise AlertApiError(f"POST {url}: HTTP {resp.status_code}: {err or 'no impact'}")
+        return doc["impact"]

@@ -7,7 +7,9 @@ routes warnings to the ``ticket`` receiver: the platform already returned to the
 person has to decide what next), ``rollout`` (id), ``version``. Annotations: ``summary``,
 ``description`` (at most :data:`MAX_DESCRIPTION_LINES` short lines, :func:`description`: where it
 ended, the deciding test with its effect and interval or else why, and where the report is),
-``report`` (the commands that write the rollout's HTML report) and ``runbook_url``
+``report`` (the commands that write the rollout's HTML report), ``affected_nodes`` /
+``affected_since`` / ``affected_until`` (the stage's nodes and span, RFC 3339, when a stage ran: the
+pager measures the incident's impact there, :mod:`gpuobs.pager.impact`) and ``runbook_url``
 (``<runbook_base>/runbooks/rollout.md#<alertname-lowercase>``, :func:`gpuobs.mixin.runbooks.runbook_url`;
 the base is the fleet config's, :attr:`gpuobs.core.fleet.FleetConfig.runbook_base`). The
 assumptions the verdicts rest on are in the report, not in the ticket. The alert ends after
@@ -90,14 +92,18 @@ def notice(rec: Any, run_dir: str, runbook_base: str, now: float | None = None, 
     alertname = name if flag is None else "Flag" + name
     labels = {"alertname": alertname, "severity": "warning", "rollout": rec.id,
               "version": rec.version, **({} if flag is None else {"flag": flag})}
+    annotations = {
+        "summary": f"Rollout of {rec.version} ended {rec.state}",
+        "description": description(rec, run_dir, stage, flag),
+        "report": report,
+        "runbook_url": runbook_url(runbook_base, RUNBOOK_FILE, alertname),
+    }
+    if stage is not None and stage.hosts:  # what the release touched, for the incident's impact
+        annotations.update(affected_nodes=",".join(stage.hosts), affected_since=rfc3339(stage.started_at),
+                           affected_until=rfc3339(stage.ended_at or t))
     return {
         "labels": labels,
-        "annotations": {
-            "summary": f"Rollout of {rec.version} ended {rec.state}",
-            "description": description(rec, run_dir, stage, flag),
-            "report": report,
-            "runbook_url": runbook_url(runbook_base, RUNBOOK_FILE, alertname),
-        },
+        "annotations": annotations,
         "startsAt": rfc3339(t), "endsAt": rfc3339(t + NOTICE_TTL_S), "generatorURL": "",
     }
 

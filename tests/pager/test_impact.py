@@ -73,10 +73,13 @@ def test_increase_handles_resets_and_does_not_extrapolate():
     assert impact.increase(Series({}, (0.0,), (1.0,)), 0.0, 9.0) == (0.0, 0.0)
 
 
-def test_longest_flat_finds_the_stall():
+def test_stalls_find_the_flat_stretch_and_keep_its_start_before_the_window():
     s = Series({}, tuple(float(t) for t in range(0, 200, 10)),
                tuple(float(min(t, 50) + max(0, t - 150)) for t in range(0, 200, 10)))
-    assert impact.longest_flat(s, 0.0, 190.0) == pytest.approx(110.0)  # flat from 50 to 160
+    # flat from the sample at 50 (last increase) to the sample at 160 (next increase)
+    assert impact.stalls(s, 100.0, 190.0, 0.0, 60.0) == [(50.0, 160.0)]
+    assert impact.stalls(s, 170.0, 190.0, 0.0, 60.0) == []  # over before the window
+    assert impact.step_gap(s, 0.0, 50.0) == 10.0
 
 
 def serving_series(err_rate_during: float, slow_share_during: float, base_rate: float = 10.0,
@@ -140,17 +143,29 @@ def test_training_hang_costs_the_jobs_gpus_times_the_stall():
     for node in ("gpu-node-03", "gpu-node-04"):
         for r in range(8):
             lab = {"node": node, "rank": f"{node[-1]}{r}", "training_job": "pretrain"}
-            # 0.5 steps/s before, hung for the first 240 s of the 300 s window, then 0.5 steps/s again
-            ranks.append(counter(lab, lambda t: 0.0 if T0 <= t < T0 + 240 else 0.5, T0 - 900, T0 + 300))
+            # 0.5 steps/s, hung from 120 s before the alert (its rule waits for the hang) until 240 s in
+            ranks.append(counter(lab, lambda t: 0.0 if T0 - 120 <= t < T0 + 240 else 0.5, T0 - 900, T0 + 300))
     prom = StubProm({"training_steps_total": ranks[:8], "training_steps_total@all": ranks},
                     [{"node": "gpu-node-03", "gpu": str(g)} for g in range(8)], 40)
     doc = impact.measure(prom, CFG, incident(T0, T0 + 300, nodes=("gpu-node-03",), gpus=()), now=T0 + 300)
     (t,) = doc["training"]
     assert t["gpus"] == 16 and t["ranks_on_incident_nodes"] == 8 and t["ranks_stalled"] == 16
     assert t["baseline_steps_per_s"] == pytest.approx(0.5) and t["steps"] == 30
-    assert t["stalled_s"] == pytest.approx(240.0) and t["gpu_hours_lost"] == pytest.approx(16 * 240 / 3600, abs=1e-3)
+    assert t["stalled_since"] == T0 - 120  # the sample that last showed a step
+    assert t["stalled_s"] == pytest.approx(360.0, abs=STEP) and t["steps_lost"] == pytest.approx(180, abs=3)
+    assert t["gpu_hours_lost"] == pytest.approx(16 * 360 / 3600, abs=0.03)
     assert doc["fleet"]["gpus_out"] == 8  # no gpu label: every GPU of the node
-    assert "16/16 ranks stalled" in doc["line"] and "1.07 GPU-hours lost" in doc["line"]
+    assert "16/16 ranks stalled" in doc["line"] and "GPU-hours lost" in doc["line"]
+
+
+def test_slow_steps_are_not_a_stall():
+    lab = {"node": "gpu-node-03", "rank": "0", "training_job": "big"}
+    # one step every 90 s: flat stretches of 90 s are the job's normal pace, not a stall
+    slow = counter(lab, lambda t: 1.0 / STEP if int(t - T0) % 90 == 0 else 0.0, T0 - 900, T0 + 300)
+    prom = StubProm({"training_steps_total": [slow], "training_steps_total@all": [slow]},
+                    [{"node": "gpu-node-03", "gpu": "0"}], 8)
+    (t,) = impact.measure(prom, CFG, incident(T0, T0 + 300, nodes=("gpu-node-03",), gpus=()), now=T0 + 300)["training"]
+    assert t["ranks_stalled"] == 0 and t["gpu_hours_lost"] == 0.0 and t["stall_min_s"] >= 360
 
 
 def test_an_incident_without_nodes_measures_only_the_fleet():

@@ -50,7 +50,7 @@ def test_draft_has_template_sections_times_timeline_and_a_plot(tmp_path):
         md_path, html_path, note = postmortem.write(inc, tmp_path / "pm", fp.url, now=start + 3600)
     assert note is None
     md = md_path.read_text()
-    for section in ("## Summary", "## Impact (in SLO terms)", "## Timeline (UTC)", "## Detection and response",
+    for section in ("## Summary", "## Impact", "## Timeline (UTC)", "## Detection and response",
                     "## Contributing causes", "## Action items"):
         assert section in md
     assert "| Time to page (first firing -> first notification) | 0m 42s |" in md
@@ -104,3 +104,20 @@ def test_the_timeline_is_one_table_in_time_order_and_names_the_node_by_the_fleet
     assert any("GpuEccDoubleBitError started firing (gpu=3, node=gpu-node-01)" in r for r in rows), rows
     assert rows.index(next(r for r in rows if "acknowledged by alice" in r)) < rows.index(
         next(r for r in rows if "GpuEccDoubleBitError started firing" in r))
+
+
+def test_the_draft_carries_the_measured_impact_and_its_promql(tmp_path):
+    from gpuobs.pager import impact
+    from tests.pager.test_impact import CFG, T0, StubProm, incident as impact_incident, serving_series
+
+    inc = _incident(tmp_path)
+    assert "_Not measured. Fill from the SLO queries" in postmortem.markdown_draft(inc, [], None)
+    inc["impact"] = impact.measure(StubProm(serving_series(0.21, 0.5), [{"node": "gpu-node-00", "gpu": "0"}], 32),
+                                   CFG, impact_incident(T0, T0 + 300), now=T0 + 400)
+    md = postmortem.markdown_draft(inc, [], None)
+    section = md.split("## Impact", 1)[1].split("## Timeline", 1)[0]
+    assert inc["impact"]["line"] in section
+    assert "| llama on 127.0.0.1:8000 | 3000 | 630 (600) | 1500 (1500) | 2100 requests (7.0 req/s) |" in section
+    assert "Capacity out: 1 of 32 GPUs." in section
+    assert '- failed: `sum(increase(vllm:request_success_total{job=~"vllm|.*vllm.*", node=~"gpu-node-00", ' \
+           'finished_reason="error"}[300s]))`' in section, section
