@@ -42,6 +42,7 @@ def run(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the command, return its exit code (what the tests call)."""
     args = build_parser().parse_args(argv)
     common.GROUP[:] = [args.command]
+    common.ARGS[:] = [args]
     if hasattr(args, "param_names"):  # `fault inject <kind>`: collect that kind's parameters
         args.params = {n: getattr(args, n) for n in args.param_names}
     if str(args.log_level).lower() not in LOG_LEVELS:

@@ -24,10 +24,37 @@ def run_dir_default() -> str:
     return env("RUN_DIR", ".run") or ".run"
 
 
+#: The parsed arguments of the command being run (set by :func:`gpuobs.cli.run`): which URL flags it has.
+ARGS: list[argparse.Namespace] = []
+
+#: component of a :func:`gpuobs.core.reach.unreachable` message -> (argparse dest, flag) that sets its URL.
+URL_FLAGS = {
+    "pager": (("pager_url", "--pager-url"),),
+    "Alertmanager": (("alertmanager_url", "--alertmanager-url"), ("alertmanager", "--alertmanager")),
+    "Prometheus": (("prometheus", "--prometheus"),),
+    "remediation controller": (("remediate_url", "--remediate-url"),),
+    "node's admin API": (("url", "--url"),),
+}
+
+
+def reach_hint(msg: str) -> str:
+    """``msg`` plus how to fix it when it says a server cannot be reached (:mod:`gpuobs.core.reach`):
+    start the stack, or pass the command's URL flag of that component."""
+    from gpuobs.core.reach import PATTERN
+
+    m = PATTERN.search(msg)
+    if not m or "make up" in msg:
+        return msg
+    args = ARGS[0] if ARGS else argparse.Namespace()
+    flag = next((f for dest, f in URL_FLAGS.get(m.group(1), ()) if hasattr(args, dest)), None)
+    return f"{msg}; start the stack with `make up`" + (f" or pass {flag} URL" if flag else "")
+
+
 def fail(msg: object, code: int = EXIT_USAGE) -> int:
-    """Print ``gpuobs <group>: error: msg`` on stderr and return ``code`` (the exit code)."""
+    """Print ``gpuobs <group>: error: msg`` on stderr and return ``code`` (the exit code). A message
+    that a server cannot be reached gets how to fix it appended (:func:`reach_hint`)."""
     where = " ".join(["gpuobs", *GROUP[:1]])
-    print(f"{where}: error: {msg}", file=sys.stderr)
+    print(f"{where}: error: {reach_hint(str(msg))}", file=sys.stderr)
     return code
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuobs.cli.common import duration, env, fail, int_range, run_dir_default
 from gpuobs.core.errors import EXIT_FAILURE
+from gpuobs.core.reach import unreachable
 
 
 def _urls(args: argparse.Namespace) -> tuple[str, str]:
@@ -41,6 +42,8 @@ def _call(method: str, url: str, body: dict | None = None) -> tuple[int, Any]:
 
     try:
         resp = requests.request(method, url, json=body, timeout=15)
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        return 0, {"error": unreachable("Alertmanager" if "/api/v2/" in url else "pager", url, exc)}
     except requests.RequestException as exc:
         return 0, {"error": f"{method} {url}: {exc}"}
     try:
