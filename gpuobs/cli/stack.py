@@ -74,7 +74,11 @@ def _stack(args: argparse.Namespace) -> int:
                          exporter_profile=args.exporter_profile, host_label_mode=args.host_label_mode,
                          scrape_mode=args.scrape_mode, collect_interval_s=args.collect_interval,
                          clock_events_name=args.clock_events_name,
-                         remediate=args.remediate if args.topology != "ha" else "off")
+                         remediate=args.remediate if args.topology != "ha" else "off", stop_hint=args.stop_hint)
+    if args.check:  # `make up` asks this before it says which mode it starts: the refusal comes first
+        sv.check_config(cfg)
+        print(f"no stack runs from {run}; the configuration is valid")
+        return 0
     if args.topology == "ha":
         return _up_ha(args, cfg)
     try:
@@ -192,6 +196,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="field 112's name on the pages: DCGM_FI_DEV_CLOCKS_EVENT_REASONS (canonical) or "
                         "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (legacy counters files)")
     s.add_argument("--timeout", type=pos_float, default=90.0, help="start-up (or restart) deadline, seconds")
+    s.add_argument("--check", action="store_true",
+                   help="up: check the values and that no stack runs from --run-dir (exit 2 with the reason if one "
+                        "does), then exit without starting or writing anything")
+    s.add_argument("--stop-hint", default="", metavar="COMMAND",
+                   help="up: the command the refusal to start over a running stack tells to run first (default: "
+                        "gpuobs stack down --run-dir DIR; `make up` passes `make down`)")
     s.add_argument("--topology", choices=["single", "ha"], default=env("TOPOLOGY", "single"),
                    help="single: one Prometheus and one Alertmanager; ha: Prometheus shards x replicas, an "
                         "Alertmanager cluster, VictoriaMetrics and vmalert (docs/ha.md); env GPUOBS_TOPOLOGY")

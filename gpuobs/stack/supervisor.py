@@ -99,6 +99,9 @@ class StackConfig:
     #: The remediation controller's mode (``gpuobs remediate serve --mode``), or ``off`` to not start it.
     #: Single topology only. ``gpuobs stack up`` defaults to ``dry-run`` (GPUOBS_REMEDIATE).
     remediate: str = "off"
+    #: The command the refusal to start over a running stack tells to run first (``make up`` says
+    #: ``make down``); empty: ``gpuobs stack down --run-dir <run_dir>``.
+    stop_hint: str = ""
 
 
 def find_binaries() -> dict[str, str]:
@@ -251,7 +254,8 @@ def check_config(cfg: StackConfig) -> Path:
         raise StackError(f"collect interval must be >= 0 seconds; got {cfg.collect_interval_s:g}", 2)
     old = load_state(run)
     if old and any(find_processes(old, name) for name in old.components):
-        raise StackError(f"a stack is already running from {run}; run `gpuobs stack down --run-dir {cfg.run_dir}` first", 2)
+        hint = cfg.stop_hint or f"gpuobs stack down --run-dir {cfg.run_dir}"
+        raise StackError(f"a stack is already running from {run}; run `{hint}` first", 2)
     return run
 
 
