@@ -32,15 +32,17 @@ def env(name: str, default: str | None = None) -> str | None:
     return out
 
 
-def named(flag: str, value: object) -> str:
-    """``flag``, or ``flag (GPUOBS_X)`` when ``value`` is its default from that variable (:func:`env`):
-    how a check after parsing names what the user set."""
-    var = getattr(value, "var", "")
-    return f"{flag} ({var})" if var else flag
+def named(flag: str, value: object, var: str = "") -> str:
+    """``flag``, or ``flag (GPUOBS_<var>)`` when ``value`` is what that variable holds (the flag's default,
+    :func:`env`): how a check after parsing names what the user set."""
+    name = getattr(value, "var", "") or (f"GPUOBS_{var}" if var and os.environ.get(f"GPUOBS_{var}") == str(value)
+                                         else "")
+    return f"{flag} ({name})" if name else flag
 
 
-def http_url(flag: str, value: str) -> str:
-    """``value`` if it is an http(s) URL with a host; else InputError naming ``flag`` (and its variable)."""
+def http_url(flag: str, value: str, var: str = "") -> str:
+    """``value`` if it is an http(s) URL with a host; else InputError naming ``flag`` (and its variable
+    ``GPUOBS_<var>`` when the value came from there)."""
     from urllib.parse import urlsplit
 
     try:
@@ -49,7 +51,7 @@ def http_url(flag: str, value: str) -> str:
     except ValueError:  # a bad port, e.g. http://host:99999
         ok = False
     if not ok:
-        raise InputError(f"{named(flag, value)}: {str(value)!r} is not valid; expected an http:// or https:// URL, "
+        raise InputError(f"{named(flag, value, var)}: {str(value)!r} is not valid; expected an http:// or https:// URL, "
                          "e.g. http://127.0.0.1:9097")
     return value
 
@@ -91,7 +93,7 @@ class Parser(argparse.ArgumentParser):
         if action.choices is not None and value not in action.choices:
             raise EnvError(self.prog, var, str(arg_string), flag,
                            f"expected one of {', '.join(map(str, action.choices))}")
-        return value
+        return str(value) if isinstance(value, EnvValue) else value  # a plain str from here on (YAML, SQLite)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

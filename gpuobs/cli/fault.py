@@ -13,7 +13,7 @@ def _node_urls(args: argparse.Namespace) -> tuple[list[str], str]:
     """Node base URLs and admin token, from --url/--token or the run directory's stack.json."""
     from gpuobs.stack.supervisor import load_state
 
-    token = args.token or env("ADMIN_TOKEN")
+    token = args.token or str(env("ADMIN_TOKEN") or "") or None
     if args.url:
         if not args.url.startswith(("http://", "https://")):
             raise ValueError(f"--url must be an http(s) URL like http://127.0.0.1:9400; got {args.url!r}")

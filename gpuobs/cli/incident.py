@@ -27,9 +27,9 @@ def _urls(args: argparse.Namespace) -> tuple[str, str]:
     --run-dir, the default ports. Raises InputError (one line, exit 2) naming a bad flag or variable."""
     pager, am = args.pager_url or env("PAGER_URL"), args.alertmanager_url or env("ALERTMANAGER_URL")
     if pager:
-        http_url("--pager-url", pager)
+        http_url("--pager-url", pager, "PAGER_URL")
     if am:
-        http_url("--alertmanager-url", am)
+        http_url("--alertmanager-url", am, "ALERTMANAGER_URL")
     if not (pager and am):
         try:
             from gpuobs.stack.supervisor import load_state
@@ -169,7 +169,7 @@ def cmd_postmortem(args: argparse.Namespace) -> int:
     status, doc = _call("GET", f"{pager}/api/incidents/{args.id}")
     if status != 200:
         return _err(status, doc)
-    prom = args.prometheus or env("PROMETHEUS_URL")
+    prom = args.prometheus or str(env("PROMETHEUS_URL") or "")
     if not prom:
         try:
             from gpuobs.stack.supervisor import load_state

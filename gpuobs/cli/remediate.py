@@ -92,7 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except tokens.TokenError as exc:
         return fail(f"--token-file: {exc}")
     if not args.prometheus.startswith(("http://", "https://")):
-        return fail(f"{named('--prometheus', args.prometheus)} {args.prometheus!r}: expected an http:// or https:// URL")
+        return fail(f"{named('--prometheus', args.prometheus, 'PROMETHEUS_URL')} {args.prometheus!r}: expected an http:// or https:// URL")
     fleet = fleet_config(args.fleet)
     db = _db(args)
     lock = RunLock(db.parent, db.name + ".lock")  # one controller per database: two would both act
@@ -196,7 +196,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _person(args: argparse.Namespace) -> str:
-    return args.by or env("OPERATOR") or getpass.getuser()
+    return args.by or str(env("OPERATOR") or "") or getpass.getuser()
 
 
 def cmd_hold(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ usage error, not the top level's (issue 29)."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from gpuobs.cli import run as cli_run
 
@@ -81,8 +82,12 @@ def test_a_good_variable_is_used_like_its_flag(monkeypatch):
     monkeypatch.setenv("GPUOBS_NODES", "7")
     monkeypatch.setenv("GPUOBS_LOG_LEVEL", "DEBUG")
     monkeypatch.setenv("GPUOBS_PROFILE", "drill")
+    monkeypatch.setenv("GPUOBS_RUNBOOK_BASE", "http://runbooks.example")
     args = build_parser().parse_args(["stack", "up"])
     assert (args.nodes, args.log_level, args.profile) == (7, "debug", "drill")
+    # a plain str once parsed: it ends up in YAML configs, which refuse str subclasses
+    assert type(args.runbook_base) is str and type(args.profile) is str
+    yaml.safe_dump({"runbook_base": args.runbook_base})
     assert build_parser().parse_args(["stack", "up", "--nodes", "3"]).nodes == 3  # the flag wins
 
 
