@@ -41,13 +41,17 @@ COMPOSE_PY := $(GPUOBS) compose
 # Compose mode when the Docker engine, the Compose plugin and every image are there (`make images`
 # builds the images, air-gapped), else one line saying why and the native stack. The choice is
 # recorded in $(RUN_DIR)/mode so down/status act on the same one.
+# A stack already running from $(RUN_DIR), or a bad GPUOBS_* value, is refused first (`stack up --check`),
+# before anything is said about starting or written to the run directory.
+STACK_UP := $(GPUOBS) stack up --stop-hint "make down" --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE)
 up: venv binaries
+	@$(STACK_UP) --check >/dev/null
 	@mkdir -p $(RUN_DIR)
 	@if why=$$($(COMPOSE_PY) check 2>&1); then \
 	  echo compose > $(RUN_DIR)/mode; $(COMPOSE_PY) up --run-dir $(RUN_DIR); \
 	else \
 	  echo "$$why; starting the native stack (prometheus + alertmanager from PATH)."; \
-	  echo native > $(RUN_DIR)/mode; $(GPUOBS) stack up --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE); \
+	  echo native > $(RUN_DIR)/mode; $(STACK_UP); \
 	fi
 
 # The HA topology (docs/ha.md): 2 Prometheus shards x 2 replicas, a 3-member Alertmanager cluster,
@@ -55,9 +59,10 @@ up: venv binaries
 # and `make status` act on it like on `make up`'s stack. HA_FLAGS: e.g. --shards 3 --ha-base-port 9100.
 HA_FLAGS ?=
 up-ha: venv binaries
+	@$(STACK_UP) --topology ha $(HA_FLAGS) --check >/dev/null
 	@mkdir -p $(RUN_DIR)
 	@echo native > $(RUN_DIR)/mode
-	$(GPUOBS) stack up --topology ha --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE) $(HA_FLAGS)
+	$(STACK_UP) --topology ha $(HA_FLAGS)
 
 down: venv
 	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE_PY) down --run-dir $(RUN_DIR); \

@@ -28,9 +28,9 @@ GROUPS = ("exporter", "logwatch", "pager", "incident", "fault", "stack", "compos
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (every group registered)."""
-    p = argparse.ArgumentParser(prog="gpuobs", description="Observability and release safety for GPU platforms.")
+    p = common.Parser(prog="gpuobs", description="Observability and release safety for GPU platforms.")
     p.add_argument("--version", action="version", version=f"gpuobs {__version__}")
-    p.add_argument("--log-level", default=env("LOG_LEVEL", "info"), choices=LOG_LEVELS,
+    p.add_argument("--log-level", default=env("LOG_LEVEL", "info"), choices=LOG_LEVELS, type=str.lower,
                    help="JSON log level on stderr (env GPUOBS_LOG_LEVEL; default info)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
@@ -40,8 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the command, return its exit code (what the tests call)."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except common.EnvError as exc:  # a bad GPUOBS_* default: one line naming the variable
+        common.GROUP[:] = [exc.group] if exc.group else []
+        return fail(exc)
     common.GROUP[:] = [args.command]
+    common.ARGS[:] = [args]
     if hasattr(args, "param_names"):  # `fault inject <kind>`: collect that kind's parameters
         args.params = {n: getattr(args, n) for n in args.param_names}
     if str(args.log_level).lower() not in LOG_LEVELS:

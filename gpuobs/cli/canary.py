@@ -32,7 +32,7 @@ from gpuobs.canary.config import (
 )
 from gpuobs.cli.common import env as _env
 from gpuobs.cli.common import fail as _common_fail
-from gpuobs.cli.common import fleet_config
+from gpuobs.cli.common import fleet_config, named
 from gpuobs.core.errors import EXIT_FAILURE as EXIT_RUNTIME  # noqa: E402
 from gpuobs.core.errors import EXIT_USAGE as EXIT_BAD_INPUT  # noqa: E402
 from gpuobs.core.errors import BackendError, InputError
@@ -163,7 +163,7 @@ def build_client(args: argparse.Namespace) -> PromClient:
         return PromClient(args.prometheus, timeout=args.timeout, retries=args.retries, bearer_token=token,
                           basic_auth=auth, headers=headers)
     except ValueError as exc:
-        raise ConfigError("--prometheus", args.prometheus, str(exc)) from None
+        raise ConfigError(named("--prometheus", args.prometheus, "PROMETHEUS_URL"), args.prometheus, str(exc)) from None
 
 
 def build_config(args: argparse.Namespace) -> CanaryConfig:
@@ -248,7 +248,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         client, cfg = build_client(args), build_config(args)
-        deadline = parse_duration(args.look_deadline, "--look-deadline")
+        deadline = parse_duration(args.look_deadline, named("--look-deadline", args.look_deadline, "CANARY_LOOK_DEADLINE"))
     except InputError as exc:  # ConfigError, FleetConfigError
         return _fail(str(exc), EXIT_BAD_INPUT, False)
     from gpuobs.core import tokens

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpuobs.cli.common import run_dir_default
+from gpuobs.cli.common import HelpFormatter, run_dir_default
 from gpuobs.core.errors import EXIT_FAILURE
 
 
@@ -41,8 +41,9 @@ def cmd_compose(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``compose`` group to ``sub``."""
     c = sub.add_parser("compose", help="the compose stack: check | up | down | status (docs/compose.md)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    c.add_argument("action", choices=["check", "up", "down", "status"])
+                       formatter_class=HelpFormatter)
+    c.add_argument("action", choices=["check", "up", "down", "status"],
+                   help="check: can compose run here; up: start the stack; down: stop it; status: its containers")
     c.add_argument("--run-dir", default=run_dir_default(), help="where compose.json is kept (env GPUOBS_RUN_DIR)")
     c.add_argument("--project", default="gpuobs", help="compose project name")
     c.add_argument("--volumes", action="store_true", help="down: also delete the data volumes")

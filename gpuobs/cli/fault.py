@@ -13,7 +13,7 @@ def _node_urls(args: argparse.Namespace) -> tuple[list[str], str]:
     """Node base URLs and admin token, from --url/--token or the run directory's stack.json."""
     from gpuobs.stack.supervisor import load_state
 
-    token = args.token or env("ADMIN_TOKEN")
+    token = args.token or str(env("ADMIN_TOKEN") or "") or None
     if args.url:
         if not args.url.startswith(("http://", "https://")):
             raise ValueError(f"--url must be an http(s) URL like http://127.0.0.1:9400; got {args.url!r}")
@@ -95,13 +95,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     f = sub.add_parser("fault", help="inject, list and clear faults on the simulated nodes")
     fsub = f.add_subparsers(dest="action", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--run-dir", default=run_dir_default())
+    common.add_argument("--run-dir", default=run_dir_default(),
+                        help="run directory of the stack whose nodes to use (env GPUOBS_RUN_DIR; default %(default)s)")
     common.add_argument("--node", type=int_range(0, 4095), help="node index")
     common.add_argument("--url", help="node base URL instead of the run directory's stack (http://127.0.0.1:9400)")
     common.add_argument("--token", help="admin token (default: from the run directory; env GPUOBS_ADMIN_TOKEN)")
-    common.add_argument("--json", action="store_true")
+    common.add_argument("--json", action="store_true", help="print the admin API's JSON")
     fi = fsub.add_parser("inject", parents=[common], help="inject a fault: gpuobs fault inject --node 2 --gpu 3 xid --code 48")
-    fi.add_argument("--gpu", type=int_range(0, 15))
+    fi.add_argument("--gpu", type=int_range(0, 15), help="GPU index on the node: required by the per-GPU kinds "
+                                                           "(xid, thermal ...), refused by the node-wide ones")
     ksub = fi.add_subparsers(dest="kind", required=True, metavar="KIND")
     from gpuobs.exporter.sim.faults import KINDS
     for kind in KINDS.values():
@@ -114,8 +116,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         kp.set_defaults(param_names=list(kind.params))
     fi.set_defaults(func=cmd_fault)
     fc = fsub.add_parser("clear", parents=[common], help="clear faults by id (or --all) on one node")
-    fc.add_argument("ids", nargs="*")
-    fc.add_argument("--all", action="store_true")
+    fc.add_argument("ids", nargs="*", help="fault ids (from `fault list`)")
+    fc.add_argument("--all", action="store_true", help="clear every fault on the node")
     fc.set_defaults(func=cmd_fault)
     fl = fsub.add_parser("list", parents=[common], help="list active faults (all nodes unless --node)")
     fl.set_defaults(func=cmd_fault)

@@ -17,12 +17,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpuobs.cli.common import duration, env, fail, int_range, run_dir_default
+from gpuobs.cli.common import duration, env, fail, http_url, int_range, run_dir_default
 from gpuobs.core.errors import EXIT_FAILURE
+from gpuobs.core.reach import unreachable
 
 
 def _urls(args: argparse.Namespace) -> tuple[str, str]:
+    """The pager's and Alertmanager's base URLs: the flags, their GPUOBS_* variables, the stack in
+    --run-dir, the default ports. Raises InputError (one line, exit 2) naming a bad flag or variable."""
     pager, am = args.pager_url or env("PAGER_URL"), args.alertmanager_url or env("ALERTMANAGER_URL")
+    if pager:
+        http_url("--pager-url", pager, "PAGER_URL")
+    if am:
+        http_url("--alertmanager-url", am, "ALERTMANAGER_URL")
     if not (pager and am):
         try:
             from gpuobs.stack.supervisor import load_state
@@ -41,6 +48,8 @@ def _call(method: str, url: str, body: dict | None = None) -> tuple[int, Any]:
 
     try:
         resp = requests.request(method, url, json=body, timeout=15)
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        return 0, {"error": unreachable("Alertmanager" if "/api/v2/" in url else "pager", url, exc)}
     except requests.RequestException as exc:
         return 0, {"error": f"{method} {url}: {exc}"}
     try:
@@ -172,7 +181,7 @@ def cmd_postmortem(args: argparse.Namespace) -> int:
     status, doc = _call("GET", f"{pager}/api/incidents/{args.id}")
     if status != 200:
         return _err(status, doc)
-    prom = args.prometheus or env("PROMETHEUS_URL")
+    prom = args.prometheus or str(env("PROMETHEUS_URL") or "")
     if not prom:
         try:
             from gpuobs.stack.supervisor import load_state
@@ -199,45 +208,47 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="pager (env GPUOBS_PAGER_URL; default: the stack in --run-dir, else http://127.0.0.1:9097)")
     common.add_argument("--alertmanager-url", default=None, metavar="URL",
                         help="Alertmanager (env GPUOBS_ALERTMANAGER_URL; default: the stack, else :9093)")
-    common.add_argument("--run-dir", default=run_dir_default())
+    common.add_argument("--run-dir", default=run_dir_default(),
+                        help="run directory of the stack whose pager and Alertmanager to use (env GPUOBS_RUN_DIR; "
+                             "default %(default)s)")
     who = argparse.ArgumentParser(add_help=False)
     who.add_argument("--author", default=getpass.getuser() if _has_user() else "cli",
                      help="who acts, recorded on the timeline and the silence (default: your user name)")
     ID = int_range(1, 10**12)
     p = gs.add_parser("list", parents=[common], help="incidents, open first")
-    p.add_argument("--state", choices=("open", "acknowledged", "resolved"))
-    p.add_argument("--channel", choices=("page", "ticket"))
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--state", choices=("open", "acknowledged", "resolved"), help="only incidents in this state")
+    p.add_argument("--channel", choices=("page", "ticket"), help="only incidents of this channel")
+    p.add_argument("--json", action="store_true", help="print the pager's JSON instead of a table")
     p.set_defaults(func=cmd_list)
     p = gs.add_parser("show", parents=[common], help="one incident with its timeline and silences")
-    p.add_argument("id", type=ID)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("id", type=ID, help="incident id (from `incident list`)")
+    p.add_argument("--json", action="store_true", help="print the pager's JSON instead of the timeline")
     p.set_defaults(func=cmd_show)
     p = gs.add_parser("ack", parents=[common, who], help="acknowledge an open incident")
-    p.add_argument("id", type=ID)
+    p.add_argument("id", type=ID, help="incident id (from `incident list`)")
     p.add_argument("--note", default=None, help="what you are doing about it (on the incident's timeline)")
     p.set_defaults(func=cmd_ack)
     p = gs.add_parser("silence", parents=[common, who],
                       help="silence the incident's alerts in Alertmanager (matchers: its common labels)")
-    p.add_argument("id", type=ID)
+    p.add_argument("id", type=ID, help="incident id (from `incident list`)")
     p.add_argument("--duration", type=duration, default=7200.0, help="how long (default 2h; at most 7d)")
     p.add_argument("--comment", required=True, help="why, for the next on-call")
     p.set_defaults(func=cmd_silence)
     p = gs.add_parser("unsilence", parents=[common, who], help="expire one of the incident's silences")
-    p.add_argument("id", type=ID)
+    p.add_argument("id", type=ID, help="incident id (from `incident list`)")
     p.add_argument("silence", help="silence id (from `incident show`)")
     p.set_defaults(func=cmd_unsilence)
     p = gs.add_parser("postmortem", parents=[common],
                       help="write a blameless postmortem draft (Markdown + HTML) from the incident's timeline and "
                            "Prometheus data, following runbooks/postmortem-template.md")
-    p.add_argument("id", type=ID)
+    p.add_argument("id", type=ID, help="incident id (from `incident list`)")
     p.add_argument("--prometheus", default=None, metavar="URL",
                    help="Prometheus (env GPUOBS_PROMETHEUS_URL; default: the stack, else http://127.0.0.1:9090)")
     p.add_argument("--out", default=None, help="output directory (default <run-dir>/postmortems)")
     p.set_defaults(func=cmd_postmortem)
     p = gs.add_parser("silences", parents=[common], help="Alertmanager's silences (active and pending)")
     p.add_argument("--all", action="store_true", help="include expired ones")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print Alertmanager's JSON instead of a table")
     p.set_defaults(func=cmd_silences)
 
 

@@ -14,7 +14,7 @@ import socket
 import threading
 from pathlib import Path
 
-from gpuobs.cli.common import fail
+from gpuobs.cli.common import HelpFormatter, fail
 
 SOURCES = ("kmsg", "journal", "file", "sim")
 
@@ -43,7 +43,7 @@ def register(sub) -> argparse.ArgumentParser:
     """Add ``logwatch`` to an argparse subparsers object; returns its parser."""
     p = sub.add_parser(
         "logwatch", help="node agent: count NVRM Xid/SXid/fallen-off-the-bus kernel-log lines, serve /metrics",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         description="Follow the kernel log (/dev/kmsg, journalctl -k, a file, or a simulated node), count the "
                     "NVIDIA driver's Xid, SXid and fallen-off-the-bus lines per GPU, and serve them on /metrics. "
                     "The position and counters are saved in --state-file after every batch, so a restart neither "

@@ -12,7 +12,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from gpuobs.cli.common import PORT, env, fail, fleet_config, pos_float, run_dir_default
+from gpuobs.cli.common import PORT, env, fail, fleet_config, named, pos_float, run_dir_default
 from gpuobs.core.errors import EXIT_FAILURE
 
 
@@ -92,7 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except tokens.TokenError as exc:
         return fail(f"--token-file: {exc}")
     if not args.prometheus.startswith(("http://", "https://")):
-        return fail(f"--prometheus {args.prometheus!r}: expected an http:// or https:// URL")
+        return fail(f"{named('--prometheus', args.prometheus, 'PROMETHEUS_URL')} {args.prometheus!r}: expected an http:// or https:// URL")
     fleet = fleet_config(args.fleet)
     db = _db(args)
     lock = RunLock(db.parent, db.name + ".lock")  # one controller per database: two would both act
@@ -196,7 +196,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _person(args: argparse.Namespace) -> str:
-    return args.by or env("OPERATOR") or getpass.getuser()
+    return args.by or str(env("OPERATOR") or "") or getpass.getuser()
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
@@ -303,7 +303,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            ("release", cmd_release, "end a hold or an escalation on NODE")):
         p = gs.add_parser(name, help=text)
         common(p)
-        p.add_argument("node", metavar="NODE")
+        p.add_argument("node", metavar="NODE", help="node name, as the controller's timeline shows it")
         p.add_argument("--reason", default="", help="why (on the timeline)")
         p.add_argument("--by", default=None, help="who (default $GPUOBS_OPERATOR or the login name)")
         p.set_defaults(func=fn)

@@ -147,8 +147,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--slo-config", default=None, help="SLO definitions (default: the shipped prometheus/slo.yaml)")
     r.add_argument("--period", default=None, help="override the SLO period, e.g. 3d (for `slo`)")
     r.add_argument("--out", default=None,
-                   help="render: output root (default: the repository / asset root); dashboards/kubernetes: "
-                        "output directory (default: grafana/dashboards, deploy/kubernetes)")
+                   help="render: output root; dashboards/kubernetes: output directory (default: the repository / "
+                        "asset root for render, grafana/dashboards and deploy/kubernetes for the others)")
     r.add_argument("--check", nargs="?", const=True, metavar="FILE",
                    help="render/dashboards/kubernetes: exit 1 if a file is stale; xid/kernel-log/slo: exit 1 if FILE differs")
     r.set_defaults(func=cmd_rules)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gpuobs.cli.common import (
     PORT,
+    HelpFormatter,
     env,
     fail,
     finite,
@@ -73,7 +74,11 @@ def _stack(args: argparse.Namespace) -> int:
                          exporter_profile=args.exporter_profile, host_label_mode=args.host_label_mode,
                          scrape_mode=args.scrape_mode, collect_interval_s=args.collect_interval,
                          clock_events_name=args.clock_events_name,
-                         remediate=args.remediate if args.topology != "ha" else "off")
+                         remediate=args.remediate if args.topology != "ha" else "off", stop_hint=args.stop_hint)
+    if args.check:  # `make up` asks this before it says which mode it starts: the refusal comes first
+        sv.check_config(cfg)
+        print(f"no stack runs from {run}; the configuration is valid")
+        return 0
     if args.topology == "ha":
         return _up_ha(args, cfg)
     try:
@@ -133,42 +138,50 @@ def _up_ha(args: argparse.Namespace, cfg) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``stack`` group to ``sub``."""
     s = sub.add_parser("stack", help="run the native stack: up | down | status | restart COMPONENT",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    s.add_argument("action", choices=["up", "down", "status", "restart"])
+                       formatter_class=HelpFormatter)
+    s.add_argument("action", choices=["up", "down", "status", "restart"],
+                   help="up: start the stack; down: stop it; status: each component's health; restart: stop and "
+                        "start one COMPONENT")
     s.add_argument("component", nargs="?",
                    help="the component `restart` stops and starts again with its recorded command line: exporter, "
                         "pager, alertmanager, prometheus, grafana; HA: prometheus-s<i>-r<j>, alertmanager-<i>, "
                         "victoria-metrics, vmalert")
     s.add_argument("--run-dir", default=run_dir_default(), help="state, configs, logs (env GPUOBS_RUN_DIR)")
-    s.add_argument("--nodes", type=int_range(1, 256), default=env("NODES", "4"), help="simulated nodes (GPUOBS_NODES)")
-    s.add_argument("--gpus", type=int_range(1, 16), default=env("GPUS", "8"), help="GPUs per node (GPUOBS_GPUS)")
+    s.add_argument("--nodes", type=int_range(1, 256), default=env("NODES", "4"),
+                   help="simulated nodes, 1..256 (env GPUOBS_NODES)")
+    s.add_argument("--gpus", type=int_range(1, 16), default=env("GPUS", "8"), help="GPUs per node, 1..16 (env GPUOBS_GPUS)")
     s.add_argument("--seed", type=int, default=1, help="RNG seed of the fleet")
-    s.add_argument("--prometheus-port", type=PORT, default=env("PROMETHEUS_PORT", "9090"), help="GPUOBS_PROMETHEUS_PORT")
-    s.add_argument("--alertmanager-port", type=PORT, default=env("ALERTMANAGER_PORT", "9093"), help="GPUOBS_ALERTMANAGER_PORT")
-    s.add_argument("--pager-port", type=PORT, default=env("PAGER_PORT", "9097"), help="GPUOBS_PAGER_PORT")
-    s.add_argument("--remediate-port", type=PORT, default=env("REMEDIATE_PORT", "9098"), help="GPUOBS_REMEDIATE_PORT")
+    s.add_argument("--prometheus-port", type=PORT, default=env("PROMETHEUS_PORT", "9090"),
+                   help="Prometheus port (env GPUOBS_PROMETHEUS_PORT)")
+    s.add_argument("--alertmanager-port", type=PORT, default=env("ALERTMANAGER_PORT", "9093"),
+                   help="Alertmanager port (env GPUOBS_ALERTMANAGER_PORT)")
+    s.add_argument("--pager-port", type=PORT, default=env("PAGER_PORT", "9097"), help="pager port (env GPUOBS_PAGER_PORT)")
+    s.add_argument("--remediate-port", type=PORT, default=env("REMEDIATE_PORT", "9098"),
+                   help="remediation controller port (env GPUOBS_REMEDIATE_PORT)")
     s.add_argument("--remediate", default=env("REMEDIATE", "dry-run"),
                    help="the remediation controller's mode: enforce (quarantine, drain, reset or reboot, return), "
-                        "dry-run (record what it would do; default), observe (record events), off (not started); "
+                        "dry-run (record what it would do), observe (record events), off (not started); "
                         "single topology only; env GPUOBS_REMEDIATE (docs/remediation.md)")
-    s.add_argument("--base-port", type=PORT, default=env("BASE_PORT", "9400"), help="first node port")
+    s.add_argument("--base-port", type=PORT, default=env("BASE_PORT", "9400"), help="first node port (env GPUOBS_BASE_PORT)")
     s.add_argument("--rate", type=pos_float, default=env("RATE", "4"),
-                   help="mean request rate per serving node, req/s (default 4; the simulated engine's KV cache "
+                   help="mean request rate per serving node, req/s (env GPUOBS_RATE; the simulated engine's KV cache "
                         "saturates above ~7 req/s, which then queues and slows TTFT like a real overloaded engine)")
     s.add_argument("--grafana-port", type=PORT, default=env("GRAFANA_PORT", "3000"),
-                   help="Grafana, started only if a grafana binary is on PATH")
+                   help="Grafana, started only if a grafana binary is on PATH (env GPUOBS_GRAFANA_PORT)")
     s.add_argument("--engine-base-port", type=PORT, default=env("ENGINE_BASE_PORT", "8000"),
-                   help="first serving-engine port")
+                   help="first serving-engine port (env GPUOBS_ENGINE_BASE_PORT)")
     s.add_argument("--training-nodes", type=int_range(0, 255), default=env("TRAINING_NODES", "1"),
-                   help="the last N nodes run training instead of serving (default 1)")
+                   help="the last N nodes run training instead of serving (env GPUOBS_TRAINING_NODES)")
     s.add_argument("--xid-window-ms", type=int_range(1000, 86_400_000), default=15_000,
-                   help="exporter Xid window for the local stack (default 15000 so drills resolve in ~1.5 min)")
-    s.add_argument("--runbook-base", default=env("RUNBOOK_BASE"), help="runbook_url base (default: the pager)")
+                   help="exporter Xid window for the local stack, short so drills resolve in ~1.5 min")
+    s.add_argument("--runbook-base", default=env("RUNBOOK_BASE"),
+                   help="runbook_url base (env GPUOBS_RUNBOOK_BASE; default: the pager)")
     s.add_argument("--profile", choices=["default", "drill"], default=env("PROFILE", "default"),
-                   help="default: the rule files as they are; drill: `for:` capped at 20s and a 1d SLO period "
-                        "so every drill fires and resolves in minutes (see gpuobs/mixin/profile.py)")
+                   help="rule profile. default: the rule files as they are; drill: `for:` capped at 20s and a 1d SLO "
+                        "period so every drill fires and resolves in minutes (see gpuobs/mixin/profile.py); "
+                        "env GPUOBS_PROFILE")
     s.add_argument("--exporter-profile", default=env("EXPORTER_PROFILE", "stock"),
-                   help="what the simulated DCGM pages serve: stock (dcgm-exporter 4.x default counters), helm "
+                   help="what the simulated DCGM pages serve: stock (dcgm-exporter 4.x counters), helm "
                         "(the Helm chart's ConfigMap), recommended (deploy/dcgm-exporter/recommended.csv + gpuobs "
                         "extras); env GPUOBS_EXPORTER_PROFILE")
     s.add_argument("--host-label-mode", default=env("HOST_LABEL_MODE", "Hostname"),
@@ -178,20 +191,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "ServiceMonitor target labels (job = Service name, namespace, pod, service, endpoint, "
                         "instance) plus node, page pod labels stored as exported_*; env GPUOBS_SCRAPE_MODE")
     s.add_argument("--collect-interval", type=finite(float), default=0.0, metavar="SECONDS",
-                   help="DCGM field update interval (DCGM's default 30): values repeat across scrapes; 0 = fresh")
+                   help="DCGM field update interval (DCGM's own is 30): values repeat across scrapes; 0 = fresh")
     s.add_argument("--clock-events-name", default="canonical", choices=["canonical", "legacy"],
                    help="field 112's name on the pages: DCGM_FI_DEV_CLOCKS_EVENT_REASONS (canonical) or "
                         "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (legacy counters files)")
     s.add_argument("--timeout", type=pos_float, default=90.0, help="start-up (or restart) deadline, seconds")
+    s.add_argument("--check", action="store_true",
+                   help="up: check the values and that no stack runs from --run-dir (exit 2 with the reason if one "
+                        "does), then exit without starting or writing anything")
+    s.add_argument("--stop-hint", default="", metavar="COMMAND",
+                   help="up: the command the refusal to start over a running stack tells to run first (default: "
+                        "gpuobs stack down --run-dir DIR; `make up` passes `make down`)")
     s.add_argument("--topology", choices=["single", "ha"], default=env("TOPOLOGY", "single"),
                    help="single: one Prometheus and one Alertmanager; ha: Prometheus shards x replicas, an "
                         "Alertmanager cluster, VictoriaMetrics and vmalert (docs/ha.md); env GPUOBS_TOPOLOGY")
-    s.add_argument("--shards", type=int_range(1, 16), default=2, help="ha: Prometheus shards (hashmod of the node)")
-    s.add_argument("--replicas", type=int_range(1, 4), default=2, help="ha: Prometheus replicas per shard")
-    s.add_argument("--alertmanagers", type=int_range(1, 7), default=3, help="ha: Alertmanager cluster members")
-    s.add_argument("--ha-base-port", type=int_range(0, 65535), default=env("HA_BASE_PORT", "0"),
-                   help="ha: first of the members' ports (Prometheus replicas, Alertmanager web and gossip, "
-                        "VictoriaMetrics, vmalert, in that order); 0 = a free block")
-    s.add_argument("--scrape-interval", type=int_range(1, 300), default=5,
-                   help="ha: scrape and evaluation interval in seconds (also VictoriaMetrics's dedup interval)")
+    ha = s.add_argument_group("HA topology (--topology ha)")
+    ha.add_argument("--shards", type=int_range(1, 16), default=2, help="Prometheus shards (hashmod of the node)")
+    ha.add_argument("--replicas", type=int_range(1, 4), default=2, help="Prometheus replicas per shard")
+    ha.add_argument("--alertmanagers", type=int_range(1, 7), default=3, help="Alertmanager cluster members")
+    ha.add_argument("--ha-base-port", type=int_range(0, 65535), default=env("HA_BASE_PORT", "0"),
+                    help="first of the members' ports (Prometheus replicas, Alertmanager web and gossip, "
+                         "VictoriaMetrics, vmalert, in that order); 0 = a free block; env GPUOBS_HA_BASE_PORT")
+    ha.add_argument("--scrape-interval", type=int_range(1, 300), default=5,
+                    help="scrape and evaluation interval in seconds (also VictoriaMetrics's dedup interval)")
     s.set_defaults(func=cmd_stack)

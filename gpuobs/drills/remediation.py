@@ -38,6 +38,7 @@ from typing import Any, Callable
 import requests
 
 from gpuobs.core.errors import Failure
+from gpuobs.core.reach import unreachable
 from gpuobs.promapi.alertmanager import AlertApiError, PagerClient
 from gpuobs.promapi.exporter_admin import AdminClient, AdminError
 from gpuobs.remediate.store import RemediationStore
@@ -103,6 +104,8 @@ class Drills:
             r = requests.get(f"{self.url}/api/status", timeout=5)
             r.raise_for_status()
             return r.json()
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise RemediationDrillError(unreachable("remediation controller", self.url, exc)) from None
         except (requests.RequestException, ValueError) as exc:
             raise RemediationDrillError(f"remediation controller at {self.url}: {exc}") from None
 

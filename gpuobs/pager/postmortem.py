@@ -99,11 +99,14 @@ def plots(inc: dict, prom_url: str, out: Path, now: float) -> tuple[list[tuple[s
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
+    from gpuobs.core.reach import is_connection_error, unreachable
     from gpuobs.promapi.prometheus import PromClient, PrometheusError
 
     try:
         rules = _alert_rules(prom_url)
     except Exception as exc:  # noqa: BLE001 (unreachable, not Prometheus: the draft says so)
+        if is_connection_error(exc):
+            return [], unreachable("Prometheus", prom_url, exc)
         return [], f"Prometheus {prom_url} rules API: {str(exc)[:300]}"
     m = measures(inc)
     start = min(x for x in (m["first_start"], inc["opened_at"]) if x) - MARGIN_S

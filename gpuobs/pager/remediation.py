@@ -14,6 +14,8 @@ from typing import Any
 
 import requests
 
+from gpuobs.core.reach import is_connection_error, unreachable
+
 #: Seconds of the controller's timeline before an incident opened and after it resolved that belong to it.
 BEFORE_S, AFTER_S = 120.0, 900.0
 TIMEOUT_S = 2.0
@@ -34,7 +36,8 @@ def with_remediation(inc: dict, url: str | None, now: float | None = None) -> di
             r.raise_for_status()
             rows = r.json()["timeline"]
         except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
-            inc["remediation_error"] = f"remediation controller at {url}: {type(exc).__name__}"
+            inc["remediation_error"] = (unreachable("remediation controller", url, exc) if is_connection_error(exc)
+                                        else f"remediation controller at {url}: {type(exc).__name__}")
             continue
         for e in rows:
             if isinstance(e, dict) and isinstance(e.get("ts"), (int, float)) and lo <= e["ts"] <= hi:
@@ -57,4 +60,5 @@ def status(url: str | None) -> dict[str, Any] | None:
             raise ValueError("not a remediation controller answer")
         return doc
     except (requests.RequestException, ValueError) as exc:
-        return {"error": f"remediation controller at {url}: {type(exc).__name__}"}
+        return {"error": (unreachable("remediation controller", url, exc) if is_connection_error(exc)
+                          else f"remediation controller at {url}: {type(exc).__name__}")}

@@ -17,6 +17,7 @@ from typing import Any
 import requests
 
 from gpuobs.core.errors import Failure
+from gpuobs.core.reach import unreachable
 
 
 class AlertApiError(Failure):
@@ -28,6 +29,8 @@ def _get_json(url: str, params: dict[str, Any] | None, timeout_s: float) -> Any:
         resp = requests.get(url, params=params, timeout=timeout_s)
         resp.raise_for_status()
         return resp.json()
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise AlertApiError(unreachable("pager" if "/api/pages" in url else "Prometheus", url, exc)) from None
     except (requests.RequestException, ValueError) as exc:
         raise AlertApiError(f"GET {url}: {exc}") from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import requests
 
 from gpuobs.core.errors import Failure
+from gpuobs.core.reach import unreachable
 
 
 class AdminError(Failure):
@@ -29,7 +30,7 @@ class AdminClient:
             resp = requests.request(method, f"{self.base_url}{path}", json=body, headers=self._headers,
                                     timeout=self.timeout_s)
         except requests.RequestException as exc:
-            raise AdminError(0, f"cannot reach {self.base_url}: {exc}") from exc
+            raise AdminError(0, unreachable("node's admin API", self.base_url, exc)) from None
         try:
             doc = resp.json()
         except ValueError:

@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 import requests
 
 from gpuobs.core.errors import Failure
+from gpuobs.core.reach import unreachable
 
 RETRY_STATUS = frozenset(range(500, 600))
 QUERY_ERROR_STATUS = frozenset({400, 422})
@@ -46,7 +47,10 @@ class PrometheusUnavailable(PrometheusError):
 
     def __init__(self, url: str, attempts: int, detail: str):
         self.url, self.attempts, self.detail = url, attempts, detail
-        super().__init__(f"Prometheus at {url} unavailable after {attempts} attempt(s): {detail}")
+        if detail.startswith("cannot reach "):  # never answered: the one wording of gpuobs.core.reach
+            super().__init__(f"{detail}" + (f" after {attempts} attempts" if attempts > 1 else ""))
+        else:
+            super().__init__(f"Prometheus at {url} unavailable after {attempts} attempt(s): {detail}")
 
 
 class PrometheusQueryError(PrometheusError):
@@ -215,7 +219,7 @@ class PromClient:
             try:
                 resp = self._send(endpoint, params)
             except (requests.ConnectionError, requests.Timeout) as exc:
-                detail = f"{type(exc).__name__}: {exc}"
+                detail = unreachable("Prometheus", self.url, exc)
             else:
                 if resp.status_code not in RETRY_STATUS:
                     return self._decode(resp, expr)

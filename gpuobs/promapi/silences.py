@@ -23,6 +23,7 @@ from typing import Any
 import requests
 
 from gpuobs.core.errors import Failure, InputError
+from gpuobs.core.reach import unreachable
 
 #: Longest silence created from an incident: a week (longer hides the next incident of the group).
 MAX_DURATION_S = 7 * 86400.0
@@ -65,6 +66,8 @@ class AlertmanagerClient:
         url = f"{self.base_url}{path}"
         try:
             resp = requests.request(method, url, timeout=self.timeout_s, **kw)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise SilenceApiError(unreachable("Alertmanager", url, exc)) from None
         except requests.RequestException as exc:
             raise SilenceApiError(f"{method} {url}: {exc}") from None
         if resp.status_code == 404 and "/silence/" in path:

@@ -99,6 +99,9 @@ class StackConfig:
     #: The remediation controller's mode (``gpuobs remediate serve --mode``), or ``off`` to not start it.
     #: Single topology only. ``gpuobs stack up`` defaults to ``dry-run`` (GPUOBS_REMEDIATE).
     remediate: str = "off"
+    #: The command the refusal to start over a running stack tells to run first (``make up`` says
+    #: ``make down``); empty: ``gpuobs stack down --run-dir <run_dir>``.
+    stop_hint: str = ""
 
 
 def find_binaries() -> dict[str, str]:
@@ -238,19 +241,21 @@ def check_config(cfg: StackConfig) -> Path:
     """Vet ``cfg`` and its run directory; returns the resolved run directory. Raises StackError (exit 2)
     for a bad value (naming the field and the allowed ones) or a stack already running there."""
     run = check_run_dir(cfg.run_dir)
-    for what, value, allowed in (("rule profile (--profile, GPUOBS_PROFILE)", cfg.profile, RULE_PROFILES),
-                                 ("exporter profile", cfg.exporter_profile, profiles.PROFILES),
-                                 ("host label mode", cfg.host_label_mode, profiles.HOST_LABEL_MODES),
-                                 ("scrape mode", cfg.scrape_mode, k8s.SCRAPE_MODES),
-                                 ("clock events name", cfg.clock_events_name, profiles.CLOCK_EVENTS_NAMES),
-                                 ("remediation mode (--remediate, GPUOBS_REMEDIATE)", cfg.remediate, REMEDIATE_MODES)):
+    for what, value, allowed, where in (
+            ("rule profile", cfg.profile, RULE_PROFILES, "--profile, GPUOBS_PROFILE"),
+            ("exporter profile", cfg.exporter_profile, profiles.PROFILES, "--exporter-profile, GPUOBS_EXPORTER_PROFILE"),
+            ("host label mode", cfg.host_label_mode, profiles.HOST_LABEL_MODES, "--host-label-mode, GPUOBS_HOST_LABEL_MODE"),
+            ("scrape mode", cfg.scrape_mode, k8s.SCRAPE_MODES, "--scrape-mode, GPUOBS_SCRAPE_MODE"),
+            ("clock events name", cfg.clock_events_name, profiles.CLOCK_EVENTS_NAMES, "--clock-events-name"),
+            ("remediation mode", cfg.remediate, REMEDIATE_MODES, "--remediate, GPUOBS_REMEDIATE")):
         if value not in allowed:
-            raise StackError(f"{what} must be one of {', '.join(allowed)}; got {value!r}", 2)
+            raise StackError(f"{what} must be one of {', '.join(allowed)}; got {value!r} ({where})", 2)
     if cfg.collect_interval_s < 0:
         raise StackError(f"collect interval must be >= 0 seconds; got {cfg.collect_interval_s:g}", 2)
     old = load_state(run)
     if old and any(find_processes(old, name) for name in old.components):
-        raise StackError(f"a stack is already running from {run}; run `gpuobs stack down --run-dir {cfg.run_dir}` first", 2)
+        hint = cfg.stop_hint or f"gpuobs stack down --run-dir {cfg.run_dir}"
+        raise StackError(f"a stack is already running from {run}; run `{hint}` first", 2)
     return run
 
 

@@ -62,7 +62,7 @@ def test_unreachable_prometheus_is_an_error_not_a_verdict(capsys):
     assert cli(analyze_args(_dead_url(), "--json")) == 4  # not 1: that is ROLLBACK
     captured = capsys.readouterr()
     assert json.loads(captured.out) == {"verdict": None, "error": json.loads(captured.out)["error"], "exit_code": 4}
-    assert "unavailable" in captured.err and "could not judge: backend error" in captured.err
+    assert "cannot reach Prometheus" in captured.err and "could not judge: backend error" in captured.err
 
 
 @pytest.mark.parametrize("status", [503, 401])
@@ -170,7 +170,7 @@ def test_serve_errors(served):
     try:
         r = requests.get(f"http://127.0.0.1:{dead.server_address[1]}/api/v1/analysis",
                          params={**SEL, "window": "5m"}, timeout=5)
-        assert r.status_code == 503 and "unavailable" in r.json()["error"]
+        assert r.status_code == 503 and "cannot reach Prometheus" in r.json()["error"]
     finally:
         dead.shutdown()
         dead.server_close()

@@ -73,7 +73,7 @@ def test_fleet_input_errors(capsys):
     with FakePrometheus(lambda e, p: (400, rejected)) as bad:
         assert cli(["compat", "fleet", "--prometheus", bad.url, "--release", "1.5.0"]) == 2
     assert cli(["compat", "fleet", "--prometheus", "http://127.0.0.1:9", "--release", "1.5.0", "--retries", "0"]) == 1
-    assert "unavailable" in capsys.readouterr().err
+    assert "cannot reach Prometheus at http://127.0.0.1:9 (connection refused)" in capsys.readouterr().err
 
 
 def test_judge_fleet_restricts_to_hosts_and_reports_missing():

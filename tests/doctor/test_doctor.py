@@ -319,7 +319,7 @@ def test_cli_text_json_and_exit_codes(capsys):
         assert cli(["doctor", "--prometheus", prom.url, "--json", "--dcgm-selector", 'job="none"']) == 1
         assert "gpu-missing" in json.loads(capsys.readouterr().out)["blind_paging"]
     assert cli(["doctor", "--prometheus", url_of_closed_port(), "--timeout", "2"]) == 1
-    assert "unavailable" in capsys.readouterr().err
+    assert "cannot reach Prometheus" in capsys.readouterr().err
 
 
 def url_of_closed_port() -> str:

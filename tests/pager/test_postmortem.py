@@ -70,7 +70,7 @@ def test_without_prometheus_the_draft_says_so(tmp_path):
     inc = _incident(tmp_path)
     dead = f"http://127.0.0.1:{free_port_range(1)}"
     md_path, _, note = postmortem.write(inc, tmp_path / "pm", dead, now=T_START)
-    assert note and "rules API" in note and "_Not all metrics could be plotted" in md_path.read_text()
+    assert note and "cannot reach Prometheus" in note and "_Not all metrics could be plotted" in md_path.read_text()
 
 
 def test_cli_postmortem(pager, tmp_path, capsys):  # noqa: F811
@@ -80,7 +80,7 @@ def test_cli_postmortem(pager, tmp_path, capsys):  # noqa: F811
     assert cli_run(["incident", "postmortem", "1", "--pager-url", url, "--prometheus", dead,
                     "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert "postmortem-incident-1.md" in out and "note: Prometheus" in out
+    assert "postmortem-incident-1.md" in out and "note: cannot reach Prometheus" in out
     assert (tmp_path / "out" / "postmortem-incident-1.html").is_file()
 
 

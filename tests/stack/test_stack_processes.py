@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -142,3 +143,44 @@ def test_a_bad_environment_default_is_checked_like_its_flag(tmp_path, capsys, mo
     err = capsys.readouterr().err
     assert "GPUOBS_PROFILE" in err and "default, drill" in err and err.count("\n") == 1 and "Traceback" not in err
     assert not run_dir.exists()
+
+
+def test_up_over_a_running_stack_is_refused_first_with_the_callers_stop_hint(fake_stack, capsys):
+    """A second `make up`: the refusal comes before any "starting" line (``stack up --check`` runs first)
+    and tells to run `make down`, not `gpuobs stack down --run-dir ...` (issue 29)."""
+    from gpuobs.cli import run as cli_run
+
+    run = fake_stack[0]
+    before = sorted(p.name for p in run.iterdir())
+    assert cli_run(["stack", "up", "--check", "--run-dir", str(run)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and f"run `gpuobs stack down --run-dir {run}` first" in out.err
+    for argv in (["--check"], []):  # the check alone, and `stack up` itself: refused before it starts anything
+        assert cli_run(["stack", "up", *argv, "--stop-hint", "make down", "--run-dir", str(run)]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.count("\n") == 1, out
+        assert f"a stack is already running from {run}; run `make down` first" in out.err
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_a_stopped_run_dir_passes_the_check_without_writing(tmp_path, capsys):
+    from gpuobs.cli import run as cli_run
+
+    assert cli_run(["stack", "up", "--check", "--run-dir", str(tmp_path / "run")]) == 0
+    assert "no stack runs from" in capsys.readouterr().out and not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("target", ["up", "up-ha"])
+def test_make_up_checks_before_it_says_it_starts(target, tmp_path):
+    """`make -n` prints the recipe without running it: the `--check` with the `make down` hint comes
+    before the run dir is written and before "starting the native stack"."""
+    root = Path(__file__).resolve().parents[2]
+    lines = subprocess.run(["make", "-n", target, f"RUN_DIR={tmp_path / 'run'}"], cwd=root, capture_output=True,
+                           text=True, timeout=60, check=True).stdout.splitlines()
+    check = next(i for i, ln in enumerate(lines) if "stack up" in ln and "--check" in ln)
+    assert '--stop-hint "make down"' in lines[check]
+    assert all("starting the native stack" not in ln and "mode" not in ln and "mkdir" not in ln
+               for ln in lines[:check])
+    assert any("--stop-hint \"make down\"" in ln and "--check" not in ln for ln in lines[check + 1:])
+    assert not (tmp_path / "run").exists()
