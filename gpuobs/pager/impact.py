@@ -23,8 +23,9 @@ each of them:
   (requests, and requests/s over the window). Node-local: traffic a load balancer moved to other
   nodes counts as lost here.
 * **Training** (per ``training_job`` with a rank on the incident's nodes): the job's GPUs (its rank
-  series across the fleet), ranks stalled (ranks whose step counter stayed flat for :data:`STALL_S`,
-  or 4 of its normal step intervals if longer, in a stretch overlapping the window; a stall that began
+  series across the fleet), ranks stalled (ranks whose step counter stayed flat for
+  :data:`STALL_INTERVALS` of its normal step intervals, at least :data:`STALL_S`, in a stretch
+  overlapping the window; a stall that began
   before the alert, which waits for it, counts from its start), stalled time (the longest such rank's
   flat time), steps lost (stalled time x the steps/s before the stall) and **GPU-hours lost** (the
   job's GPUs x stalled time,
@@ -57,8 +58,10 @@ from gpuobs.promapi.prometheus import PromClient, Series
 
 #: The node's own period before the incident that sets its baseline rates, seconds.
 BASELINE_S = 900.0
-#: A rank whose step counter did not move for this long inside the window is stalled, seconds.
-STALL_S = 60.0
+#: A rank is stalled when its step counter stays flat for 4 of its normal step intervals (the median
+#: gap between samples that show a step, so at least 4 scrapes) and at least this long, seconds.
+STALL_S = 10.0
+STALL_INTERVALS = 4
 #: The longest window measured (an incident open longer is measured over its last week), seconds.
 MAX_WINDOW_S = 7 * 86400.0
 #: Shortest window: below one scrape or two there is nothing to difference, seconds.
@@ -164,11 +167,16 @@ def stalls(series: Series, t0: float, t1: float, lo: float, min_s: float) -> lis
 
 
 def step_gap(series: Series, t0: float, t1: float) -> float | None:
-    """Median seconds between the samples that show an increase in [t0, t1] (None with fewer than 3)."""
+    """The counter's normal step interval in [t0, t1], seconds: the (lower) median gap between samples
+    that show an increase (a stall is rare, so it does not move the median), else, with fewer than three
+    such gaps (a young series, or one stalled most of the time), the median gap between samples; None
+    with fewer than two samples."""
     pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t0 <= t <= t1]
     ups = [t for (t, v), (_, p) in zip(pts[1:], pts) if v != p]
     gaps = sorted(b - a for a, b in zip(ups, ups[1:]))
-    return gaps[len(gaps) // 2] if len(gaps) >= 2 else None
+    if len(gaps) < 3:  # too few steps seen to tell their pace from a stall: the scrape spacing
+        gaps = sorted(b[0] - a[0] for a, b in zip(pts, pts[1:]))
+    return gaps[(len(gaps) - 1) // 2] if gaps else None  # the lower median
 
 
 def _key(labels, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -307,10 +315,10 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
             mine = [s for s in ranks if s.labels.get("training_job") == job]
             ids = {(s.labels.get(ident, ""), s.labels.get("rank", "")) for s in mine}
             steps_d = max((increase(s, start, end)[0] for s in mine), default=0.0)
-            # A stall is a flat stretch of at least STALL_S, or of 4 normal step intervals for a job
-            # whose steps are that slow; it may have begun before the alert (the rule waits for it).
-            gaps = [g for g in (step_gap(s, b0, start) for s in mine) if g is not None]
-            min_s = max(STALL_S, 4 * max(gaps)) if gaps else STALL_S
+            # A stall is a flat stretch of STALL_INTERVALS normal step intervals (at least STALL_S); it
+            # may have begun before the alert (the rule waits for it).
+            gaps = sorted(g for g in (step_gap(s, b0, end) for s in mine) if g is not None)
+            min_s = max(STALL_S, STALL_INTERVALS * gaps[(len(gaps) - 1) // 2]) if gaps else 6 * STALL_S
             per_rank = [stalls(s, start, end, b0, min_s) for s in mine]
             spans = [sp for r in per_rank for sp in r]
             since = min((a for a, _ in spans), default=None)

@@ -234,3 +234,10 @@ def test_store_measures_open_incidents_periodically_and_a_resolved_one_once_more
     store.record_impact(iid, {"measured_at": resolved_at + 1, "line": "final"})
     assert store.impact_due(resolved_at + 100, 30, now - 86400) == []  # final: never again
     store.close()
+
+
+def test_a_young_series_does_not_take_its_stall_for_its_pace():
+    # three steps seen, then a 40 s hang: two gaps (5 s and 40 s) cannot say the pace; the scrape can
+    s = Series({}, (0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0, 55.0),
+               (1.0, 3.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 7.0, 9.0))
+    assert impact.step_gap(s, 0.0, 55.0) == 5.0
