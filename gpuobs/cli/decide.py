@@ -291,6 +291,10 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
                            flag=flag, stage=ended_in)  # RolledBack/... -> Alertmanager
         if line:
             print(line, flush=True)
+            impact_line = notice_impact(client, fleet_cfg, rec, str(args.run_dir), stack.runbook_base or
+                                        fleet_cfg.runbook_base, flag, ended_in)
+            if impact_line:
+                print(impact_line, flush=True)
         print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus, kind.group), flush=True)
         return EXIT_CODES[rec.state]
     except (UsageError, ConfigError, FleetError, KeyError) as err:
@@ -298,6 +302,25 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
     finally:
         lock.release()
         store.close()
+
+
+def notice_impact(client: PromClient, fleet_cfg, rec: Any, run_dir: str, runbook_base: str, flag: str | None,
+                  stage: Any) -> str | None:
+    """``impact: <line>``: what the rollout's noticed stage cost on its nodes (:mod:`gpuobs.pager.impact`,
+    the same numbers the pager shows on the notice's incident), or a line saying why it could not be
+    measured; None when the notice names no nodes (no stage ran)."""
+    from gpuobs.pager import impact
+    from gpuobs.promapi.prometheus import PrometheusError
+    from gpuobs.rollout.notices import notice
+
+    alert = notice(rec, run_dir, runbook_base, flag=flag, stage=stage)
+    if alert is None or "affected_nodes" not in alert["annotations"]:
+        return None
+    try:
+        doc = impact.measure(client, impact.load_config(fleet_cfg), impact.of_alert(alert, time.time()), time.time())
+    except PrometheusError as exc:
+        return f"impact: not measured ({str(exc).splitlines()[0][:200]})"
+    return f"impact: {doc['line']}"
 
 
 def problem(err: Exception) -> str:

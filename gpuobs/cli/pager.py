@@ -36,15 +36,9 @@ def cmd_pager(args: argparse.Namespace) -> int:
     identity_label = fleet.identity_label if args.fleet else None
     impact_config = None
     if args.prometheus_url:
-        from gpuobs.core import assets
-        from gpuobs.mixin.slo_rules import load_config
-        from gpuobs.pager.impact import ImpactConfig
+        from gpuobs.pager.impact import load_config
 
-        slos = load_config(Path(args.slo_config) if args.slo_config else assets.path("prometheus/slo.yaml"))
-        ttft = next((s["ttft_threshold_seconds"] for s in slos["slos"] if s["name"] == "ttft"), None)
-        if ttft is None:
-            return fail("--slo-config: impact needs the ttft SLO (slos[].name: ttft) for its threshold")
-        impact_config = ImpactConfig(fleet, float(ttft))
+        impact_config = load_config(fleet, args.slo_config)  # SloConfigError: an input error, one line
     escalation = None
     if args.escalation_config:
         from gpuobs.pager.escalation import EscalationConfigError, load

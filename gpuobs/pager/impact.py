@@ -79,6 +79,28 @@ class ImpactConfig:
     baseline_s: float = BASELINE_S
 
 
+def load_config(fleet: FleetConfig, slo_config=None) -> ImpactConfig:
+    """The impact config of ``fleet`` with the TTFT threshold of ``slo_config`` (a path; default the
+    shipped ``prometheus/slo.yaml``). Raises SloConfigError (an input error) for a bad file or one
+    without the ``ttft`` SLO."""
+    from pathlib import Path
+
+    from gpuobs.core import assets
+    from gpuobs.mixin.slo_rules import SloConfigError, load_config as load_slos
+
+    slos = load_slos(Path(slo_config) if slo_config else assets.path("prometheus/slo.yaml"))
+    ttft = next((s["ttft_threshold_seconds"] for s in slos["slos"] if s["name"] == "ttft"), None)
+    if ttft is None:
+        raise SloConfigError("slos: impact needs the ttft SLO (slos[].name: ttft) for its threshold")
+    return ImpactConfig(fleet, float(ttft))
+
+
+def of_alert(alert: dict, now: float) -> dict:
+    """An incident-shaped dict for one alert that is not (yet) an incident (a rollout's notice before
+    Alertmanager delivers it): what :func:`measure` reads."""
+    return {"nodes": [], "gpus": [], "alerts": [alert], "opened_at": now, "state": "open", "resolved_at": None}
+
+
 def _ts(text: str | None) -> float | None:
     if not text or text.startswith("0001-"):
         return None
@@ -179,6 +201,27 @@ def step_gap(series: Series, t0: float, t1: float) -> float | None:
     return gaps[(len(gaps) - 1) // 2] if gaps else None  # the lower median
 
 
+def merge(series: list[Series], by: tuple[str, ...] = ()) -> list[Series]:
+    """``series`` merged into one per value of the ``by`` labels: the samples of all of them in time
+    order (at a timestamp two share, the larger value). For one counter whose labels changed mid-way
+    (a canary's ``track`` label added and removed on the same engine): its values run on, so the merged
+    series' increase is the counter's, where per-series increases would lose each switch's interval.
+    A value that drops is still a reset (:func:`increase`)."""
+    groups: dict[tuple, dict[float, float]] = {}
+    first: dict[tuple, Series] = {}
+    for s in series:
+        k = _key(s.labels, by)
+        first.setdefault(k, s)
+        pts = groups.setdefault(k, {})
+        for t, v in zip(s.timestamps, s.values):
+            pts[t] = max(v, pts.get(t, v))
+    out = []
+    for k, pts in groups.items():
+        ts = sorted(pts)
+        out.append(Series(first[k].labels, tuple(ts), tuple(pts[t] for t in ts)))
+    return out
+
+
 def _key(labels, names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(labels.get(n, "") for n in names)
 
@@ -267,7 +310,9 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
     for key in sorted(engines):
         e = {n: v for n, v in zip(ekey, key)}
         e["pod"] = engines[key]["pod"]
-        mine = lambda ss: [s for s in ss if _key(s.labels, ekey) == key]  # noqa: E731
+        # One counter per engine (and finished_reason): series of the engine that differ only in other
+        # labels (a rollout's `track`, a release label) are one counter relabelled, merged in time.
+        mine = lambda ss: merge([s for s in ss if _key(s.labels, ekey) == key], ("finished_reason",))  # noqa: E731
         fail = [s for s in mine(success) if s.labels.get("finished_reason") == "error"]
         tot_d = sum(increase(s, start, end)[0] for s in mine(success))
         tot_b, cov_b = _sum_cov(mine(success), b0, start)
@@ -312,7 +357,7 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
         q["training_gpus"] = f'count by (training_job) (training_steps_total{{{job_m}, {ident}!=""}})'
         q["steps"] = f"max by (training_job) (increase(training_steps_total{{{job_m}}}[{win}]))"
         for job in jobs:
-            mine = [s for s in ranks if s.labels.get("training_job") == job]
+            mine = merge([s for s in ranks if s.labels.get("training_job") == job], (ident, "rank"))
             ids = {(s.labels.get(ident, ""), s.labels.get("rank", "")) for s in mine}
             steps_d = max((increase(s, start, end)[0] for s in mine), default=0.0)
             # A stall is a flat stretch of STALL_INTERVALS normal step intervals (at least STALL_S); it

@@ -155,6 +155,28 @@ def test_bad_release_is_rolled_back(stack):
     one = requests.get(f"{stack.urls.pager}/api/incidents/{inc['id']}", timeout=5).json()
     assert [(r["kind"], r["id"], r["match"]) for r in one["related"]] == [("rollout", doc["id"], "rollout label")]
     assert "rollout ended" in [e["kind"] for e in one["timeline"]]
+    # What it cost: the stage's two canary nodes over the stage's span, printed by the rollout and
+    # measured by the pager on the notice's incident; recomputed here from the counters' values at the
+    # span's two ends (instant queries).
+    printed = re.search(r"^impact: (.+)$", out, re.M)
+    assert printed and "serving" in printed.group(1) and "requests failed" in printed.group(1), out
+    imp = requests.post(f"{stack.urls.pager}/api/incidents/{inc['id']}/impact", timeout=60).json()["impact"]
+    assert sorted(e["node"] for e in imp["serving"]) == ["gpu-node-00", "gpu-node-01"], imp
+    prom = PromClient(stack.urls.prometheus)
+    t0, t1 = imp["window"]["start"], imp["window"]["end"]
+    for e in imp["serving"]:
+        sel = f'job="vllm", node="{e["node"]}"'
+
+        def delta(expr: str) -> float:
+            return sum((prom.query(f"sum({expr})", at=t).scalar() or 0.0) * sign for t, sign in ((t1, 1), (t0, -1)))
+        assert e["requests"] == round(delta(f"vllm:request_success_total{{{sel}}}")), e
+        assert e["failed"] == round(delta(f'vllm:request_success_total{{{sel}, finished_reason="error"}}')), e
+        good = delta(f'vllm:time_to_first_token_seconds_bucket{{{sel}, le="2.5"}}')
+        assert e["over_ttft_slo"] == round(max(0.0, delta(f"vllm:time_to_first_token_seconds_count{{{sel}}}") - good))
+        import json as _j
+        raw = prom.query(f"vllm:request_success_total{{{sel}}}[{int(t1 - t0 + 960)}s]", at=t1).series
+        open("/tmp/dbg_roll.json", "w").write(_j.dumps([e, imp["window"], [[dict(r.labels), list(zip(r.timestamps, r.values))] for r in raw]]))
+        assert e["goodput_lost"] is not None and e["goodput_lost"] >= 0, (e, imp["window"])
 
 
 def test_good_release_is_promoted_to_every_node(stack):

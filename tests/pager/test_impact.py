@@ -241,3 +241,13 @@ def test_a_young_series_does_not_take_its_stall_for_its_pace():
     s = Series({}, (0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0, 55.0),
                (1.0, 3.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 7.0, 9.0))
     assert impact.step_gap(s, 0.0, 55.0) == 5.0
+
+
+def test_a_counter_relabelled_mid_window_counts_once_and_whole():
+    # the same engine's counter: 0..100 without a track label, 105..200 with track="canary", then back
+    a = Series({**ENGINE, "finished_reason": "stop"}, (0.0, 50.0, 100.0), (0.0, 50.0, 100.0))
+    b = Series({**ENGINE, "finished_reason": "stop", "track": "canary"}, (105.0, 150.0, 200.0), (105.0, 150.0, 200.0))
+    c = Series({**ENGINE, "finished_reason": "stop"}, (205.0, 250.0), (205.0, 250.0))
+    (m,) = impact.merge([a, b, c], ("finished_reason",))
+    assert impact.increase(m, 0.0, 250.0) == (250.0, 250.0)
+    assert sum(impact.increase(s, 0.0, 250.0)[0] for s in (a, b, c)) == 240.0  # per series: each switch lost
