@@ -132,9 +132,10 @@ def increase(series: Series, t0: float, t1: float) -> tuple[float, float]:
 
     Starts at the last sample at or before ``t0`` (else the first inside), ends at the last sample at or
     before ``t1``; a drop is a counter reset (the new value counts from zero, as Prometheus's
-    ``increase`` does); no extrapolation. ``(0, 0)`` with fewer than two samples.
+    ``increase`` does); no extrapolation; NaN and ±Inf samples are skipped (a stale marker or a broken
+    exporter's value is no count). ``(0, 0)`` with fewer than two samples.
     """
-    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t <= t1 and not math.isnan(v)]
+    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t <= t1 and math.isfinite(v)]
     before = [p for p in pts if p[0] <= t0]
     inside = [p for p in pts if p[0] > t0]
     use = ([before[-1]] if before else []) + inside
@@ -151,7 +152,7 @@ def stalls(series: Series, t0: float, t1: float, lo: float, min_s: float) -> lis
     [t0, t1], from raw samples since ``lo``: from the sample that last showed an increase (or the first
     sample) to the next one that shows one (or the last sample, a stall still going on). A stretch that
     began before ``t0`` is kept whole: the stall began before the alert did (its rule's detection lag)."""
-    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if lo <= t <= t1 and not math.isnan(v)]
+    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if lo <= t <= t1 and math.isfinite(v)]
     out: list[tuple[float, float]] = []
     if not pts:
         return out
@@ -171,7 +172,7 @@ def step_gap(series: Series, t0: float, t1: float) -> float | None:
     that show an increase (a stall is rare, so it does not move the median), else, with fewer than three
     such gaps (a young series, or one stalled most of the time), the median gap between samples; None
     with fewer than two samples."""
-    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t0 <= t <= t1]
+    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t0 <= t <= t1 and math.isfinite(v)]
     ups = [t for (t, v), (_, p) in zip(pts[1:], pts) if v != p]
     gaps = sorted(b - a for a, b in zip(ups, ups[1:]))
     if len(gaps) < 3:  # too few steps seen to tell their pace from a stall: the scrape spacing
@@ -232,6 +233,7 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
     dcgm_all = f'DCGM_FI_DEV_GPU_TEMP{{{fleet.dcgm_selector}, {ident}!=""}}'
     total_q = f"count(group by ({ident}, gpu) (last_over_time({dcgm_all}[{rng}])))"
     gpus_total = prom.query(total_q, at=end).scalar() or 0.0
+    gpus_total = gpus_total if math.isfinite(gpus_total) else 0.0  # NaN/Inf: no count
     q["gpus_total"] = total_q
     if not nodes:
         doc["fleet"] = {"gpus_total": int(gpus_total), "gpus_out": 0, "capacity_out_ratio": 0.0}

@@ -1,0 +1,201 @@
+"""Attacks on the impact measurement and the pager's new routes: hostile input, bad samples and a
+failing or hanging Prometheus (each test failed before its fix, or pins behaviour that held)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+import requests
+
+from gpuobs.pager import impact
+from gpuobs.pager.server import PagerServer
+from gpuobs.pager.store import PageStore
+from gpuobs.promapi.prometheus import PrometheusUnavailable, Series
+from tests.pager.test_impact import CFG, ENGINE, T0, StubProm, counter, incident
+from tests.pager.test_incidents import _payload
+
+GPU = [{"node": "gpu-node-00", "gpu": "0"}]
+
+
+def _spoil(s: Series, tail: tuple[float, ...]) -> Series:
+    return Series(s.labels, s.timestamps, s.values[:-len(tail)] + tail)
+
+
+def test_non_finite_samples_are_skipped_not_a_crash():
+    ok = counter({**ENGINE, "finished_reason": "stop"}, lambda t: 1.0, T0 - 1000, T0 + 300)
+    bad = _spoil(ok, (math.inf, math.nan, -math.inf))
+    rank = _spoil(counter({"node": "gpu-node-00", "training_job": "j", "rank": "0"}, lambda t: 1.0, T0 - 1000, T0 + 300),
+                  (math.inf, math.nan, -math.inf))
+    p = StubProm({"vllm:request_success_total": [bad], "training_steps_total": [rank]}, GPU, 8)
+    doc = impact.measure(p, CFG, incident(T0, T0 + 300), T0 + 400)
+    clean = impact.measure(StubProm({"vllm:request_success_total": [ok]}, GPU, 8), CFG, incident(T0, T0 + 300), T0 + 400)
+    assert doc["serving"][0]["requests"] == clean["serving"][0]["requests"] - 15  # 3 samples (15 s) dropped
+    assert all(math.isfinite(v) for v in (doc["totals"]["gpu_hours_lost"], doc["training"][0]["stalled_s"]))
+    assert impact.increase(Series({}, (0.0, 1.0, 2.0), (1.0, math.inf, 3.0)), 0.0, 2.0) == (2.0, 2.0)
+
+
+@pytest.mark.parametrize("total", [math.nan, math.inf])
+def test_a_non_finite_fleet_count_is_no_count(total):
+    p = StubProm({}, GPU, 8)
+    p.total = total
+    doc = impact.measure(p, CFG, incident(T0, T0 + 300), T0 + 400)
+    assert doc["fleet"]["gpus_total"] == 0 and doc["fleet"]["capacity_out_ratio"] == 0.0
+
+
+def test_a_newline_in_a_node_name_stays_inside_the_promql_string():
+    p = StubProm({}, [], 8)
+    impact.measure(p, CFG, incident(T0, None, nodes=['a"} or vector(1) #', "b\nc"]), T0 + 400)
+    for q, _ in p.asked[1:]:
+        assert "\n" not in q and '\\"\\\\} or vector\\\\(1\\\\) #' in q
+
+
+def test_an_unexpected_failure_keeps_the_last_numbers_with_a_one_line_error():
+    class Store:
+        def __init__(self):
+            self.doc = {"measured_at": T0, "line": "ok"}
+
+        def incident(self, iid):
+            return {**incident(T0, None), "impact": self.doc}
+
+        def record_impact(self, iid, doc):
+            self.doc = doc
+
+    def fn(inc, now):
+        raise ValueError("cannot convert float NaN to integer\nTraceback ...")
+
+    s = Store()
+    doc = impact.ImpactWatcher(s, fn).measure_one(1, T0 + 60)
+    assert doc["line"] == "ok" and doc["error_at"] == T0 + 60 and "\n" not in doc["error"]
+    assert "NaN" not in doc["error"]  # no raw library text: the log has it
+
+
+def test_a_failure_does_not_restore_older_numbers_over_newer_ones():
+    class Store:
+        def __init__(self):
+            self.doc = {"measured_at": T0, "line": "old"}
+
+        def incident(self, iid):
+            return {**incident(T0, None), "impact": self.doc}
+
+        def record_impact(self, iid, doc):
+            self.doc = doc
+
+    s = Store()
+
+    def fn(inc, now):  # the watcher stores newer numbers while this measurement hangs and then fails
+        s.doc = {"measured_at": T0 + 30, "line": "new"}
+        raise PrometheusUnavailable("http://127.0.0.1:1", 2, "timed out")
+
+    assert impact.ImpactWatcher(s, fn).measure_one(1, T0 + 60)["line"] == "new"
+
+
+# ---- the pager's routes -----------------------------------------------------------------------------------
+@pytest.fixture
+def pager(tmp_path):
+    store = PageStore(tmp_path / "pager.sqlite")
+    box = {"fn": lambda inc, now: {"measured_at": now, "line": "fine", "window": {"start": now - 60, "end": now,
+                                                                                  "seconds": 60}}}
+    watcher = impact.ImpactWatcher(store, lambda inc, now: box["fn"](inc, now))
+    srv = PagerServer(("127.0.0.1", 0), store, None, impact=watcher)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    store.deliver("page", _payload())
+    yield f"http://127.0.0.1:{srv.server_address[1]}", store, box
+    srv.shutdown()
+    srv.server_close()
+    store.close()
+
+
+def test_impact_post_from_another_site_is_refused(pager):
+    url, store, _ = pager
+    (iid,) = [i["id"] for i in store.incidents()]
+    r = requests.post(f"{url}/api/incidents/{iid}/impact", headers={"Origin": "http://evil.example"}, timeout=5)
+    assert r.status_code == 403 and store.incident(iid)["impact"] is None
+
+
+def test_impact_post_bad_ids_and_bodies(pager):
+    url, store, _ = pager
+    (iid,) = [i["id"] for i in store.incidents()]
+    assert requests.post(f"{url}/api/incidents/999999999999/impact", timeout=5).json()["field"] == "id"
+    for bad in ("abc", "-1", "1e3", "%00", "1/2"):
+        r = requests.post(f"{url}/api/incidents/{bad}/impact", timeout=5)
+        assert r.status_code == 404 and "Traceback" not in r.text
+    r = requests.post(f"{url}/api/incidents/{iid}/impact", data=b"x" * 100_000, timeout=5)
+    assert r.status_code == 200 and r.json()["impact"]["line"] == "fine"
+
+
+def test_a_hanging_prometheus_does_not_block_the_console(pager):
+    url, store, box = pager
+    (iid,) = [i["id"] for i in store.incidents()]
+    gate = threading.Event()
+
+    def hang(inc, now):
+        gate.wait(10)
+        raise PrometheusUnavailable("http://127.0.0.1:1", 2, "timed out")
+    box["fn"] = hang
+    th = threading.Thread(target=lambda: requests.post(f"{url}/api/incidents/{iid}/impact", timeout=20))
+    th.start()
+    try:
+        t0 = time.monotonic()
+        assert requests.get(f"{url}/", timeout=5).status_code == 200
+        assert requests.get(f"{url}/api/incidents/{iid}", timeout=5).status_code == 200
+        assert time.monotonic() - t0 < 3
+    finally:
+        gate.set()
+        th.join()
+    assert store.incident(iid)["impact"]["error"].startswith("cannot reach") or "timed out" in store.incident(iid)["impact"]["error"]
+
+
+def test_impact_post_on_a_measurement_crash_answers_one_line_and_keeps_numbers(pager):
+    url, store, box = pager
+    (iid,) = [i["id"] for i in store.incidents()]
+    assert requests.post(f"{url}/api/incidents/{iid}/impact", timeout=5).status_code == 200
+
+    def crash(inc, now):
+        raise ValueError("cannot convert float NaN to integer")
+    box["fn"] = crash
+    r = requests.post(f"{url}/api/incidents/{iid}/impact", timeout=5)
+    assert r.status_code == 502 and r.json()["impact"]["line"] == "fine" and "NaN" not in r.text
+
+
+@pytest.mark.parametrize("qs", ["state=%3Cscript%3E", "severity=" + "x" * 5000, "channel=p%C3%BCge", "state=OPEN"])
+def test_bad_console_filters_name_the_field_and_the_allowed_values(pager, qs):
+    url, _, _ = pager
+    r = requests.get(f"{url}/?{qs}", timeout=5)
+    field = qs.split("=")[0]
+    assert r.status_code == 400 and f"{field} must be one of" in r.text and "<script>" not in r.text
+    assert "x" * 300 not in r.text
+
+
+def test_hostile_node_filter_and_labels_are_escaped(pager):
+    url, store, _ = pager
+    hostile = _payload()
+    hostile["groupKey"] = "other"
+    for a in hostile["alerts"]:
+        a["fingerprint"] = "f2"
+        a["labels"]["Hostname"] = '<img src=x onerror=alert(1)>"'
+        a["labels"]["node"] = '<img src=x onerror=alert(1)>"'
+    store.deliver("page", hostile)
+    r = requests.get(f"{url}/", params={"node": '<script>alert(1)</script>' + "ü" * 1000}, timeout=5)
+    assert r.status_code == 200 and "<script>alert" not in r.text and "<img" not in r.text
+    r = requests.get(f"{url}/", params={"node": '<img src=x onerror=alert(1)>"'}, timeout=5)
+    assert r.status_code == 200 and "<img" not in r.text and "&lt;img" in r.text
+    assert "script-src 'self'" in r.headers["Content-Security-Policy"]
+
+
+def test_ack_with_hostile_by_and_note(pager):
+    url, store, _ = pager
+    (iid,) = [i["id"] for i in store.incidents()]
+    r = requests.post(f"{url}/api/incidents/{iid}/ack", timeout=5,
+                      json={"by": {"<b>": ["x"]}, "note": "<script>alert(1)</script>" + "n" * 2_000_000})
+    assert r.status_code == 200 and r.json()["changed"]
+    ev = [e for e in store.incident(iid)["timeline"] if e["kind"] == "acknowledged"][0]
+    assert len(ev["note"]) == 500 and len(ev["by"]) <= 100
+    page = requests.get(f"{url}/incidents/{iid}", timeout=5).text
+    assert "<script>alert" not in page and "&lt;script&gt;" in page
+    r = requests.post(f"{url}/api/incidents/{iid}/ack", data="[1, 2", headers={"Content-Type": "application/json"},
+                      timeout=5)
+    assert r.status_code == 400 and "Traceback" not in r.text
