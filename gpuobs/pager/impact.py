@@ -117,8 +117,8 @@ def window(inc: dict, now: float) -> tuple[float, float]:
 
 
 def _str(value: str) -> str:
-    """A PromQL double-quoted string literal's body."""
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+    """A PromQL double-quoted string literal's body (a raw newline would end the query: escaped)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _regex_alt(values: Iterable[str]) -> str:
