@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from gpuobs.core.fleet import FleetConfig
+from gpuobs.core import log
 from gpuobs.promapi.prometheus import PromClient, Series
 
 #: The node's own period before the incident that sets its baseline rates, seconds.
@@ -66,6 +67,7 @@ STALL_INTERVALS = 4
 MAX_WINDOW_S = 7 * 86400.0
 #: Shortest window: below one scrape or two there is nothing to difference, seconds.
 MIN_WINDOW_S = 1.0
+_log = log.get("pager")
 _POD_LABELS = ("exported_pod", "exported_namespace", "exported_container", "pod", "namespace", "container")
 
 
@@ -434,9 +436,16 @@ class ImpactWatcher:
         inc = self.store.incident(iid)
         try:
             doc = self.measure_fn(inc, now)
-        except PrometheusError as exc:
-            msg = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-            last = inc.get("impact")
+        except Exception as exc:  # noqa: BLE001 (a bad sample or annotation must not lose the last numbers)
+            if isinstance(exc, PrometheusError):
+                msg = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            else:  # a bug or data it cannot read: the traceback goes to the log, not to the on-call
+                _log.exception("impact measurement failed", extra={"fields": {"incident": iid}})
+                msg = "internal error measuring the impact; see the pager log"
+            try:  # re-read: another measurement may have stored newer numbers while this one waited
+                last = self.store.incident(iid).get("impact")
+            except Exception:  # noqa: BLE001
+                last = inc.get("impact")
             doc = ({**last, "error": msg, "error_at": now} if last and "line" in last
                    else {"error": msg, "measured_at": now})
         self.store.record_impact(iid, doc)
