@@ -403,7 +403,8 @@ class PagerHandler(httpd.Handler):
     def _post(self) -> None:
         path = urlsplit(self.path).path
         if m := re.fullmatch(r"/api/incidents/([0-9]{1,12})/impact", path):
-            self._measure(int(m.group(1)))
+            if self._same_origin():  # another site must not make a browser load Prometheus through us
+                self._measure(int(m.group(1)))
             return
         if self._action(path):
             return
