@@ -202,3 +202,19 @@ def test_ack_with_hostile_by_and_note(pager):
     r = requests.post(f"{url}/api/incidents/{iid}/ack", data="[1, 2", headers={"Content-Type": "application/json"},
                       timeout=5)
     assert r.status_code == 400 and "Traceback" not in r.text
+
+
+def test_postmortem_html_never_carries_raw_tags_from_labels_or_the_impact(tmp_path):
+    from gpuobs.pager import postmortem
+    from tests.pager.test_postmortem import _incident
+
+    inc = _incident(tmp_path)
+    inc["impact"] = {"line": "training <img src=x onerror=alert(1)>: 1/8 ranks stalled", "measured_at": inc["opened_at"],
+                     "window": {"start": inc["opened_at"], "end": inc["opened_at"] + 60, "seconds": 60},
+                     "baseline_s": 900, "join": "node", "fleet": {}, "queries": {"q": 'x{node="<script>"}'},
+                     "training": [{"training_job": "<script>alert(1)</script>", "gpus": 8, "ranks_stalled": 1,
+                                   "stalled_s": 60, "gpu_hours_lost": 0.1}], "error": "<b>x</b>"}
+    _, html_path, _ = postmortem.write(inc, tmp_path / "pm", None, now=inc["opened_at"] + 3600)
+    page = html_path.read_text()
+    assert "<script" not in page and "<img" not in page and "<b>x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and '<code>x{node="&lt;script&gt;"}</code>' in page
