@@ -218,3 +218,36 @@ def test_postmortem_html_never_carries_raw_tags_from_labels_or_the_impact(tmp_pa
     page = html_path.read_text()
     assert "<script" not in page and "<img" not in page and "<b>x" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and '<code>x{node="&lt;script&gt;"}</code>' in page
+
+
+def test_an_outage_is_retried_every_interval_not_every_tick_and_a_failed_final_measurement_is_retried(tmp_path):
+    store = PageStore(tmp_path / "p.sqlite")
+    store.deliver("page", _payload())
+    (iid,) = [i["id"] for i in store.incidents()]
+    t = store.incident(iid)["opened_at"] - 200  # (times before the resolution below)
+    store.record_impact(iid, {"measured_at": t, "line": "ok"})
+    store.record_impact(iid, {"measured_at": t, "line": "ok", "error": "down", "error_at": t + 31})
+    assert store.impact_due(t + 35, 30, t - 86400) == []  # tried at t+31: next at t+61, not every 5 s tick
+    assert store.impact_due(t + 62, 30, t - 86400) == [iid]
+    time.sleep(0.05)
+    store.deliver("page", _payload("resolved"))
+    r = store.incident(iid)["resolved_at"]
+    assert store.impact_due(r + 1, 30, t - 86400) == [iid]  # the final measurement, at once
+    store.record_impact(iid, {"measured_at": t, "line": "ok", "error": "down", "error_at": r + 1})
+    assert store.impact_due(r + 5, 30, t - 86400) == []
+    assert store.impact_due(r + 32, 30, t - 86400) == [iid]  # the final one failed: tried again
+    store.close()
+
+
+def test_a_resolved_incident_never_measured_is_retried_after_its_first_attempt_fails(tmp_path):
+    store = PageStore(tmp_path / "p.sqlite")
+    store.deliver("page", _payload())
+    time.sleep(0.05)
+    store.deliver("page", _payload("resolved"))
+    (iid,) = [i["id"] for i in store.incidents()]
+    r = store.incident(iid)["resolved_at"]
+    w = impact.ImpactWatcher(store, lambda inc, now: (_ for _ in ()).throw(
+        PrometheusUnavailable("http://127.0.0.1:1", 2, "down")))
+    assert w.check(r + 1) == [iid] and store.incident(iid)["impact"]["error"]
+    assert store.impact_due(r + 40, 30, r - 86400) == [iid]  # not given up: an outage must not lose the numbers
+    store.close()
