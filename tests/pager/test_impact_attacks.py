@@ -251,3 +251,35 @@ def test_a_resolved_incident_never_measured_is_retried_after_its_first_attempt_f
     assert w.check(r + 1) == [iid] and store.incident(iid)["impact"]["error"]
     assert store.impact_due(r + 40, 30, r - 86400) == [iid]  # not given up: an outage must not lose the numbers
     store.close()
+
+
+def test_pager_client_errors_name_the_pager_in_one_line_without_library_text():
+    import http.server
+
+    from gpuobs.promapi.alertmanager import AlertApiError, PagerClient
+
+    for call in (lambda c: c.incidents(), lambda c: c.measure_impact(1, timeout_s=3)):
+        with pytest.raises(AlertApiError) as ei:
+            call(PagerClient("http://127.0.0.1:1"))
+        msg = str(ei.value)
+        assert msg.startswith("cannot reach the pager at http://127.0.0.1:1") and "Prometheus" not in msg
+        assert "HTTPConnectionPool" not in msg and "\n" not in msg
+
+    class Proxy(http.server.BaseHTTPRequestHandler):  # a proxy's HTML error page in front of the pager
+        def do_POST(self):
+            self.send_response(502)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>Bad Gateway</html>")
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(AlertApiError) as ei:
+            PagerClient(f"http://127.0.0.1:{srv.server_address[1]}").measure_impact(1)
+        assert "HTTP 502" in str(ei.value) and "Expecting value" not in str(ei.value)
+    finally:
+        srv.shutdown()
+        srv.server_close()
