@@ -95,10 +95,12 @@ def affected(inc: dict) -> tuple[list[str], list[str]]:
     alerts name in an ``affected_nodes`` annotation (comma-separated; a rollout notice's stage)."""
     nodes = list(inc.get("nodes") or [])
     if not nodes:
+        seen: dict[str, None] = {}  # ordered and O(1) per name: the annotation may name thousands
         for a in inc.get("alerts", []):
             for n in (a.get("annotations") or {}).get("affected_nodes", "").split(","):
-                if n.strip() and n.strip() not in nodes:
-                    nodes.append(n.strip())
+                if n.strip():
+                    seen.setdefault(n.strip(), None)
+        nodes = list(seen)
     return nodes, list(inc.get("gpus") or [])
 
 

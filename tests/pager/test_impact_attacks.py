@@ -283,3 +283,11 @@ def test_pager_client_errors_name_the_pager_in_one_line_without_library_text():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_an_annotation_naming_many_nodes_is_read_in_linear_time():
+    names = [f"gpu-node-{i:06d}" for i in range(100_000)]
+    inc = {"nodes": [], "alerts": [{"annotations": {"affected_nodes": ",".join(names + names[:10] + [" ", ""])}}]}
+    t0 = time.monotonic()
+    nodes, _ = impact.affected(inc)
+    assert nodes == names and time.monotonic() - t0 < 2  # quadratic: minutes
