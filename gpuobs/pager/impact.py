@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from gpuobs.core.fleet import FleetConfig
+from gpuobs.core import log
 from gpuobs.promapi.prometheus import PromClient, Series
 
 #: The node's own period before the incident that sets its baseline rates, seconds.
@@ -66,6 +67,7 @@ STALL_INTERVALS = 4
 MAX_WINDOW_S = 7 * 86400.0
 #: Shortest window: below one scrape or two there is nothing to difference, seconds.
 MIN_WINDOW_S = 1.0
+_log = log.get("pager")
 _POD_LABELS = ("exported_pod", "exported_namespace", "exported_container", "pod", "namespace", "container")
 
 
@@ -115,10 +117,12 @@ def affected(inc: dict) -> tuple[list[str], list[str]]:
     alerts name in an ``affected_nodes`` annotation (comma-separated; a rollout notice's stage)."""
     nodes = list(inc.get("nodes") or [])
     if not nodes:
+        seen: dict[str, None] = {}  # ordered and O(1) per name: the annotation may name thousands
         for a in inc.get("alerts", []):
             for n in (a.get("annotations") or {}).get("affected_nodes", "").split(","):
-                if n.strip() and n.strip() not in nodes:
-                    nodes.append(n.strip())
+                if n.strip():
+                    seen.setdefault(n.strip(), None)
+        nodes = list(seen)
     return nodes, list(inc.get("gpus") or [])
 
 
@@ -139,8 +143,8 @@ def window(inc: dict, now: float) -> tuple[float, float]:
 
 
 def _str(value: str) -> str:
-    """A PromQL double-quoted string literal's body."""
-    return value.replace("\\", "\\\\").replace('"', '\\"')
+    """A PromQL double-quoted string literal's body (a raw newline would end the query: escaped)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _regex_alt(values: Iterable[str]) -> str:
@@ -154,9 +158,10 @@ def increase(series: Series, t0: float, t1: float) -> tuple[float, float]:
 
     Starts at the last sample at or before ``t0`` (else the first inside), ends at the last sample at or
     before ``t1``; a drop is a counter reset (the new value counts from zero, as Prometheus's
-    ``increase`` does); no extrapolation. ``(0, 0)`` with fewer than two samples.
+    ``increase`` does); no extrapolation; NaN and ±Inf samples are skipped (a stale marker or a broken
+    exporter's value is no count). ``(0, 0)`` with fewer than two samples.
     """
-    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t <= t1 and not math.isnan(v)]
+    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t <= t1 and math.isfinite(v)]
     before = [p for p in pts if p[0] <= t0]
     inside = [p for p in pts if p[0] > t0]
     use = ([before[-1]] if before else []) + inside
@@ -173,7 +178,7 @@ def stalls(series: Series, t0: float, t1: float, lo: float, min_s: float) -> lis
     [t0, t1], from raw samples since ``lo``: from the sample that last showed an increase (or the first
     sample) to the next one that shows one (or the last sample, a stall still going on). A stretch that
     began before ``t0`` is kept whole: the stall began before the alert did (its rule's detection lag)."""
-    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if lo <= t <= t1 and not math.isnan(v)]
+    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if lo <= t <= t1 and math.isfinite(v)]
     out: list[tuple[float, float]] = []
     if not pts:
         return out
@@ -193,7 +198,7 @@ def step_gap(series: Series, t0: float, t1: float) -> float | None:
     that show an increase (a stall is rare, so it does not move the median), else, with fewer than three
     such gaps (a young series, or one stalled most of the time), the median gap between samples; None
     with fewer than two samples."""
-    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t0 <= t <= t1]
+    pts = [(t, v) for t, v in zip(series.timestamps, series.values) if t0 <= t <= t1 and math.isfinite(v)]
     ups = [t for (t, v), (_, p) in zip(pts[1:], pts) if v != p]
     gaps = sorted(b - a for a, b in zip(ups, ups[1:]))
     if len(gaps) < 3:  # too few steps seen to tell their pace from a stall: the scrape spacing
@@ -275,6 +280,7 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
     dcgm_all = f'DCGM_FI_DEV_GPU_TEMP{{{fleet.dcgm_selector}, {ident}!=""}}'
     total_q = f"count(group by ({ident}, gpu) (last_over_time({dcgm_all}[{rng}])))"
     gpus_total = prom.query(total_q, at=end).scalar() or 0.0
+    gpus_total = gpus_total if math.isfinite(gpus_total) else 0.0  # NaN/Inf: no count
     q["gpus_total"] = total_q
     if not nodes:
         doc["fleet"] = {"gpus_total": int(gpus_total), "gpus_out": 0, "capacity_out_ratio": 0.0}
@@ -477,9 +483,16 @@ class ImpactWatcher:
         inc = self.store.incident(iid)
         try:
             doc = self.measure_fn(inc, now)
-        except PrometheusError as exc:
-            msg = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-            last = inc.get("impact")
+        except Exception as exc:  # noqa: BLE001 (a bad sample or annotation must not lose the last numbers)
+            if isinstance(exc, PrometheusError):
+                msg = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            else:  # a bug or data it cannot read: the traceback goes to the log, not to the on-call
+                _log.exception("impact measurement failed", extra={"fields": {"incident": iid}})
+                msg = "internal error measuring the impact; see the pager log"
+            try:  # re-read: another measurement may have stored newer numbers while this one waited
+                last = self.store.incident(iid).get("impact")
+            except Exception:  # noqa: BLE001
+                last = inc.get("impact")
             doc = ({**last, "error": msg, "error_at": now} if last and "line" in last
                    else {"error": msg, "measured_at": now})
         self.store.record_impact(iid, doc)

@@ -275,20 +275,24 @@ def impact(db: sqlite3.Connection, incident_id: int) -> dict | None:
 
 
 def record_impact(db: sqlite3.Connection, incident_id: int, doc: dict) -> None:
-    """Store ``doc`` as the incident's impact (replacing the last one)."""
+    """Store ``doc`` as the incident's impact (replacing the last one); the row's ``measured_at`` is the
+    last attempt (a failed one's ``error_at``), which paces the next."""
     db.execute("INSERT OR REPLACE INTO incident_impact VALUES (?, ?, ?)",
-               (incident_id, doc.get("measured_at", 0.0), json.dumps(doc, sort_keys=True)))
+               (incident_id, max(doc.get("measured_at", 0.0), doc.get("error_at") or 0.0), json.dumps(doc, sort_keys=True)))
 
 
 def impact_due(db: sqlite3.Connection, now: float, every_s: float, since: float) -> list[int]:
-    """Incidents whose impact should be measured now: open or acknowledged ones not measured in the
-    last ``every_s`` seconds, and resolved ones (resolved after ``since``) whose last measurement came
-    before their resolution (one final measurement over the whole window)."""
+    """Incidents whose impact should be measured now: open or acknowledged ones not tried in the last
+    ``every_s`` seconds (a failed try counts: an outage is retried at that pace, not every tick), and
+    resolved ones (resolved after ``since``) without numbers measured after their resolution (one final
+    measurement over the whole window: at once, then, while it fails, every ``every_s``)."""
     return [r[0] for r in db.execute(
         "SELECT i.id FROM incidents i LEFT JOIN incident_impact m ON m.incident_id = i.id"
         " WHERE (i.state != 'resolved' AND (m.measured_at IS NULL OR m.measured_at <= ?))"
-        " OR (i.state = 'resolved' AND i.resolved_at >= ? AND (m.measured_at IS NULL OR m.measured_at < i.resolved_at))"
-        " ORDER BY i.id", (now - every_s, since))]
+        " OR (i.state = 'resolved' AND i.resolved_at >= ? AND (m.measured_at IS NULL OR ("
+        "(json_extract(m.doc, '$.line') IS NULL OR json_extract(m.doc, '$.measured_at') < i.resolved_at)"
+        " AND (m.measured_at < i.resolved_at OR m.measured_at <= ?))))"
+        " ORDER BY i.id", (now - every_s, since, now - every_s))]
 
 
 def list_incidents(db: sqlite3.Connection, identity_label: str, state: str | None = None,

@@ -275,6 +275,13 @@ def markdown_draft(inc: dict, plotted: list[tuple[str, str, Path]], metrics_note
     return "\n".join(md)
 
 
+def _no_raw_html(md: str) -> str:
+    """``md`` with every ``<`` outside code spans escaped: Python-Markdown passes raw HTML through, and
+    labels, descriptions, notes and the impact line are other people's text (code spans it escapes itself)."""
+    return "".join(part if part.startswith("`") else part.replace("<", "&lt;")
+                   for part in re.split(r"(`[^`\n]*`)", md))
+
+
 def write(inc: dict, out: Path, prom_url: str | None, now: float) -> tuple[Path, Path, str | None]:
     """Write the Markdown and HTML drafts (and PNGs) into ``out``; returns ``(md, html, metrics note)``."""
     import markdown
@@ -288,7 +295,7 @@ def write(inc: dict, out: Path, prom_url: str | None, now: float) -> tuple[Path,
         md = markdown_draft(inc, plotted, note)
         md_path = out / f"postmortem-incident-{inc['id']}.md"
         atomic_write(md_path, md)
-        body = markdown.markdown(md, extensions=["tables"], output_format="html")
+        body = markdown.markdown(_no_raw_html(md), extensions=["tables"], output_format="html")
         for _, _, png in plotted:  # self-contained HTML: images inline
             uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
             body = body.replace(f'src="{png.name}"', f'src="{uri}"')

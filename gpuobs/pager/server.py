@@ -23,7 +23,7 @@ Routes:
   ``rollout started`` / ``rollout ended``).
 * ``POST /api/incidents/<id>/impact``: measure the incident's impact now (:mod:`gpuobs.pager.impact`,
   needs ``--prometheus-url``; 503 without it) and store it -> ``{"id", "impact"}`` (502 with the
-  error when Prometheus failed). Every incident also carries ``impact``: the last measurement (the
+  error, and the last numbers kept, when Prometheus failed). Every incident also carries ``impact``: the last measurement (the
   pager measures open incidents every 30 s and each resolved one once after it resolves), or null.
 * ``POST /api/incidents/<id>/ack`` (optional JSON ``{"by": name, "note": text}``) -> ``{"id", "state", "changed"}``;
   ``POST /incidents/<id>/ack`` is the console's form (303 back to the incident).
@@ -397,12 +397,14 @@ class PagerHandler(httpd.Handler):
         except incidents.IncidentNotFound:
             self.send_json(404, {"error": f"no incident {iid}", "field": "id"})
             return
-        self.send_json(502 if "line" not in doc else 200, {"id": iid, "impact": doc})
+        # a failure keeps the last numbers with "error": still a 502, never stale numbers passed off as new
+        self.send_json(502 if doc.get("error") else 200, {"id": iid, "impact": doc})
 
     def _post(self) -> None:
         path = urlsplit(self.path).path
         if m := re.fullmatch(r"/api/incidents/([0-9]{1,12})/impact", path):
-            self._measure(int(m.group(1)))
+            if self._same_origin():  # another site must not make a browser load Prometheus through us
+                self._measure(int(m.group(1)))
             return
         if self._action(path):
             return

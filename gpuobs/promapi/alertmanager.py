@@ -30,7 +30,8 @@ def _get_json(url: str, params: dict[str, Any] | None, timeout_s: float) -> Any:
         resp.raise_for_status()
         return resp.json()
     except (requests.ConnectionError, requests.Timeout) as exc:
-        raise AlertApiError(unreachable("pager" if "/api/pages" in url else "Prometheus", url, exc)) from None
+        raise AlertApiError(unreachable("pager" if "/api/pages" in url or "/api/incidents" in url else "Prometheus",
+                                        url, exc)) from None
     except (requests.RequestException, ValueError) as exc:
         raise AlertApiError(f"GET {url}: {exc}") from None
 
@@ -117,9 +118,14 @@ class PagerClient:
         url = f"{self.base_url}/api/incidents/{int(incident_id)}/impact"
         try:
             resp = requests.post(url, timeout=timeout_s)
+        except (requests.ConnectionError, requests.Timeout) as exc:
+            raise AlertApiError(unreachable("pager", url, exc)) from None
+        except requests.RequestException as exc:
+            raise AlertApiError(f"POST {url}: {type(exc).__name__}") from None
+        try:
             doc = resp.json()
-        except (requests.RequestException, ValueError) as exc:
-            raise AlertApiError(f"POST {url}: {exc}") from None
+        except ValueError:
+            raise AlertApiError(f"POST {url}: HTTP {resp.status_code}: not a pager answer (no JSON)") from None
         if resp.status_code != 200 or not isinstance(doc, dict) or "line" not in (doc.get("impact") or {}):
             err = doc.get("error") or (doc.get("impact") or {}).get("error") if isinstance(doc, dict) else None
             raise AlertApiError(f"POST {url}: HTTP {resp.status_code}: {err or 'no impact'}")
