@@ -72,7 +72,7 @@ def _utc(ts: float | None) -> str:
 def _line(i: dict) -> str:
     return (f"#{i['id']:<5} {i['state']:<12} {i['channel']:<6} {i['severity'] or '-':<8} "
             f"{','.join(i['alertnames']):<22} node={','.join(i['nodes']) or '-'} gpu={','.join(i['gpus']) or '-'}"
-            f" xid={','.join(i['xids']) or '-'}  {(i['descriptions'] or [''])[0]}")
+            f" xid={','.join(i['xids']) or '-'}  {' / '.join((i['descriptions'] or [''])[0].splitlines())}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

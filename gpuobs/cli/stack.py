@@ -107,8 +107,19 @@ def _stack(args: argparse.Namespace) -> int:
     print(f"  run dir       {state.run_dir}  (logs/, stack.json, admin-token); rule profile {state.profile}")
     print(f"  exporters     profile {state.exporter_profile}, host label {state.host_label_mode}, "
           f"scrape mode {state.scrape_mode}")
-    print("Try: make drill-xid    Stop: make down")
+    print(next_steps(str(state.run_dir)))
     return 0
+
+
+def next_steps(run_dir: str, drill: bool = True) -> str:
+    """What to try and how to stop, for the stack in ``run_dir``: the make targets for the Makefile's
+    own run directory (``.run``), the CLI with ``--run-dir`` for any other (make would act on ``.run``)."""
+    from pathlib import Path
+
+    if Path(run_dir).resolve() == Path(".run").resolve():
+        return ("Try: make drill-xid    " if drill else "Status: make status    ") + "Stop: make down"
+    return ((f"Try: gpuobs drill xid --run-dir {run_dir}    " if drill else
+             f"Status: gpuobs stack status --run-dir {run_dir}    ") + f"Stop: gpuobs stack down --run-dir {run_dir}")
 
 
 def _up_ha(args: argparse.Namespace, cfg) -> int:
@@ -131,7 +142,7 @@ def _up_ha(args: argparse.Namespace, cfg) -> int:
     print(f"  Pager             {u.pager}  (incident console)")
     print(f"  GPU nodes         {u.nodes[0]} .. {u.nodes[-1]}  ({state.nodes} nodes x {state.gpus} GPUs)")
     print(f"  run dir           {state.run_dir}  (placement.json: which rule runs where); rule profile {state.profile}")
-    print(f"Global queries: {u.prometheus}/api/v1/query    Status: gpuobs stack status    Stop: make down")
+    print(f"Global queries: {u.prometheus}/api/v1/query    {next_steps(str(state.run_dir), drill=False)}")
     return 0
 
 

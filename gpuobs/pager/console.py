@@ -31,7 +31,8 @@ _CSS = ("body{font-family:sans-serif;margin:1rem auto;max-width:1240px;padding:0
         ".node-group h2{font-size:1.1rem;margin:1.2rem 0 .3rem}.age{white-space:nowrap}"
         "form.inline{display:inline}form.ack input{width:7rem;margin:1px 0}.count{font-size:1.3rem}"
         "#filters{margin:.5rem 0;padding:.4rem;background:#f4f4f4}#filters label{margin-right:.8rem}"
-        ".muted{color:#666;font-size:.85rem}td.state{overflow-wrap:normal}")
+        ".muted{color:#666;font-size:.85rem}td.state{overflow-wrap:normal}td.alert b{font-size:.92rem}"
+        "tr.state-resolved td:first-child{border-left-color:#9c9}tr.state-resolved .sev{opacity:.55}")
 #: Column widths of the incident tables (sum 100%: fits 1280 px with no horizontal scroll).
 _COLS = '<colgroup><col style="width:5%"><col style="width:9%"><col style="width:11%"><col style="width:17%">' \
         '<col style="width:36%"><col style="width:7%"><col style="width:15%"></colgroup>'
@@ -41,10 +42,10 @@ SCRIPT = """(function () {
   var KEY = "gpuobs.ack.name";
   function fill(root) {
     var name = localStorage.getItem(KEY) || "";
-    root.querySelectorAll('input[name="by"]').forEach(function (i) { if (!i.value) i.value = name; });
+    root.querySelectorAll('input[name="by"], input[name="author"]').forEach(function (i) { if (!i.value) i.value = name; });
   }
   document.addEventListener("submit", function (e) {
-    var by = e.target.querySelector && e.target.querySelector('input[name="by"]');
+    var by = e.target.querySelector && e.target.querySelector('input[name="by"], input[name="author"]');
     if (by && by.value) localStorage.setItem(KEY, by.value);
   });
   fill(document);
@@ -145,14 +146,16 @@ def _row(i: dict, safe_url: Callable[[str], str | None], now: float) -> str:
     since = i["resolved_at"] if i["state"] == "resolved" and i["resolved_at"] else i["opened_at"]
     ack = (f'<div class="muted">by {_e(i["acknowledged_by"])}</div>'
            if i["state"] == "acknowledged" and i.get("acknowledged_by") else "")
-    return (f'<tr class="sev-{_e(i["severity"])}" id="incident-{i["id"]}" data-node="{_e(",".join(i["nodes"]))}">'
+    return (f'<tr class="sev-{_e(i["severity"])} state-{_e(i["state"])}" id="incident-{i["id"]}" '
+            f'data-node="{_e(",".join(i["nodes"] or affected(i)))}">'
             f'<td><a href="/incidents/{i["id"]}">#{i["id"]}</a></td>'
             f'<td><span class="sev sev-{_e(i["severity"])}">{_e(i["severity"] or "none")}</span>'
             f'<div class="muted">{_e(i["channel"])}</div></td>'
             f'<td class="{_e(i["state"])} state">{_e(i["state"])}</td>'
-            f'<td>{"<br>".join(what)}{ack}</td>'
+            f'<td class="alert">{"<br>".join(what)}{ack}</td>'
             f'<td><div class="desc">{descs}{more}</div>{impact_html(i)}</td>'
-            f'<td class="age" title="{utc(since)}">{age(now - since)}</td>'
+            f'<td class="age" title="{"resolved" if i["state"] == "resolved" else "opened"} {utc(since)}">'
+            f'{"resolved " if i["state"] == "resolved" else ""}{age(now - since)}</td>'
             f'<td>{_runbook(i, safe_url)} {_ack_button(i)}</td></tr>')
 
 
@@ -187,7 +190,7 @@ def _groups(incs: list[dict], safe_url: Callable[[str], str | None], now: float)
 
 
 def _filters(incs: list[dict], chosen: dict[str, str]) -> str:
-    nodes = sorted({n for i in incs for n in i["nodes"]})
+    nodes = sorted({n for i in incs for n in (*i["nodes"], *affected(i))})
 
     def select(name: str, values) -> str:
         opts = "".join(f'<option value="{_e(v)}"{" selected" if chosen.get(name) == v else ""}>{_e(v)}</option>'
@@ -199,6 +202,13 @@ def _filters(incs: list[dict], chosen: dict[str, str]) -> str:
             '<span id="refreshed" class="muted">refreshes every 15 s</span></form>')
 
 
+def affected(inc: dict) -> list[str]:
+    """Nodes an incident without a node of its own names in its alerts' ``affected_nodes`` annotation
+    (a rollout notice's stage)."""
+    return [n.strip() for a in inc.get("alerts", []) for n in (a.get("annotations") or {}).get("affected_nodes", "").split(",")
+            if n.strip()]
+
+
 def select(incs: list[dict], chosen: dict[str, str]) -> list[dict]:
     """The incidents matching the console's filters (``chosen``: name -> value, :data:`FILTERS` plus
     ``node``; empty values match everything)."""
@@ -206,7 +216,7 @@ def select(incs: list[dict], chosen: dict[str, str]) -> list[dict]:
         return ((not chosen.get("state") or i["state"] == chosen["state"])
                 and (not chosen.get("severity") or i["severity"] == chosen["severity"])
                 and (not chosen.get("channel") or i["channel"] == chosen["channel"])
-                and (not chosen.get("node") or chosen["node"] in i["nodes"]))
+                and (not chosen.get("node") or chosen["node"] in i["nodes"] or chosen["node"] in affected(i)))
     return [i for i in incs if keep(i)]
 
 
@@ -342,7 +352,7 @@ def incident(inc: dict, safe_url: Callable[[str], str | None], silences_enabled:
     if silences_enabled:
         body.append(
             f'<form method="post" action="/incidents/{iid}/silence"><label>Duration <input name="duration" '
-            'value="2h" size="6"></label> <label>Author <input name="author" value="console" size="12"></label> '
+            'value="2h" size="6"></label> <label>Author <input name="author" size="12" placeholder="your name"></label> '
             '<label>Comment <input name="comment" size="40" required></label> '
             '<button type="submit">Silence</button></form>')
     else:

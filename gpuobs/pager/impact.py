@@ -65,6 +65,12 @@ STALL_S = 10.0
 STALL_INTERVALS = 4
 #: The longest window measured (an incident open longer is measured over its last week), seconds.
 MAX_WINDOW_S = 7 * 86400.0
+#: Shortest baseline that sets a rate: with less (a young stack, a series relabelled just before the
+#: incident) the excess and goodput figures say "no baseline" rather than report traffic noise, seconds.
+MIN_BASELINE_S = 60.0
+#: Goodput lost within this many standard deviations of the baseline's Poisson traffic noise
+#: (sqrt of the good requests expected over the window) is reported as "within traffic noise".
+NOISE_SD = 2.0
 #: Shortest window: below one scrape or two there is nothing to difference, seconds.
 MIN_WINDOW_S = 1.0
 _log = log.get("pager")
@@ -293,7 +299,11 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
     attr_q = (f"group by ({ident}, gpu, {', '.join(_POD_LABELS)}) (last_over_time({dcgm_inc}[{rng}]))")
     attr = prom.query(attr_q, at=end)
     q["gpus_out"] = f"count(group by ({ident}, gpu) (last_over_time({dcgm_inc}[{win}])))"
-    gpus_out = len({(s.labels.get(ident, ""), s.labels.get("gpu", "")) for s in attr.samples}) or len(gpus)
+    # Out of service: the incident's own node or GPUs; a notice's affected nodes (a rollout stage) kept
+    # serving, so they count for the workloads' losses but not as capacity out.
+    own = set(inc.get("nodes") or [])
+    gpus_out = (len({(s.labels.get(ident, ""), s.labels.get("gpu", "")) for s in attr.samples
+                     if s.labels.get(ident, "") in own}) or len(gpus)) if own else 0
     doc["fleet"] = {"gpus_total": int(gpus_total), "gpus_out": gpus_out,
                     "capacity_out_ratio": round(gpus_out / gpus_total, 4) if gpus_total else 0.0}
     pods = _workload_pods(Series(s.labels, (), ()) for s in attr.samples)
@@ -330,13 +340,17 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
         cnt_b = sum(increase(s, b0, start)[0] for s in mine(ttft_all))
         over_d, over_b = max(0.0, cnt_d - good_d), max(0.0, cnt_b - good_b)
         gp_d, gp_b = max(0.0, good_d - fail_d), max(0.0, good_b - fail_b)
-        base_rate = gp_b / cov_b if cov_b > 0 else None
+        based = cov_b >= MIN_BASELINE_S
+        base_rate = gp_b / cov_b if based else None
         lost = max(0.0, base_rate * dur - gp_d) if base_rate is not None else None
+        noise = NOISE_SD * math.sqrt(base_rate * dur) if base_rate is not None else None
         e.update({
             "requests": round(tot_d), "failed": round(fail_d),
-            "failed_excess": round(max(0.0, fail_d - (fail_b / tot_b if tot_b else 0.0) * tot_d)),
+            "failed_excess": round(max(0.0, fail_d - (fail_b / tot_b if tot_b else 0.0) * tot_d)) if based else None,
             "over_ttft_slo": round(over_d),
-            "over_ttft_slo_excess": round(max(0.0, over_d - (over_b / cnt_b if cnt_b else 0.0) * cnt_d)),
+            "over_ttft_slo_excess": (round(max(0.0, over_d - (over_b / cnt_b if cnt_b else 0.0) * cnt_d))
+                                     if based else None),
+            "goodput_lost_noise": round(noise) if noise is not None else None,
             "baseline_seconds": round(cov_b, 1),
             "baseline_requests_per_s": round(tot_b / cov_b, 4) if cov_b > 0 else None,
             "baseline_goodput_per_s": round(base_rate, 4) if base_rate is not None else None,
@@ -352,7 +366,13 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
                           f'sum(increase(vllm:time_to_first_token_seconds_bucket{{{sel1}, le="{le}"}}[{win}]))')
     q["goodput"] = (f'sum(increase(vllm:time_to_first_token_seconds_bucket{{{sel1}, le="{le}"}}[{win}])) - '
                     f'sum(increase(vllm:request_success_total{{{sel1}, finished_reason="error"}}[{win}]))')
-    q["baseline_goodput_per_s"] = f"({q['goodput'].replace(f'[{win}]', f'[{round(cfg.baseline_s)}s] offset {win}')}) / {round(cfg.baseline_s)}"
+    covered = round(max((e["baseline_seconds"] for e in doc["serving"]), default=cfg.baseline_s)) or 1
+    # the baseline the pager used: the node's own samples before the window (up to baseline_s; fewer on a
+    # young series), so the same span here
+    q["baseline_goodput_per_s"] = (f"({q['goodput'].replace(f'[{win}]', f'[{covered}s] offset {win}')}) / {covered}")
+    if not doc["serving"]:
+        for k in ("requests", "failed", "over_ttft_slo", "goodput", "baseline_goodput_per_s"):
+            q.pop(k)
 
     # ---- training -----------------------------------------------------------------------------------------
     steps_here = prom.query(f'training_steps_total{{{node_m}}}[{rng}]', at=end).series
@@ -362,6 +382,8 @@ def measure(prom: PromClient, cfg: ImpactConfig, inc: dict, now: float) -> dict:
         ranks = prom.query(f'training_steps_total{{{job_m}, {ident}!=""}}[{rng}]', at=end).series
         q["training_gpus"] = f'count by (training_job) (training_steps_total{{{job_m}, {ident}!=""}})'
         q["steps"] = f"max by (training_job) (increase(training_steps_total{{{job_m}}}[{win}]))"
+        q["ranks_without_a_step"] = (f"count by (training_job) (changes(training_steps_total{{{job_m}}}"
+                                     f"[{{stall_min_s}}s]) == 0)  # at the stall's end; stall_min_s per job")
         for job in jobs:
             mine = merge([s for s in ranks if s.labels.get("training_job") == job], (ident, "rank"))
             ids = {(s.labels.get(ident, ""), s.labels.get("rank", "")) for s in mine}
@@ -409,32 +431,51 @@ def _totals(doc: dict) -> dict:
 
 def _n(x: float | None, unit: str = "") -> str:
     if x is None:
-        return "unknown (no baseline)"
+        return "unknown"
     return f"{x:,.0f}{unit}" if abs(x) >= 10 or float(x).is_integer() else f"{x:.2f}{unit}"
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _count(n: float | None, what: str) -> str:
+    if n is None:
+        return f"{what}s: no baseline"
+    return f"{_n(n)} {what}{'' if n == 1 else 's'}"
 
 
 def line(doc: dict, cfg: ImpactConfig) -> str:
     """The one-line impact the console, the CLI and the drills print (numbers as in ``doc``)."""
     parts = []
-    mins = doc["window"]["seconds"] / 60.0
     for e in doc["serving"]:
+        lost = e["goodput_lost"]
+        if lost is None:
+            gp = "goodput lost: no baseline (under 60 s of data before)"
+        elif e["goodput_lost_noise"] is not None and lost <= e["goodput_lost_noise"]:
+            gp = f"no goodput lost beyond traffic noise (+-{_n(e['goodput_lost_noise'])} requests)"
+        else:
+            gp = f"goodput lost {_count(lost, 'request')} ({_n(e['goodput_lost_per_s'])} req/s)"
+        excess = (lambda x: "" if x is None else f" ({_n(x)} above baseline)")
         parts.append(
-            f"serving {e['model_name'] or 'engine'} on {e[cfg.fleet.identity_label]}: {_n(e['failed'])} requests failed "
-            f"({_n(e['failed_excess'])} above baseline), {_n(e['over_ttft_slo'])} over the "
-            f"{cfg.ttft_threshold_s:g} s TTFT SLO ({_n(e['over_ttft_slo_excess'])} above baseline), goodput lost "
-            f"{_n(e['goodput_lost'])} requests ({_n(e['goodput_lost_per_s'])} req/s)")
+            f"serving {e['model_name'] or 'engine'} on {e[cfg.fleet.identity_label]}: {_count(e['failed'], 'request')} "
+            f"failed{excess(e['failed_excess'])}, {_n(e['over_ttft_slo'])} over the {cfg.ttft_threshold_s:g} s TTFT "
+            f"SLO{excess(e['over_ttft_slo_excess'])}, {gp}")
     for t in doc["training"]:
+        before = (" (from before the alert)" if t.get("stalled_since") is not None
+                  and t["stalled_since"] < doc["window"]["start"] else "")
         parts.append(
-            f"training {t['training_job']}: {t['ranks_stalled']}/{t['gpus']} ranks stalled, "
-            f"{_n(t['stalled_s'])} s stalled, {_n(t['gpu_hours_lost'])} GPU-hours lost")
+            f"training {t['training_job']}: {t['ranks_stalled']}/{t['gpus']} ranks stalled {_dur(t['stalled_s'])}"
+            f"{before}, {_n(t['steps_lost'])} steps lost, {_n(t['gpu_hours_lost'])} GPU-hours lost")
     f = doc["fleet"]
-    if f:
+    if f and f["gpus_out"]:
         parts.append(f"capacity out: {f['gpus_out']} of {f['gpus_total']} GPUs ({100 * f['capacity_out_ratio']:.1f}%)")
     if doc["join"] == "node" and (doc["serving"] or doc["training"]):
         parts.append("joined by node (no pod attribution labels)")
     if not doc["serving"] and not doc["training"] and doc["join"] != "none":
         parts.append("no serving engine or training job on the node")
-    return f"{mins:.1f} min: " + "; ".join(parts) if parts else f"{mins:.1f} min: no node named"
+    head = _dur(doc["window"]["seconds"])
+    return f"{head}: " + "; ".join(parts) if parts else f"{head}: no node named"
 
 
 class ImpactWatcher:

@@ -68,7 +68,7 @@ def description(rec: Any, run_dir: str, stage: Any = None, flag: str | None = No
     else:
         lines.append(_cut(f"Why: {rec.reason or 'no reason recorded'}"))
     group = "rollout" if flag is None else "flag"
-    lines.append(f"Report: gpuobs {group} status --run-dir {run_dir} --id {rec.id} (HTML: the report annotation)")
+    lines.append(f"Report: gpuobs {group} status --run-dir {run_dir} --id {rec.id} (the HTML report: the commands in the report annotation)")
     return "\n".join(lines[:MAX_DESCRIPTION_LINES])
 
 

@@ -141,7 +141,7 @@ def test_console_incident_and_runbook_as_a_browser_renders_them(stack, tmp_path)
     inc = next(i for i in requests.get(f"{pager}/api/incidents", timeout=5).json()["incidents"]
                if "gpu-node-live" in i["nodes"])
     dom = _chromium(["--dump-dom", f"{pager}/"], tmp_path / "p1")
-    row = re.search(rf'<tr class="sev-critical" id="incident-{inc["id"]}"[^>]*>(.*?)</tr>', dom, re.S)
+    row = re.search(rf'<tr class="sev-critical state-open" id="incident-{inc["id"]}"[^>]*>(.*?)</tr>', dom, re.S)
     assert row, dom[:3000]
     assert 'class="open state">open<' in row.group(1) and "GPU 2 on gpu-node-live reported Xid 48" in row.group(1)
     assert '<span class="xid">48</span>' in row.group(1) and "Acknowledge</button>" in row.group(1)

@@ -251,3 +251,42 @@ def test_a_counter_relabelled_mid_window_counts_once_and_whole():
     (m,) = impact.merge([a, b, c], ("finished_reason",))
     assert impact.increase(m, 0.0, 250.0) == (250.0, 250.0)
     assert sum(impact.increase(s, 0.0, 250.0)[0] for s in (a, b, c)) == 240.0  # per series: each switch lost
+
+
+def _notice(start: float, end: float) -> dict:
+    import datetime as dt
+    iso = lambda t: dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat()  # noqa: E731
+    return impact.of_alert({"labels": {"alertname": "RolloutRolledBack"}, "startsAt": iso(end + 5),
+                            "annotations": {"affected_nodes": "gpu-node-00", "affected_since": iso(start),
+                                            "affected_until": iso(end)}}, end + 5)
+
+
+def test_a_rollout_notice_is_measured_on_its_stage_and_takes_no_capacity_out():
+    prom = StubProm(serving_series(0.21, 0.5), [{"node": "gpu-node-00", "gpu": "0"}], 32)
+    doc = impact.measure(prom, CFG, _notice(T0, T0 + 300), now=T0 + 600)
+    assert doc["window"]["start"] == T0 and doc["window"]["end"] == T0 + 300  # the stage, not the notice
+    assert doc["serving"][0]["failed"] == 630
+    assert doc["fleet"]["gpus_out"] == 0 and "capacity out" not in doc["line"]  # the stage kept serving
+
+
+def test_goodput_within_traffic_noise_is_said_so_and_a_short_baseline_is_no_baseline():
+    series = serving_series(0.01, 0.0)
+    prom = StubProm(series, [{"node": "gpu-node-00", "gpu": "0"}], 8)
+    (e,) = impact.measure(prom, CFG, incident(T0, T0 + 300), now=T0 + 400)["serving"]
+    assert e["goodput_lost"] <= e["goodput_lost_noise"] == round(2 * (9.9 * 300) ** 0.5)
+    doc = impact.measure(prom, CFG, incident(T0, T0 + 300), now=T0 + 400)
+    assert "no goodput lost beyond traffic noise (+-109 requests)" in doc["line"]
+    young = {k: [impact.Series(s.labels, *zip(*[(t, v) for t, v in zip(s.timestamps, s.values) if t >= T0 - 30]))
+                 for s in v] for k, v in series.items()}
+    doc = impact.measure(StubProm(young, [{"node": "gpu-node-00", "gpu": "0"}], 8), CFG, incident(T0, T0 + 300), T0 + 400)
+    (e,) = doc["serving"]
+    assert e["baseline_seconds"] == 30.0 and e["goodput_lost"] is None and e["failed_excess"] is None
+    assert "goodput lost: no baseline" in doc["line"] and "above baseline" not in doc["line"]
+    assert "[30s] offset 300s" in doc["queries"]["baseline_goodput_per_s"]  # the span the pager used
+
+
+def test_stack_next_steps_name_the_run_dir_unless_it_is_makes():
+    from gpuobs.cli.stack import next_steps
+
+    assert next_steps(".run") == "Try: make drill-xid    Stop: make down"
+    assert next_steps("/tmp/x") == "Try: gpuobs drill xid --run-dir /tmp/x    Stop: gpuobs stack down --run-dir /tmp/x"

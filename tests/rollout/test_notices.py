@@ -51,7 +51,7 @@ def test_rolled_back_ticket_is_short_names_the_deciding_test_and_links_its_runbo
     assert lines == [
         "Rollout 1.6.0-20261201T160000Z of 1.6.0 ended RolledBack in stage 1/3 (1 of 3 serving node(s)).",
         "Deciding: ttft: High (+29.8% [+0.6%, +67.3%]) (+1 more test(s), see the report)",
-        "Report: gpuobs rollout status --run-dir /tmp/run --id 1.6.0-20261201T160000Z (HTML: the report annotation)"]
+        "Report: gpuobs rollout status --run-dir /tmp/run --id 1.6.0-20261201T160000Z (the HTML report: the commands in the report annotation)"]
     assert a["annotations"]["runbook_url"] == f"{BASE}/runbooks/rollout.md#rolloutrolledback"
     assert "gpuobs report rollout --run-dir /tmp/run" in a["annotations"]["report"]
     assert (a["startsAt"], a["endsAt"]) == ("2027-01-15T08:00:00.000Z", "2027-01-15T09:00:00.000Z")
