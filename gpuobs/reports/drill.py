@@ -146,7 +146,12 @@ def _header(result: dict, prometheus_url: str, start: float, end: float) -> list
           h.seconds(a.get("fired_s")), _hop(a.get("fired_s"), a.get("paged_s")), h.seconds(a.get("paged_s")),
           _hop(cleared, a.get("resolved_s")), h.link(a.get("runbook_url")))
          for a in alerts], numeric=(3, 4, 5, 6))
+    imp = result.get("impact") or {}
+    impact = (h.join([h.Raw(f"<p>Incident #{h.esc(imp.get('incident', '?'))}: {h.esc(imp['line'])}</p>"),
+                      h.kv_table([(k, h.Raw(f"<code>{h.esc(v)}</code>")) for k, v in sorted((imp.get("queries") or {}).items())])])
+              if "line" in imp else h.Raw(f"<p>Not measured: {h.esc(imp.get('error', 'no incident found'))}</p>"))
     return [h.section("Summary", summary),
+            h.section("What it cost (the incident's impact, measured by the pager; docs/incidents.md)", impact),
             h.section("Timeline", events),
             h.section("Per-hop latencies", hops),
             h.section("False alerts (fired during the drill, neither expected nor inhibited)",

@@ -370,7 +370,7 @@ def test_cli_drill_report(tmp_path, capsys):
     (run / "stack.json").write_text(json.dumps(stack_doc(run, _dead_url())))
     assert cli(["report", "drill", "thermal", "--run-dir", str(run)]) == 1
     err = capsys.readouterr().err
-    assert "unavailable" in err and "Traceback" not in err
+    assert "cannot reach Prometheus" in err and "Traceback" not in err
     with FakePrometheus(DrillData()) as fp:
         (run / "stack.json").write_text(json.dumps(stack_doc(run, fp.url)))
         assert cli(["report", "drill", "thermal", "--run-dir", str(run)]) == 0
@@ -396,3 +396,15 @@ def test_cli_rollout_report(tmp_path, capsys):
         assert cli(["report", "rollout", "--file", str(doc), "--prometheus", fp.url, "--out", str(tmp_path / "o")]) == 0
     last = Path(capsys.readouterr().out.strip().splitlines()[-1])
     assert last.parent == tmp_path / "o" and last.exists() and len(pngs(last.read_text())) == len(DISTRIBUTIONS) + len(OVER_TIME)
+
+
+def test_drill_report_says_what_the_incident_cost(tmp_path):
+    res = drill_result(drill="xid", impact={"incident": 7, "line": "5 min: serving m on n: 3 requests failed",
+                                            "queries": {"failed": 'sum(increase(x{a="<b>"}[300s]))'}})
+    with FakePrometheus(OnlySome(("gpuobs_xid_events_total",))) as fp:
+        text = write_drill_report(res, fp.url, tmp_path, now=T0 + 3600).read_text()
+    cost = text.split("What it cost", 1)[1].split("Timeline", 1)[0]
+    assert "Incident #7: 5 min: serving m on n: 3 requests failed" in cost and "&lt;b&gt;" in cost
+    with FakePrometheus(OnlySome(("gpuobs_xid_events_total",))) as fp:
+        text = write_drill_report(drill_result(drill="xid"), fp.url, tmp_path / "b", now=T0 + 3600).read_text()
+    assert "Not measured: no incident found" in text
