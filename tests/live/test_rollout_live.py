@@ -36,7 +36,7 @@ import requests
 
 from gpuobs.promapi.exporter_admin import AdminClient
 from gpuobs.promapi.prometheus import PromClient
-from gpuobs.reports.rollout import RATE_WINDOW_S, write_rollout_report
+from gpuobs.reports.rollout import OVER_TIME, RATE_WINDOW_S, write_rollout_report
 from gpuobs.stack.state import StackState
 from tests.conftest import live_stack
 
@@ -191,4 +191,4 @@ def test_good_release_is_promoted_to_every_node(stack):
     doc, html, client = report(stack, Path(stack.run_dir) / "reports")
     assert doc["state"] == "Succeeded" and "1.5.0 against 1.4.0" in html and "1.6.0" not in html
     assert "<tr><td>1/2</td>" in html and "<tr><td>2/2</td>" in html
-    assert sum(k == "range" for k, _, _ in client.windows) == 8  # 4 panels x 2 tracks, all inside the rollout
+    assert sum(k == "range" for k, _, _ in client.windows) == 2 * len(OVER_TIME)  # each panel x 2 tracks, all inside the rollout
