@@ -11,6 +11,7 @@ drill itself timed.
 from __future__ import annotations
 
 import concurrent.futures
+import re
 
 import pytest
 
@@ -62,7 +63,8 @@ def test_xid_drill_ends_with_its_incidents_impact_recomputed_from_prometheus(sta
     q = prom.query(imp["queries"]["requests"], at=t1).scalar()
     assert q == pytest.approx(e["requests"], rel=0.15)
     text = drill.format_timeline(res)
-    assert f"impact (incident #{imp['incident']}): " in text and "requests failed" in text
+    assert f"impact (incident #{imp['incident']}): {imp['line']}" in text
+    assert re.search(r"\d+ requests? failed", imp["line"]), imp["line"]  # "1 request failed", "0 requests failed"
 
 
 def test_collective_hang_costs_the_jobs_gpu_hours(stack, results):
