@@ -122,14 +122,23 @@ class Analyzer:
     """Judges one canary against one baseline with ``config``'s metrics.
 
     ``canary`` / ``baseline``: PromQL label matchers injected into every query (e.g.
-    ``track="canary"``). Raises :class:`~gpuobs.canary.config.ConfigError` on a bad selector.
+    ``track="canary"``). ``history``: the matchers of the within-node design's pre-stage query
+    (:meth:`_pre_stage`), default ``baseline``: a rollout that relabels its canary nodes finds their
+    pre-stage series under the baseline's labels; a driver upgrade, which selects nodes by their
+    identity label (``Hostname=~"a|b"``), passes canary and baseline nodes together.
+    ``pre_stage_end``: unix seconds at which the pre-stage period ends, when that is before the
+    analysis window's start (a driver upgrade's batch: before the nodes were drained); default the
+    window's start. Raises :class:`~gpuobs.canary.config.ConfigError` on a bad selector.
     """
 
-    def __init__(self, client: PromClient, config: CanaryConfig, canary: str, baseline: str):
+    def __init__(self, client: PromClient, config: CanaryConfig, canary: str, baseline: str,
+                 history: str | None = None, pre_stage_end: float | None = None):
         self.client = client
         self.config = config
         self.canary = parse_selector(canary, "--canary")
         self.baseline = parse_selector(baseline, "--baseline")
+        self.history = parse_selector(history, "--history") if history else self.baseline
+        self.pre_stage_end = pre_stage_end
 
     def analyze(self, start: float, end: float | None = None, state: AnalysisState | None = None) -> Verdict:
         """Analyse the window [start, end] (unix seconds; ``end`` defaults to now).
@@ -318,7 +327,7 @@ class Analyzer:
         return (n - 1.0) / n
 
     def _baseline_nodes(self, spec: MetricSpec, lo: float, at: float, keep_before: float, common: np.ndarray,
-                        what: str) -> tuple[dict[str, np.ndarray], float] | None:
+                        what: str, selector: str | None = None) -> tuple[dict[str, np.ndarray], float] | None:
         """The baseline's bucket counts per node over ``[lo, at]``: ``sum by (le, <node_label>)
         (increase(<metric>_bucket{<baseline>}[at - lo]))`` evaluated at ``at``, ``lo`` cut one step after
         the baseline's first sample in the range (as :meth:`_data_window` cuts a look). Returns
@@ -327,15 +336,17 @@ class Analyzer:
         layout is broken, lacks any of the ``common`` bounds (:func:`~gpuobs.canary.stats.rebin` would
         read each missing bound at its nearest one: a healthy canary whose pre-stage buckets lacked the
         look's 0.1-1 s bounds was rolled back at -58% within-node) or whose counts are not finite is
-        left out. ``what`` names the query in NoData messages. Raises PrometheusError subclasses."""
+        left out. ``what`` names the query in NoData messages; ``selector``: the nodes' matchers (default
+        the baseline's). Raises PrometheusError subclasses."""
         cfg = self.config
         series = f"{spec.metric}_bucket"
-        first = self.first_sample(series, spec, self.baseline, lo, at)
+        selector = selector or self.baseline
+        first = self.first_sample(series, spec, selector, lo, at)
         if first is not None and first + cfg.step_s > lo:
             lo = first + cfg.step_s
         if lo >= keep_before - cfg.step_s:
             return None
-        sel = spec.selector(self.baseline)
+        sel = spec.selector(selector)
         q = f"sum by (le, {cfg.node_label}) (increase({series}{{{sel}}}[{max(1, round(at - lo))}s]))"
         try:
             r = self._instant(q, at, what)
@@ -399,7 +410,7 @@ class Analyzer:
         if cfg.pre_stage_s <= 0:
             return {}
         got = self._baseline_nodes(spec, stage_start - cfg.pre_stage_s, stage_start, stage_start, common,
-                                   "pre-stage baseline")
+                                   "pre-stage baseline", self.history)
         return {} if got is None else {node: c for node, c in got[0].items() if node}
 
     def _histogram(self, spec: MetricSpec, res: MetricResult, start: float, end: float,
@@ -476,7 +487,9 @@ class Analyzer:
         clustering = float(eb_u.sum() / max(nb_u.sum() * sides["baseline"]["factor"], 1e-9))
         history = self._node_history(spec, float(res.data_start if res.data_start is not None else start), end,
                                      common, x, min(1.0, clustering))
-        pre = self._pre_stage(spec, start - cfg.warmup_s, common)
+        pre_end = start - cfg.warmup_s
+        pre = self._pre_stage(spec, pre_end if self.pre_stage_end is None else min(pre_end, self.pre_stage_end),
+                              common)
         pre_arrays = None
         if pre:
             none = np.zeros(common.size + 1)

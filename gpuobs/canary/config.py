@@ -171,6 +171,13 @@ class CanaryConfig:
             raise ConfigError("warmup", warmup, f"a duration >= 0 and shorter than the horizon ({horizon:g} s)")
         return self._copy(horizon_s=horizon, interval_s=interval_s or self.interval_s, warmup_s=float(warmup))
 
+    def with_alpha(self, alpha: float) -> "CanaryConfig":
+        """A copy with another family-wise alpha, 0 < alpha < 0.5 (e.g. a driver upgrade's stage alpha
+        split between the GPU models it judges, Bonferroni). Raises ConfigError naming the field."""
+        if not 0 < alpha < 0.5:
+            raise ConfigError("alpha", alpha, "a number between 0 and 0.5")
+        return self._copy(alpha=float(alpha))
+
     def with_node_history(self, seconds: float) -> "CanaryConfig":
         """A copy reading the baseline's node spread over ``seconds`` (>= 0; 0 = the look's window
         only) before each look's window. Raises ConfigError naming the field."""

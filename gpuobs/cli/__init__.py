@@ -23,7 +23,7 @@ from gpuobs.core import log
 from gpuobs.core.errors import EXIT_INTERRUPTED, GpuobsError
 
 #: Command groups in the order ``gpuobs --help`` lists them (module names under gpuobs.cli).
-GROUPS = ("exporter", "logwatch", "pager", "incident", "fault", "stack", "compose", "drill", "rules", "doctor", "compat", "canary", "rollout", "flag", "remediate", "report")
+GROUPS = ("exporter", "logwatch", "pager", "incident", "fault", "stack", "compose", "drill", "rules", "doctor", "compat", "canary", "rollout", "flag", "upgrade", "remediate", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -86,6 +86,13 @@ FLAG = Kind("flag rollout", "flag", "flag.sqlite", "flag.lock", "flag controller
             resume_help="lift a pause; continue an unfinished flag rollout from its persisted state",
             abort_help="abort the active flag rollout: kill switch, flag off everywhere",
             pause_help="hold the flag rollout for a human decision (no look acted on, no stage advance)")
+UPGRADE = Kind("driver upgrade", "upgrade", "upgrade.sqlite", "upgrade.lock", "upgrade controller",
+               "roll back the regressed GPU model's nodes (an abort: every upgraded node)",
+               service="gpuobs-driver-upgrade", flags=False,
+               status_help="show the latest (or --id) driver upgrade: batches, per-GPU-model verdicts, drivers now",
+               resume_help="lift a pause; continue an unfinished driver upgrade from its persisted state",
+               abort_help="abort the active driver upgrade: every upgraded node back to its previous driver",
+               pause_help="hold the driver upgrade for a human decision: no look acted on, no next batch (recorded)")
 PROMOTE_HELP = "pass the current stage now, whatever the analysis says (recorded)"
 
 
@@ -100,6 +107,8 @@ class Driver:
     kind: Kind
     controller: Callable[..., Any]
     fleet: Callable[[StackState, str | None], Fleet]
+    #: Further keywords of the controller, from the fleet config (a driver upgrade: its identity label).
+    options: Callable[[FleetConfig], dict[str, Any]] = lambda cfg: {}
 
 
 # -- options and subcommands ------------------------------------------------------------------------
@@ -277,7 +286,7 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
         flag = parse_variant(spec.version if spec is not None else store.get(rid).version)[0] if kind.flags else None
         fleet = driver.fleet(stack, flag)
         ctl = driver.controller(store, fleet, PromSignals(client, fleet_cfg), analyzer_factory(client, args.config),
-                                out=lambda line: print(line, flush=True), tracer=tr)
+                                out=lambda line: print(line, flush=True), tracer=tr, **driver.options(fleet_cfg))
         rid = rid if spec is None else ctl.create(spec).id
         note(args, kind, store, rid, flag)
         try:
@@ -288,7 +297,7 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
         ended_in = store.stage(rec.id, rec.stage) if rec.stage >= 0 else None
         # the stack's rules link runbooks to its own pager: so do its notices
         line = send_notice(stack.urls.alertmanager, rec, str(args.run_dir), stack.runbook_base or fleet_cfg.runbook_base,
-                           flag=flag, stage=ended_in)  # RolledBack/... -> Alertmanager
+                           flag=flag, stage=ended_in, group=kind.group)  # RolledBack/... -> Alertmanager
         if line:
             print(line, flush=True)
             impact_line = notice_impact(client, fleet_cfg, rec, str(args.run_dir), stack.runbook_base or

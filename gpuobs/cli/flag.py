@@ -76,6 +76,7 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     flag = load(Path(args.releases) if args.releases else None).flag(args.name).name
     stack = decide.running_stack(args)
     decide.refuse_if_unfinished(args.run_dir, decide.RELEASE, "release rollout")  # it owns the canary labels
+    decide.refuse_if_unfinished(args.run_dir, decide.UPGRADE, "driver upgrade")  # its judge reads the fleet
     fleet = StackFlagFleet(stack, flag)
     on = [h for h in fleet.hosts if fleet.version(h).endswith("=on")]
     hosts = on + [h for h in fleet.hosts if h not in on]  # nodes already on form the first canary

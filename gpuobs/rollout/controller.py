@@ -91,7 +91,7 @@ class Controller:
         # versions_before: what the fleet ran when the rollout started (the report's baseline when
         # nothing gets deployed, e.g. a release the compatibility gate rejects)
         doc = {**spec.to_dict(), "label_snapshot": self.fleet.label_snapshot(),
-               "versions_before": {h: self.fleet.version(h) for h in spec.hosts}}
+               "versions_before": {h: self.fleet.version(h) for h in spec.hosts}, **self.record_extras(spec)}
         rec = self.store.create(RolloutRecord(rid, spec.version, PENDING, -1, doc))
         self._say(rec, f"created: {self.describe(spec)} on {len(spec.hosts)} serving "
                        f"node(s), stages {'/'.join(str(s) for s in spec.stages)} nodes")
@@ -104,6 +104,19 @@ class Controller:
     def describe(self, spec: RolloutSpec) -> str:
         """What is rolled out, for the first progress line."""
         return f"{spec.version} ({spec.engine}, CUDA {spec.cuda})"
+
+    def record_extras(self, spec: RolloutSpec) -> dict[str, Any]:
+        """Further keys persisted in the rollout's spec document at creation (none for a release)."""
+        return {}
+
+    def stage_analyzer(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord) -> Any:
+        """The analyzer of canary stage ``st``: ``analyzers(stage timeout, interval)`` (the canary
+        cohort is told apart by its ``track`` labels)."""
+        return self.analyzers(spec.stage_timeout_s, spec.interval_s)
+
+    def nodes_to_revert(self, rec: RolloutRecord) -> list[NodeRecord]:
+        """The nodes a rollback sets back: every touched node not reverted yet."""
+        return [n for n in self.store.nodes(rec.id) if n.status != "reverted"]
 
     def run(self, rollout_id: str) -> RolloutRecord:
         """Drive the rollout from its persisted state to a terminal state (or an incomplete rollback)."""
@@ -225,7 +238,7 @@ class Controller:
 
     def _analyse(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord) -> None:
         """Look every interval until PROMOTE, ROLLBACK, a page, the error limit or the deadline."""
-        analyzer = self.analyzers(spec.stage_timeout_s, spec.interval_s)
+        analyzer = self.stage_analyzer(rec, spec, st)
         state = AnalysisState.from_dict(st.analysis_state)
         name = self._stage_name(spec, st.idx)
         while st.status == "analysing":
@@ -416,9 +429,7 @@ class Controller:
         failed, reverted = [], []
         with self.tracer.start_as_current_span("rollout.rollback", attributes={
                 "rollback.target": rec.target, "rollback.reason": rec.reason}) as sp:
-            for node in self.store.nodes(rec.id):
-                if node.status == "reverted":
-                    continue
+            for node in self.nodes_to_revert(rec):
                 for attempt in range(3):
                     try:
                         current = self.fleet.version(node.hostname)

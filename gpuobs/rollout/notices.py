@@ -2,7 +2,8 @@
 
 Posted through Alertmanager's API v2 (``POST /api/v2/alerts``), so routing, grouping, inhibition and
 silences apply as to any alert. Labels: ``alertname`` = ``RolloutRolledBack`` | ``RolloutRejected`` |
-``RolloutAborted`` (``Flag``-prefixed for a feature-flag rollout), ``severity="warning"`` (the stack
+``RolloutAborted`` (``Flag``-prefixed for a feature-flag rollout; ``DriverUpgradeRolledBack`` ... for a
+driver upgrade, ``gpuobs upgrade``), ``severity="warning"`` (the stack
 routes warnings to the ``ticket`` receiver: the platform already returned to the known release; a
 person has to decide what next), ``rollout`` (id), ``version``. Annotations: ``summary``,
 ``description`` (at most :data:`MAX_DESCRIPTION_LINES` short lines, :func:`description`: where it
@@ -38,9 +39,24 @@ MAX_DESCRIPTION_LINES = 5
 MAX_LINE_CHARS = 200
 
 
-def alertnames(flag: bool = False) -> list[str]:
-    """Every notice alertname, of release rollouts or (``flag``) of feature-flag rollouts."""
-    return [("Flag" if flag else "") + name for name in NOTICE_STATES.values()]
+#: The command group of driver upgrades (``gpuobs upgrade``), whose notices are ``DriverUpgrade<State>``.
+UPGRADE_GROUP = "upgrade"
+
+
+def alertnames(flag: bool = False, group: str = "rollout") -> list[str]:
+    """Every notice alertname, of release rollouts, (``flag``) of feature-flag rollouts, or (``group``
+    ``upgrade``) of driver upgrades."""
+    return [_alertname(state, flag, group) for state in NOTICE_STATES]
+
+
+def _alertname(state: str, flag: bool, group: str) -> str:
+    if group == UPGRADE_GROUP:
+        return "DriverUpgrade" + state
+    return ("Flag" if flag else "") + NOTICE_STATES[state]
+
+
+def _noun(group: str) -> str:
+    return "Driver upgrade" if group == UPGRADE_GROUP else "Rollout"
 
 
 def _cut(text: str) -> str:
@@ -49,7 +65,7 @@ def _cut(text: str) -> str:
     return one if len(one) <= MAX_LINE_CHARS else one[:MAX_LINE_CHARS - 3].rstrip() + "..."
 
 
-def description(rec: Any, run_dir: str, stage: Any = None, flag: str | None = None) -> str:
+def description(rec: Any, run_dir: str, stage: Any = None, flag: str | None = None, group: str = "rollout") -> str:
     """The ticket's description, at most :data:`MAX_DESCRIPTION_LINES` lines: the rollout, its end
     state and the stage it ended in (``stage``: that stage's
     :class:`~gpuobs.rollout.store.StageRecord`, None when none ran); the deciding test's metric,
@@ -59,7 +75,10 @@ def description(rec: Any, run_dir: str, stage: Any = None, flag: str | None = No
     total = len(rec.spec.get("stages") or [])
     where = (f"in stage {stage.idx + 1}/{total} ({len(stage.hosts)} of {len(hosts)} serving node(s))"
              if stage is not None else f"before any stage (nothing deployed on its {len(hosts)} serving node(s))")
-    lines = [f"Rollout {rec.id} of {rec.version} ended {rec.state} {where}."]
+    what = "batch" if group == UPGRADE_GROUP else "stage"
+    where = where.replace("stage", what) if stage is not None else where
+    lines = [f"{_noun(group)} {rec.id} {'to' if group == UPGRADE_GROUP else 'of'} {rec.version} ended {rec.state} "
+             f"{where}."]
     doc = (stage.verdict_doc or {}) if stage is not None else {}
     deciding = doc.get("deciding") or []
     if rec.state == ROLLED_BACK and str(rec.reason).startswith(CANARY_ROLLBACK) and deciding:
@@ -67,13 +86,13 @@ def description(rec: Any, run_dir: str, stage: Any = None, flag: str | None = No
         lines.append(_cut(f"Deciding: {deciding_line(deciding[0])}{more}"))
     else:
         lines.append(_cut(f"Why: {rec.reason or 'no reason recorded'}"))
-    group = "rollout" if flag is None else "flag"
+    group = "flag" if flag is not None else group
     lines.append(f"Report: gpuobs {group} status --run-dir {run_dir} --id {rec.id} (the HTML report: the commands in the report annotation)")
     return "\n".join(lines[:MAX_DESCRIPTION_LINES])
 
 
 def notice(rec: Any, run_dir: str, runbook_base: str, now: float | None = None, flag: str | None = None,
-           stage: Any = None) -> dict[str, Any] | None:
+           stage: Any = None, group: str = "rollout") -> dict[str, Any] | None:
     """The Alertmanager alert for a finished rollout record, or None when its state raises none.
 
     ``runbook_base``: the fleet config's runbook base (``runbook_url`` is
@@ -81,20 +100,20 @@ def notice(rec: Any, run_dir: str, runbook_base: str, now: float | None = None, 
     :class:`~gpuobs.rollout.store.StageRecord` the rollout ended in (for :func:`description`).
     ``flag``: the record is a feature-flag rollout (``gpuobs flag``) of that flag: the alertname is
     prefixed ``Flag`` (``FlagRolloutRolledBack``...), a ``flag`` label is added and the report
-    command reads ``gpuobs flag status``."""
-    name = NOTICE_STATES.get(rec.state)
-    if name is None:
+    command reads ``gpuobs flag status``. ``group``: the command group (``upgrade``: a driver upgrade,
+    ``DriverUpgrade<State>``, ``gpuobs upgrade status``)."""
+    if rec.state not in NOTICE_STATES:
         return None
     t = time.time() if now is None else now
-    group = "rollout" if flag is None else "flag"
+    alertname = _alertname(rec.state, flag is not None, group)
+    group = "flag" if flag is not None else group
     report = (f"gpuobs {group} status --run-dir {run_dir} --id {rec.id} --json > {rec.id}.json && "
               f"gpuobs report rollout --run-dir {run_dir} --file {rec.id}.json")
-    alertname = name if flag is None else "Flag" + name
     labels = {"alertname": alertname, "severity": "warning", "rollout": rec.id,
               "version": rec.version, **({} if flag is None else {"flag": flag})}
     annotations = {
-        "summary": f"Rollout of {rec.version} ended {rec.state}",
-        "description": description(rec, run_dir, stage, flag),
+        "summary": f"{_noun(group)} {'to' if group == UPGRADE_GROUP else 'of'} {rec.version} ended {rec.state}",
+        "description": description(rec, run_dir, stage, flag, group),
         "report": report,
         "runbook_url": runbook_url(runbook_base, RUNBOOK_FILE, alertname),
     }
@@ -109,11 +128,11 @@ def notice(rec: Any, run_dir: str, runbook_base: str, now: float | None = None, 
 
 
 def send(alertmanager_url: str, rec: Any, run_dir: str, runbook_base: str, flag: str | None = None,
-         stage: Any = None) -> str | None:
+         stage: Any = None, group: str = "rollout") -> str | None:
     """Post the notice of ``rec`` (if its state raises one; arguments as :func:`notice`); returns a
     line for the operator, or None when there is nothing to send. Never raises: a notice that cannot
     be sent is reported, not fatal."""
-    alert = notice(rec, run_dir, runbook_base, flag=flag, stage=stage)
+    alert = notice(rec, run_dir, runbook_base, flag=flag, stage=stage, group=group)
     if alert is None:
         return None
     try:

@@ -1,0 +1,134 @@
+"""``gpuobs upgrade run|status|abort|resume|pause|promote``: the driver fleet upgrade's command line.
+
+A thin command over :class:`gpuobs.rollout.driver.DriverController` (the rollout controller with
+batches stratified by GPU model, a verdict per model against each node's own history, and the
+regressed model's rollback) on the native stack of ``--run-dir`` (``<run>/stack.json``): its
+serving nodes through their admin API (:class:`gpuobs.rollout.adapters.drivers.StackDriverFleet`),
+its Prometheus. The database is ``<run>/upgrade.sqlite``, one controller at a time holds
+``<run>/upgrade.lock``. Exit codes as ``gpuobs rollout``: 0 Succeeded, 1 RolledBack / Rejected /
+rollback incomplete, 3 Aborted, 2 usage or input error (one ``error:`` line on stderr). What this
+group shares with ``gpuobs rollout`` and ``gpuobs flag`` is :mod:`gpuobs.cli.decide` (docs/upgrade.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gpuobs.cli import decide
+from gpuobs.cli.common import fail
+from gpuobs.reference.releases import load
+from gpuobs.rollout.adapters.drivers import StackDriverFleet
+from gpuobs.rollout.driver import DriverController, check_models, driver_spec, parse_batches, short_model
+from gpuobs.rollout.interfaces import FleetError
+from gpuobs.rollout.model import RolloutSpec, UsageError
+from gpuobs.rollout.report import report
+from gpuobs.stack.state import StackState
+from gpuobs.stack.supervisor import load_state
+
+RUN_EPILOG = """examples:
+  gpuobs upgrade run --driver 570.172.08
+  gpuobs upgrade run --driver 570.195.03 --batches canary,25%,50%,100% --interval 15s --batch-timeout 10m
+exit codes: 0 Succeeded, 1 RolledBack or Rejected, 3 Aborted (inconclusive, aborted, Prometheus errors), 2 usage"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``upgrade`` (``run``, ``status``, ``abort``, ``resume``, ``pause``, ``promote``); each leaf sets
+    ``func(args) -> int``."""
+    up = subparsers.add_parser("upgrade", help="driver fleet upgrade: stratified batches judged per GPU model, "
+                                               "automatic rollback",
+                               description="NVIDIA driver upgrade of the serving fleet: compatibility gate, batches "
+                                           "stratified by GPU model (cordon, drain, install, health check, "
+                                           "uncordon), each model's upgraded nodes judged against their own "
+                                           "history, the regressed model rolled back (docs/upgrade.md).")
+    sub = up.add_subparsers(dest="upgrade_command", metavar="{run,status,abort,resume,pause,promote}", required=True)
+    common = decide.group_options()
+    r = sub.add_parser("run", parents=[common], help="start a driver upgrade and drive it to the end",
+                       epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("--driver", required=True, help="target NVIDIA driver version, e.g. 570.172.08")
+    r.add_argument("--batches", default="canary,25%,50%,100%",
+                   help="cumulative node counts (1), shares (25%%) or 'canary' (one node of every GPU model) "
+                        "(default canary,25%%,50%%,100%%)")
+    r.add_argument("--interval", default="15s", help="analysis look interval (default 15s)")
+    r.add_argument("--batch-timeout", dest="stage_timeout", default="10m",
+                   help="analysis deadline per batch = analysis horizon (default 10m)")
+    r.add_argument("--settle", default="15s", help="wait after a batch is back in service before its analysis "
+                                                   "window opens (default 15s)")
+    r.add_argument("--bake", default=None, help="SLO-page watch after the last batch (default: one interval)")
+    r.add_argument("--error-limit", type=int, default=3, help="consecutive Prometheus errors before abort (3)")
+    r.add_argument("--releases", default=None, metavar="FILE",
+                   help="release catalogue the fleet's release is read from (default: the packaged one)")
+    r.add_argument("--override-freeze", action="store_true", help="start/continue despite an exhausted error budget")
+    r.add_argument("--reason", help="why the freeze is overridden (required with --override-freeze; recorded)")
+    r.set_defaults(func=run_upgrade)
+    decide.add_decision_commands(sub, common, DRIVER, run_status)
+
+
+def _fleet(stack: StackState, flag: None = None) -> StackDriverFleet:
+    """The driver upgrade's fleet: the stack's serving nodes (``flag`` is always None)."""
+    return StackDriverFleet(stack)
+
+
+DRIVER = decide.Driver(decide.UPGRADE, DriverController, _fleet,
+                       options=lambda cfg: {"identity_label": cfg.identity_label})
+
+
+def run_upgrade(args: argparse.Namespace) -> int:
+    """Handler of ``upgrade run``."""
+    return decide.start(DRIVER, args, _plan, "--driver")
+
+
+def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
+    """``upgrade run``'s spec: driver ``--driver`` over the running stack's serving nodes, in
+    ``--batches`` stratified by GPU model; the release the fleet runs from the catalogue (the
+    compatibility gate re-checks it on the new driver). Raises UsageError (no running stack, another
+    rollout unfinished, nodes on different releases, bad batches), FleetError, CatalogueError,
+    KeyError (a release not in the catalogue), ConfigError (a bad duration)."""
+    from gpuobs.reference.compat import CompatInputError, parse_driver
+
+    try:
+        parse_driver(args.driver)
+    except CompatInputError as err:
+        raise UsageError(f"--driver: {err}") from None
+    stack = decide.running_stack(args)
+    decide.refuse_if_unfinished(args.run_dir, decide.RELEASE, "release rollout")
+    decide.refuse_if_unfinished(args.run_dir, decide.FLAG, "flag rollout")
+    fleet = StackDriverFleet(stack)
+    models = {h: fleet.model(h) for h in fleet.hosts}
+    check_models(models)
+    versions = {h: fleet_release(stack, h) for h in fleet.hosts}
+    if len(set(versions.values())) != 1:
+        raise UsageError("the serving nodes run different releases (" + ", ".join(
+            f"{h} {v}" for h, v in versions.items()) + "): finish that release rollout before a driver upgrade")
+    release = load(Path(args.releases) if args.releases else None).get(next(iter(versions.values())))
+    hosts, counts = parse_batches(args.batches, models)
+    print("upgrade plan: " + "; ".join(
+        f"batch {i + 1}: " + ", ".join(f"{h} ({short_model(models[h])})" for h in hosts[lo:hi])
+        for i, (lo, hi) in enumerate(zip([0, *counts[:-1]], counts))), flush=True)
+    return driver_spec(args.driver, release.engine, release.cuda, hosts, counts, **decide.timings(args, interval))
+
+
+def fleet_release(stack: StackState, host: str) -> str:
+    """The release ``host`` runs (``GET /admin/deploy``). Raises FleetError."""
+    from gpuobs.rollout.adapters.native import StackFleet
+
+    return StackFleet(stack).version(host)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """Handler of ``upgrade status``: prints the report (0), or 2 when there is no driver upgrade."""
+    try:
+        with decide.open_store(args.run_dir, decide.UPGRADE) as store:
+            stack = load_state(Path(args.run_dir))
+            prometheus = args.prometheus or (stack.urls.prometheus if stack else None)
+            rec = decide.pick(args, store, decide.UPGRADE)
+            fleet = None
+            if stack and stack.running and not args.json:
+                try:
+                    fleet = StackDriverFleet(stack)
+                except FleetError:
+                    fleet = None
+            print(report(store, rec.id, fleet, args.json, prometheus, decide.UPGRADE.group))
+    except (UsageError, KeyError) as err:
+        return fail(decide.problem(err))
+    return 0

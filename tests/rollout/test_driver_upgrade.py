@@ -1,0 +1,199 @@
+"""The driver upgrade controller (gpuobs.rollout.driver) over fakes: stratified batches, the driver's
+compatibility gate, one verdict per GPU model with its own baseline and alpha share, the regressed
+model's rollback only, health-check failures, and kill -9 in every phase of a batch then resume
+without upgrading or rolling back any node twice."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from gpuobs.rollout.driver import (
+    DriverController,
+    batch_groups,
+    driver_spec,
+    parse_batches,
+    short_model,
+    stratify,
+)
+from gpuobs.rollout.model import ABORTED, REJECTED, ROLLED_BACK, SUCCEEDED, UsageError
+from gpuobs.rollout.store import RolloutStore
+from tests.fakes.driver_fleet import H100, L40S, NEW, OLD, PHASES, FakeDriverFleet, ModelScript, mixed_models
+from tests.fakes.rollout import Crash, FakeClock, FakeSignals
+
+T_BATCHES = "canary,50%,100%"
+
+
+def test_short_model_names():
+    assert short_model(H100) == "H100" and short_model(L40S) == "L40S" and short_model("Tesla V100-SXM2-32GB") == \
+        "V100-SXM2-32GB"
+
+
+def test_stratify_puts_one_node_of_every_model_first_rarest_first():
+    models = mixed_models(19, 1)
+    order = stratify(models)
+    assert order[:2] == ["gpu-node-19", "gpu-node-00"]  # the one L40S, then the first H100
+    assert sorted(order) == sorted(models) and len(set(order)) == 20
+    three = {**mixed_models(4, 0), "a-l40s": L40S, "b-l40s": L40S, "c-a100": "NVIDIA A100-SXM4-80GB"}
+    first = stratify(three)[:3]
+    assert [three[h] for h in first] == ["NVIDIA A100-SXM4-80GB", L40S, H100]
+    # the remaining nodes of each model are spread: the second L40S is not left to the very end
+    rest = stratify(three)[3:]
+    assert rest.index("b-l40s") < len(rest) - 1
+
+
+def test_parse_batches_canary_token_counts_the_models():
+    hosts, counts = parse_batches("canary,25%,50%,100%", mixed_models(19, 1))
+    assert counts == [2, 5, 10, 20] and hosts[0] == "gpu-node-19"
+    with pytest.raises(UsageError, match="--batches"):
+        parse_batches("canary,x", mixed_models(3, 1))
+    with pytest.raises(UsageError, match="baseline"):
+        parse_batches("100%", mixed_models(3, 1))
+
+
+def test_batch_groups_use_the_models_own_baseline_else_every_node_left_with_a_note():
+    models = mixed_models(5, 1)
+    g = batch_groups(models, ["gpu-node-05", "gpu-node-00"], ["gpu-node-01", "gpu-node-02", "gpu-node-03"])
+    assert g[H100] == (["gpu-node-00"], ["gpu-node-01", "gpu-node-02", "gpu-node-03"], "")
+    canary, base, note = g[L40S]
+    assert canary == ["gpu-node-05"] and base == ["gpu-node-01", "gpu-node-02", "gpu-node-03"]
+    assert "no L40S node is left on the old driver" in note
+    assert batch_groups(models, ["gpu-node-01"], []) == {}
+
+
+def _rig(tmp_path, script, models=None, fleet=None, **signal_kw):
+    models = models or mixed_models(5, 1)
+    clock = FakeClock()
+    fleet = fleet or FakeDriverFleet(models)
+    signals = FakeSignals(clock, inventory_rows=fleet.inventory(), **signal_kw)
+    factory = ModelScript(models, script)
+    store = RolloutStore(tmp_path / "upgrade.sqlite", clock=clock)
+    lines: list[str] = []
+
+    def controller():
+        return DriverController(store, fleet, signals, factory, clock=clock, sleep=clock.sleep, out=lines.append,
+                                identity_label="Hostname")
+
+    hosts, counts = parse_batches(T_BATCHES, models)
+    spec = driver_spec(NEW, "vllm==0.10.1", "12.8", hosts, counts, interval_s=10.0, stage_timeout_s=120.0,
+                       settle_s=5.0, bake_s=10.0)
+    return store, fleet, factory, controller, spec, lines
+
+
+def test_clean_driver_reaches_every_node_and_each_model_is_judged_on_its_own(tmp_path):
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, {H100: ["HOLD", "PROMOTE"], L40S: ["PROMOTE"]})
+    ctl = controller()
+    rec = ctl.run(ctl.create(spec).id)
+    assert rec.state == SUCCEEDED, rec.reason
+    assert set(fleet.drivers.values()) == {NEW} and not fleet.cordoned
+    assert collections.Counter(h for h, _ in fleet.installs) == dict.fromkeys(fleet.models, 1)
+    # batch 1: one analyzer per model, Bonferroni halves; L40S against the H100s left (none of its own)
+    first = [m for m in factory.made if m[1] in (["gpu-node-05"], ["gpu-node-00"])]
+    assert {m[0] for m in first} == {H100, L40S}
+    cfg_alpha = factory.config.alpha
+    assert all(abs(a - cfg_alpha / 2) < 1e-12 for _, _, _, a, _ in first)
+    l40s = next(m for m in first if m[0] == L40S)
+    assert "gpu-node-05" not in l40s[2] and "gpu-node-00" not in l40s[2] and len(l40s[2]) == 4
+    # the pre-stage period ends when the batch began (before the drain), not at the analysis start
+    st0 = store.stage(rec.id, 0)
+    assert l40s[4] == st0.started_at < st0.analysis_start
+    # L40S promoted at its first look and is not looked at again; H100 needed two
+    assert [m for m, _, _ in factory.looks[:3]] == [H100, L40S, H100]
+    doc = st0.verdict_doc
+    assert doc["by_model"] == {H100: "PROMOTE", L40S: "PROMOTE"}
+    assert any(m["name"].startswith("H100:") for m in doc["metrics"])  # the deciding look: H100 only
+
+
+def test_a_regressed_model_is_rolled_back_alone_and_the_upgrade_halts(tmp_path):
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, {H100: ["PROMOTE"], L40S: ["HOLD", "ROLLBACK"]})
+    ctl = controller()
+    rec = ctl.run(ctl.create(spec).id)
+    assert rec.state == ROLLED_BACK
+    assert "L40S:" in rec.reason and "canary analysis ROLLBACK" in rec.reason
+    assert fleet.drivers["gpu-node-05"] == OLD  # the L40S back on the old driver
+    assert fleet.drivers["gpu-node-00"] == NEW  # the H100 canary passed: it keeps the new driver
+    assert all(fleet.drivers[h] == OLD for h in ("gpu-node-01", "gpu-node-02", "gpu-node-03", "gpu-node-04"))
+    assert fleet.installs == [("gpu-node-05", NEW), ("gpu-node-00", NEW), ("gpu-node-05", OLD)]
+    assert not fleet.cordoned
+    assert store.stage(rec.id, 1) is None  # no second batch
+
+
+def test_an_operator_abort_rolls_every_upgraded_node_back(tmp_path):
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, {H100: ["PROMOTE"], L40S: ["PROMOTE"],
+                                                                     })
+    factory.script = {H100: ["PROMOTE", "HOLD"], L40S: ["PROMOTE", "HOLD"]}
+    ctl = controller()
+    rid = ctl.create(spec).id
+    fleet.crash_in = {("gpu-node-01", "uncordon")}
+    with pytest.raises(Crash):
+        ctl.run(rid)
+    rec = controller().abort(rid, "change freeze")
+    assert rec.state == ABORTED
+    assert set(fleet.drivers.values()) == {OLD} and not fleet.cordoned
+
+
+def test_health_check_failure_rolls_the_model_back(tmp_path):
+    models = mixed_models(5, 1)
+    fleet = FakeDriverFleet(models, diag_fails={(L40S, NEW)})
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, {H100: ["PROMOTE"], L40S: ["PROMOTE"]},
+                                                          models, fleet)
+    ctl = controller()
+    rec = ctl.run(ctl.create(spec).id)
+    assert rec.state == ROLLED_BACK and "health check failed" in rec.reason
+    assert fleet.drivers["gpu-node-05"] == OLD and fleet.drivers["gpu-node-00"] == NEW
+    assert not fleet.cordoned and not factory.looks  # no analysis ran
+
+
+def test_the_compatibility_gate_rejects_before_any_node_is_touched(tmp_path):
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, {H100: ["PROMOTE"], L40S: ["PROMOTE"]})
+    ctl = controller()
+    bad = driver_spec(NEW, "vllm==0.26.0", "13.0", spec.hosts, spec.stages)  # CUDA 13 needs a 580 driver
+    rec = ctl.run(ctl.create(bad).id)
+    assert rec.state == REJECTED and "compatibility gate" in rec.reason
+    assert not fleet.installs and not fleet.cordoned
+
+
+def test_nodes_an_operator_or_remediation_cordoned_are_not_touched(tmp_path):
+    models = mixed_models(5, 1)
+    fleet = FakeDriverFleet(models, cordoned={"gpu-node-00": "human"})
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, {H100: ["PROMOTE"], L40S: ["PROMOTE"]},
+                                                          models, fleet)
+    ctl = controller()
+    rec = ctl.run(ctl.create(spec).id)
+    assert rec.state == ABORTED and "cordoned by human" in rec.reason
+    assert fleet.cordoned == {"gpu-node-00": "human"} and set(fleet.drivers.values()) == {OLD}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("outcome", ["good", "regressed"])
+def test_kill_in_every_phase_then_resume_upgrades_and_rolls_back_each_node_once(tmp_path, phase, outcome):
+    script = {H100: ["PROMOTE"], L40S: ["PROMOTE"] if outcome == "good" else ["ROLLBACK"]}
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, script)
+    rid = controller().create(spec).id
+    # killed in the phase on the second batch's first node (good) or in the L40S rollback (regressed)
+    victim = spec.hosts[2] if outcome == "good" else "gpu-node-05"
+    fleet.crash_in = {(victim, phase)}
+    if outcome == "regressed":
+        real = fleet.upgrade
+
+        def upgrade(hosts, version, real=real):  # arm the crash only for the rollback's procedure
+            if version == NEW:
+                saved, fleet.crash_in = fleet.crash_in, set()
+                try:
+                    return real(hosts, version)
+                finally:
+                    fleet.crash_in = saved
+            return real(hosts, version)
+        fleet.upgrade = upgrade
+    with pytest.raises(Crash):
+        controller().run(rid)
+    rec = controller().run(rid)
+    assert rec.state == (SUCCEEDED if outcome == "good" else ROLLED_BACK), rec.reason
+    counts = collections.Counter(fleet.installs)
+    assert all(n == 1 for n in counts.values()), counts
+    assert not fleet.cordoned
+    if outcome == "good":
+        assert set(fleet.drivers.values()) == {NEW}
+    else:
+        assert fleet.drivers["gpu-node-05"] == OLD and fleet.drivers["gpu-node-00"] == NEW
