@@ -189,7 +189,7 @@ class FakeSession:
             assert name == self.errors_metric, q
             pods, want = self._select(matchers, at)
             reason = want.get("finished_reason")
-            if reason == "error" and pods and pods[0].labels["track"] == self.gap_track and round(at, 3) in self.gap_at:
+            if reason == "error" and pods and pods[0].labels.get("track") == self.gap_track and round(at, 3) in self.gap_at:
                 self.missing = True
                 return []
             cols = [REASONS.index(reason)] if reason else list(range(len(REASONS)))
