@@ -19,10 +19,10 @@ EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
 DRILL_RUN_DIR ?= .run-drills
 DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --remediate-port 19098 --base-port 19400 --engine-base-port 18000
 
-.PHONY: help venv binaries up up-ha down status images test-compose test test-faults lint rules drills drills-ha drills-remediation bench bench-canary bench-latency bench-scale clean
+.PHONY: help venv binaries up up-ha up-compose-ha down status images test-compose test test-faults lint rules drills drills-ha drills-remediation bench bench-canary bench-latency bench-scale clean
 
 help:
-	@echo "make up | up-ha | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | drills-ha |"
+	@echo "make up | up-ha | up-compose-ha | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | drills-ha |"
 	@echo "     rollout-good | rollout-bad | rollout-incompatible | flag-good | flag-bad | bench | bench-canary | bench-latency | bench-scale | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
@@ -63,6 +63,15 @@ up-ha: venv binaries
 	@mkdir -p $(RUN_DIR)
 	@echo native > $(RUN_DIR)/mode
 	$(STACK_UP) --topology ha $(HA_FLAGS)
+
+# The same HA topology as Docker Compose services (the Compose profile `ha`, docs/compose.md): needs the
+# engine, the Compose plugin and the images (`make images`); no native fallback. `make down`/`status` act on it.
+up-compose-ha: venv
+	@$(STACK_UP) --check >/dev/null
+	@mkdir -p $(RUN_DIR)
+	@why=$$($(COMPOSE_PY) check --topology ha 2>&1) || { echo "$$why (make up-ha runs the HA topology natively)"; exit 1; }
+	@echo compose > $(RUN_DIR)/mode
+	$(COMPOSE_PY) up --topology ha --run-dir $(RUN_DIR)
 
 down: venv
 	@if [ "$$(cat $(RUN_DIR)/mode 2>/dev/null)" = compose ]; then $(COMPOSE_PY) down --run-dir $(RUN_DIR); \

@@ -3,10 +3,12 @@
 #   gpuobs-python:bookworm        Debian bookworm minbase + python3, python3-venv, iproute2 (mmdebstrap)
 #   gpuobs-prometheus:bookworm    Debian bookworm minbase + prometheus (2.42), wget for the healthcheck
 #   gpuobs-alertmanager:bookworm  Debian bookworm minbase + prometheus-alertmanager (0.25), wget
+#   gpuobs-victoria-metrics:bookworm  Debian bookworm minbase + victoria-metrics (1.79: victoria-metrics
+#                                 and vmalert), wget; only the compose profile `ha` uses it
 #   gpuobs:<version>              compose/Dockerfile on gpuobs-python, installed from a wheelhouse that
 #                                 `pip wheel` builds on this host (build/wheelhouse); built with
 #                                 --network none, so nothing is fetched while the image builds.
-# The three root filesystems come from Debian packages (a Debian mirror, not a registry), are made by
+# The root filesystems come from Debian packages (a Debian mirror, not a registry), are made by
 # `mmdebstrap --variant=minbase` and turned into images with `docker import`. An image that already
 # exists is kept (they change only with Debian point releases); GPUOBS_REBUILD=1 rebuilds them.
 # Mirrors: GPUOBS_DEBIAN_MIRROR (default http://deb.debian.org/debian) and GPUOBS_DEBIAN_SECURITY
@@ -56,7 +58,7 @@ rootfs() {
 }
 
 PATHS='ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
-# The three root filesystems build in parallel (mostly download and unpack time), each into its log.
+# The root filesystems build in parallel (mostly download and unpack time), each into its log.
 logs=$(mktemp -d --tmpdir gpuobs-rootfs-logs.XXXXXX)
 rootfs gpuobs-python:$SUITE python3,python3-venv,iproute2 'true' "$PATHS" 'CMD ["python3"]' >"$logs/python" 2>&1 &
 # Storage directories owned by the package's own `prometheus` user (its postinst creates it), so the
@@ -69,9 +71,15 @@ rootfs gpuobs-alertmanager:$SUITE prometheus-alertmanager,wget \
   'chroot "$1" install -d -o prometheus -g prometheus -m 0750 /alertmanager' \
   "$PATHS" 'USER prometheus' 'WORKDIR /alertmanager' 'EXPOSE 9093' 'ENTRYPOINT ["/usr/bin/prometheus-alertmanager"]' \
   >"$logs/alertmanager" 2>&1 &
+# The HA profile's global store and vmalert: Debian's victoria-metrics package ships both binaries; its
+# postinst creates the `_victoria-metrics` user, which owns the storage directory.
+rootfs gpuobs-victoria-metrics:$SUITE victoria-metrics,wget \
+  'chroot "$1" install -d -o _victoria-metrics -g _victoria-metrics -m 0750 /victoria-metrics' \
+  "$PATHS" 'USER _victoria-metrics' 'WORKDIR /victoria-metrics' 'EXPOSE 8428' 'ENTRYPOINT ["/usr/bin/victoria-metrics"]' \
+  >"$logs/victoria-metrics" 2>&1 &
 failed=0
 for job in $(jobs -p); do wait "$job" || failed=1; done
-cat "$logs/python" "$logs/prometheus" "$logs/alertmanager"
+cat "$logs/python" "$logs/prometheus" "$logs/alertmanager" "$logs/victoria-metrics"
 rm -rf "$logs"
 [ "$failed" = 0 ] || { echo "build-images: a root filesystem failed to build (above)" >&2; exit 1; }
 

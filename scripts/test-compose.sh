@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test-compose`: the compose stack for real (tests/live/test_compose.py), with timings.
+# `make test-compose`: the compose stack for real (tests/live/test_compose.py, and the profile `ha`:
+# tests/live/test_compose_ha.py), with timings.
 #   1. the Docker engine and Compose plugin (scripts/ensure-docker.sh: installed and started if needed,
 #      as root); where the engine cannot run at all, the test is reported SKIPPED with the reason;
 #   2. the images (scripts/build-images.sh; existing Debian root filesystems are kept);
@@ -29,14 +30,14 @@ stop_engine() {
 if ! why=$(scripts/ensure-docker.sh --started-file "$started" 2>&1); then
   echo "$why"
   reason=$(echo "$why" | tail -n 1)
-  GPUOBS_COMPOSE_SKIP="$reason" "$PY" -m pytest -q -rs tests/live/test_compose.py
+  GPUOBS_COMPOSE_SKIP="$reason" "$PY" -m pytest -q -rs tests/live/test_compose.py tests/live/test_compose_ha.py
   exit $?
 fi
 [ -n "$why" ] && echo "$why"
 t1=$(date +%s)
 scripts/build-images.sh || { stop_engine; exit 1; }
 t2=$(date +%s)
-GPUOBS_COMPOSE_TEST=1 "$PY" -m pytest -q -rs --durations=3 tests/live/test_compose.py "$@"
+GPUOBS_COMPOSE_TEST=1 "$PY" -m pytest -q -rs --durations=3 tests/live/test_compose.py tests/live/test_compose_ha.py "$@"
 rc=$?
 t3=$(date +%s)
 stop_engine || rc=1

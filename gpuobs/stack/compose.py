@@ -12,6 +12,13 @@ what the drills and reports need: the project, the containers of the nodes, the 
 Prometheus, Alertmanager and the pager. Grafana and Jaeger (Compose profiles ``grafana``/``jaeger``)
 start only when their images have been loaded (``docker load``).
 
+``up --topology ha`` runs the Compose profile ``ha`` instead of the single Prometheus and Alertmanager:
+the native HA topology's members (:mod:`gpuobs.stack.ha`: 2 Prometheus shards x 2 replicas, a
+3-member Alertmanager cluster gossiping by service name, VictoriaMetrics with replica dedup, vmalert
+with the fleet-wide rules) in containers, next to the same node containers and pager. It renders the
+files they mount with :func:`gpuobs.stack.ha.render_compose_ha` into ``<run>/compose-ha``
+(``GPUOBS_HA_DIR``) and names the services to start, so the single pipeline stays down.
+
 :class:`ComposeAdmin` is the drills' access to a node container: the fault admin API listens on the
 container's loopback only (docs/faults.md), so calls go through ``docker exec`` as the gpuobs user with the
 admin token in the container's tmpfs; the ``down`` fault stops the container itself (``docker stop``)
@@ -38,6 +45,11 @@ COMPOSE_FILE = (assets.checkout_root() or Path.cwd()) / "compose" / "docker-comp
 DEFAULT_PROJECT = "gpuobs"
 #: Optional services, started only when their image is present (Compose profiles of the same name).
 OPTIONAL_PROFILES = ("grafana", "jaeger")
+#: The HA profile (``up --topology ha``); its services replace the single Prometheus and Alertmanager.
+HA_PROFILE = "ha"
+SINGLE_ONLY = ("prometheus", "alertmanager")
+TOPOLOGIES = ("single", "ha")
+HA_DIR = "compose-ha"
 #: The node containers' admin API and token, inside each container (compose/docker-compose.yml).
 NODE_ADMIN_URL = "http://127.0.0.1:9400"
 NODE_TOKEN_FILE = "/run/gpuobs/admin-token"
@@ -93,24 +105,33 @@ def compose_cmd(project: str, *profiles: str, compose_file: Path = COMPOSE_FILE)
 def images(env: dict | None = None) -> dict[str, str]:
     """Service -> image of every service, optional profiles included, with GPUOBS_* overrides applied
     (from ``docker compose config``). Raises ComposeError if Compose cannot read the file."""
-    proc = _run(compose_cmd(DEFAULT_PROJECT, *OPTIONAL_PROFILES) + ["config", "--format", "json"], env=env)
-    return {name: svc["image"] for name, svc in json.loads(proc.stdout)["services"].items() if "image" in svc}
+    return {name: svc["image"] for name, svc in _all_services(env).items() if "image" in svc}
+
+
+def _all_services(env: dict | None = None) -> dict[str, dict]:
+    """Service -> its config (``docker compose config``), every profile included."""
+    proc = _run(compose_cmd(DEFAULT_PROJECT, *OPTIONAL_PROFILES, HA_PROFILE) + ["config", "--format", "json"], env=env)
+    return json.loads(proc.stdout)["services"]
 
 
 def image_present(image: str) -> bool:
     return _run(["docker", "image", "inspect", image], check=False).returncode == 0
 
 
-def check(env: dict | None = None) -> tuple[bool, str, list[str]]:
-    """(usable, one-line reason, optional profiles whose images are present)."""
+def check(env: dict | None = None, topology: str = "single") -> tuple[bool, str, list[str]]:
+    """(usable, one-line reason, optional profiles whose images are present). ``topology``: ``single``
+    needs every service without a profile; ``ha`` the nodes, the pager and the ``ha`` profile's services."""
+    if topology not in TOPOLOGIES:
+        raise ComposeError(f"topology must be one of {', '.join(TOPOLOGIES)}; got {topology!r}")
     if not shutil.which("docker"):
         return False, "no Docker engine (no docker command)", []
     if _run(["docker", "info"], check=False, timeout=30).returncode != 0:
         return False, "no Docker engine answers", []
     if _run(["docker", "compose", "version"], check=False).returncode != 0:
         return False, "Docker answers but the Compose v2 plugin is missing (`make images` installs it)", []
-    by_service = images(env)
-    required = sorted({img for svc, img in by_service.items() if svc not in OPTIONAL_PROFILES})
+    svcs = _all_services(env)
+    by_service = {name: svc["image"] for name, svc in svcs.items() if "image" in svc}
+    required = sorted({by_service[svc] for svc in _services_of(svcs, topology) if svc in by_service})
     missing = [img for img in required if not image_present(img)]
     if missing:
         return False, f"Docker answers but image(s) {', '.join(missing)} are missing: build them with `make images`", []
@@ -118,32 +139,64 @@ def check(env: dict | None = None) -> tuple[bool, str, list[str]]:
                                                                 if image_present(by_service[p])]
 
 
-def _service_config(env: dict | None, project: str) -> dict:
-    return json.loads(_run(compose_cmd(project) + ["config", "--format", "json"], env=env).stdout)
+def _services_of(svcs: dict[str, dict], topology: str) -> list[str]:
+    """The services a topology starts: every service without a profile (``single``), or those less
+    the single Prometheus and Alertmanager plus the ``ha`` profile's (``ha``)."""
+    base = [n for n, svc in svcs.items() if not svc.get("profiles") and n not in OPTIONAL_PROFILES]
+    if topology == "single":
+        return base
+    return [n for n in base if n not in SINGLE_ONLY] + [n for n, svc in svcs.items()
+                                                          if HA_PROFILE in (svc.get("profiles") or [])]
+
+
+def _service_config(env: dict | None, project: str, *profiles: str) -> dict:
+    return json.loads(_run(compose_cmd(project, *profiles) + ["config", "--format", "json"], env=env).stdout)
 
 
 def up(run_dir: Path, project: str = DEFAULT_PROJECT, env: dict | None = None, profile: str = "default",
-       wait_s: int = 180, out=sys.stdout) -> dict:
+       wait_s: int = 180, out=sys.stdout, topology: str = "single") -> dict:
     """Start the stack and write ``<run_dir>/compose.json``; returns that state. ``env``: the process
     environment with GPUOBS_* overrides (ports, rules directory, front bridge name). ``profile`` only
     records which rule profile the mounted rules are (``drill`` when GPUOBS_RULES_DIR holds rules
     rendered for it), so drills scale their deadlines. Raises ComposeError, after taking down whatever
-    started, if the stack does not come up healthy within ``wait_s``."""
-    ok, reason, extras = check(env)
+    started, if the stack does not come up healthy within ``wait_s``.
+
+    ``topology="ha"``: the profile ``ha`` (module docstring); ``profile`` then also picks the rule
+    profile rendered into ``<run_dir>/compose-ha`` (``default`` | ``drill``), with runbook links to the
+    pager's published port. ``urls.prometheus`` is then VictoriaMetrics (the global view) and
+    ``urls.alertmanager`` is empty: the members publish no port (``docker exec`` reaches them)."""
+    if topology not in TOPOLOGIES:
+        raise ComposeError(f"topology must be one of {', '.join(TOPOLOGIES)}; got {topology!r}")
+    env = dict(env if env is not None else os.environ)
+    ok, reason, extras = check(env, topology)
     if not ok:
         raise ComposeError(reason)
+    services: list[str] = []
+    if topology == "ha":
+        from gpuobs.stack import ha
+
+        ha_dir = (run_dir / HA_DIR).resolve()
+        pager_port = env.get("GPUOBS_PAGER_PORT", "9097")
+        try:
+            ha.render_compose_ha(ha_dir, COMPOSE_FILE.parent / "prometheus.yml", profile,
+                                 f"http://127.0.0.1:{pager_port}")
+        except ValueError as exc:
+            raise ComposeError(str(exc)) from None
+        env["GPUOBS_HA_DIR"] = str(ha_dir)
+        extras = [*extras, HA_PROFILE]
+        services = _services_of(_all_services(env), "ha") + [p for p in extras if p in OPTIONAL_PROFILES]
     base = compose_cmd(project, *extras)
     print(f"compose: starting project {project}" + (f" with {', '.join(extras)}" if extras else "")
           + " (images are local; nothing is pulled)", file=out, flush=True)
-    proc = _run(base + ["up", "-d", "--no-build", "--pull", "never", "--wait", "--wait-timeout", str(wait_s)],
-                timeout=wait_s + 60, env=env, check=False)
+    proc = _run(base + ["up", "-d", "--no-build", "--pull", "never", "--wait", "--wait-timeout", str(wait_s),
+                        *services], timeout=wait_s + 60, env=env, check=False)
     if proc.returncode != 0:
         logs = _run(base + ["logs", "--tail", "20"], env=env, check=False).stdout[-3000:]
         _run(base + ["down", "--remove-orphans"], env=env, check=False)
         raise ComposeError(f"the compose stack did not come up healthy (taken down again):\n"
                            f"{(proc.stderr or proc.stdout).strip()[-1500:]}\n{logs}")
-    cfg = _service_config(env, project)
-    svcs = cfg["services"]
+    cfg = _service_config(env, project, *extras)
+    svcs = {n: c for n, c in cfg["services"].items() if not services or n in services}
     nodes = sorted((s for s in svcs if s.startswith("node-")), key=lambda s: int(s.split("-")[1]))
     containers = {}
     for svc in svcs:
@@ -166,8 +219,11 @@ def up(run_dir: Path, project: str = DEFAULT_PROJECT, env: dict | None = None, p
         "hostnames": [svcs[s]["hostname"] for s in nodes],
         "containers": [containers[s] for s in nodes],
         "components": {svc: {"container": name} for svc, name in containers.items()},
-        "urls": {"prometheus": host_url("prometheus", 9090), "alertmanager": host_url("pager", 9093),
-                 "pager": host_url("pager", 9097)},
+        "urls": ({"prometheus": host_url("prometheus", 9090), "alertmanager": host_url("pager", 9093),
+                  "pager": host_url("pager", 9097)} if topology == "single" else
+                 {"prometheus": host_url("victoria-metrics", 8428), "alertmanager": "",
+                  "pager": host_url("pager", 9097)}),
+        "topology": topology,
     }
     atomic_write(run_dir / STATE_FILE, json.dumps(state, indent=2) + "\n")
     return state
@@ -194,6 +250,10 @@ def load_stack_state(run_dir: Path) -> StackState | None:
     doc = load_state(run_dir)
     if doc is None:
         return None
+    if doc.get("topology", "single") != "single":
+        raise ComposeError(f"{run_dir / STATE_FILE} records the compose profile {doc['topology']}: drills and reports "
+                           "run on the single compose stack or the native HA topology (make up-ha); its members "
+                           "publish no port")
     try:
         u = doc["urls"]
         return StackState(run_dir=str(doc["run_dir"]), mode="compose", containers=[str(c) for c in doc["containers"]],
@@ -214,7 +274,7 @@ def down(run_dir: Path, volumes: bool = False, out=sys.stdout) -> None:
     state = load_state(run_dir)
     project = state["project"] if state else DEFAULT_PROJECT
     env = _env_of(state) if state else None
-    cmd = compose_cmd(project, *OPTIONAL_PROFILES) + ["down", "--remove-orphans", "--timeout", "10"]
+    cmd = compose_cmd(project, *OPTIONAL_PROFILES, HA_PROFILE) + ["down", "--remove-orphans", "--timeout", "10"]
     _run(cmd + (["--volumes"] if volumes else []), env=env, timeout=180)
     (run_dir / STATE_FILE).unlink(missing_ok=True)
     print(f"compose: project {project} stopped" + (" and its volumes removed" if volumes else
@@ -224,7 +284,8 @@ def down(run_dir: Path, volumes: bool = False, out=sys.stdout) -> None:
 def status(run_dir: Path) -> str:
     state = load_state(run_dir)
     project = state["project"] if state else DEFAULT_PROJECT
-    return _run(compose_cmd(project, *OPTIONAL_PROFILES) + ["ps", "-a"], env=_env_of(state) if state else None).stdout
+    return _run(compose_cmd(project, *OPTIONAL_PROFILES, HA_PROFILE) + ["ps", "-a"],
+                env=_env_of(state) if state else None).stdout
 
 
 class ComposeAdmin(AdminClient):

@@ -35,6 +35,7 @@ canary, doctor and reports take any Prometheus-API URL); ``urls.alertmanager`` i
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -145,31 +146,71 @@ def shard_relabel(shards: int, shard: int, identity_label: str) -> list[dict]:
     ]
 
 
-def render_replica(run: Path, base_cfg: Path, name: str, shard: int, replica: int, cfg: HAConfig,
-                   ports: dict[str, int], rules_dir: Path) -> Path:
-    """Write ``run/<name>/prometheus.yml`` from the rendered single-stack config; returns its path."""
-    doc = yaml.safe_load(base_cfg.read_text())
+def replica_config(base: dict, shard: int, replica: int, cfg: HAConfig, am_targets: list[str], vm_url: str,
+                   self_target: str, global_targets: list[str], rules_glob: str) -> dict:
+    """One replica's Prometheus config (a dict for ``prometheus.yml``) from the single stack's ``base``
+    config: the one renderer of the native topology (:func:`render_replica`, loopback addresses) and of
+    the compose profile ``ha`` (:func:`render_compose_ha`, service names).
+
+    ``base``: a parsed single-stack config (``global``, ``scrape_configs``), not modified.
+    ``am_targets``: ``host:port`` of every Alertmanager member; ``vm_url``: VictoriaMetrics's base URL
+    (remote write goes to ``<vm_url>/api/v1/write``); ``self_target``: ``host:port`` of this replica for
+    the ``prometheus`` job; ``global_targets``: VictoriaMetrics and vmalert (job :data:`GLOBAL_JOB`, not
+    sharded); ``rules_glob``: ``rule_files`` entry. Intervals: ``cfg.scrape_interval_s`` seconds for
+    scrapes and evaluations, timeout 0.8 of it (at least 1 s). Every other job gets
+    :func:`shard_relabel` ahead of its own ``relabel_configs``; ``shard``/``replica`` become external
+    labels and are dropped from remote write and from alerts (module docstring)."""
+    doc = copy.deepcopy(base)
     interval = format_duration(cfg.scrape_interval_s)
     doc["global"].update({"scrape_interval": interval, "evaluation_interval": interval,
                           "scrape_timeout": format_duration(max(1.0, cfg.scrape_interval_s * 0.8)),
                           "external_labels": {"shard": str(shard), "replica": str(replica)}})
     drop = {"regex": "|".join(TOPOLOGY_LABELS), "action": "labeldrop"}
-    doc["alerting"] = {"alert_relabel_configs": [drop], "alertmanagers": [{"static_configs": [{"targets": [
-        f"127.0.0.1:{ports[f'alertmanager-{i}']}" for i in range(cfg.alertmanagers)]}]}]}
-    doc["rule_files"] = [str(rules_dir / "*.yml")]
-    doc["remote_write"] = [{"url": f"http://127.0.0.1:{ports['victoria-metrics']}/api/v1/write",
-                            "write_relabel_configs": [drop]}]
+    doc["alerting"] = {"alert_relabel_configs": [drop],
+                       "alertmanagers": [{"static_configs": [{"targets": list(am_targets)}]}]}
+    doc["rule_files"] = [rules_glob]
+    doc["remote_write"] = [{"url": f"{vm_url}/api/v1/write", "write_relabel_configs": [drop]}]
     for sc in doc["scrape_configs"]:
         if sc["job_name"] == "prometheus":
-            sc["static_configs"] = [{"targets": [f"127.0.0.1:{ports[name]}"]}]
+            sc["static_configs"] = [{"targets": [self_target]}]
         else:
             sc["relabel_configs"] = (shard_relabel(cfg.shards, shard, shipped_fleet().identity_label)
-                                      + list(sc.get("relabel_configs") or []))
-    doc["scrape_configs"].append({"job_name": GLOBAL_JOB, "static_configs": [{"targets": [
-        f"127.0.0.1:{ports['victoria-metrics']}", f"127.0.0.1:{ports['vmalert']}"]}]})
+                                     + list(sc.get("relabel_configs") or []))
+    doc["scrape_configs"].append({"job_name": GLOBAL_JOB, "static_configs": [{"targets": list(global_targets)}]})
+    return doc
+
+
+def render_replica(run: Path, base_cfg: Path, name: str, shard: int, replica: int, cfg: HAConfig,
+                   ports: dict[str, int], rules_dir: Path) -> Path:
+    """Write ``run/<name>/prometheus.yml`` from the rendered single-stack config; returns its path."""
+    doc = replica_config(yaml.safe_load(base_cfg.read_text()), shard, replica, cfg,
+                         [f"127.0.0.1:{ports[f'alertmanager-{i}']}" for i in range(cfg.alertmanagers)],
+                         f"http://127.0.0.1:{ports['victoria-metrics']}", f"127.0.0.1:{ports[name]}",
+                         [f"127.0.0.1:{ports['victoria-metrics']}", f"127.0.0.1:{ports['vmalert']}"],
+                         str(rules_dir / "*.yml"))
     path = run / name / "prometheus.yml"
     atomic_write(path, yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def victoria_metrics_flags(interval_s: float) -> list[str]:
+    """VictoriaMetrics's dedup and freshness flags for a scrape interval of ``interval_s`` seconds
+    (both topologies): ``-dedup.minScrapeInterval`` = the interval (one sample per series and interval:
+    the replica pairs' copies collapse into one; VictoriaMetrics 1.79 docs, "Deduplication") and
+    ``-search.latencyOffset`` = interval + 5 s (remote write arrives in batches of at most
+    ``batch_send_deadline`` = 5 s, Prometheus 2.42 ``config/config.go`` ``DefaultQueueConfig``; the
+    1.79 default offset is 30 s, its ``-help``), so vmalert sees fresh data."""
+    return [f"-dedup.minScrapeInterval={format_duration(interval_s)}",
+            f"-search.latencyOffset={format_duration(interval_s + 5)}"]
+
+
+def alertmanager_cluster_flags(peers: list[str], peer_timeout_s: float) -> list[str]:
+    """A member's gossip flags besides its listen/advertise address: ``--cluster.peer`` for every other
+    member (``host:port``; Alertmanager v0.25.0 ``cluster/cluster.go`` ``resolvePeers`` keeps a name
+    that does not resolve yet as is, ``setInitialFailed`` puts every initial peer on the failed list and
+    ``reconnect`` retries it every ``--cluster.reconnect-interval``, default 10 s, so members may start
+    in any order) and ``--cluster.peer-timeout`` (``peer_timeout_s`` seconds; see :class:`HAConfig`)."""
+    return [*[f"--cluster.peer={p}" for p in peers], f"--cluster.peer-timeout={format_duration(peer_timeout_s)}"]
 
 
 def render_rules_placed(run: Path, runbook_base: str, profile: str) -> tuple[Path, Path]:
@@ -262,19 +303,22 @@ def up(cfg: HAConfig, out=sys.stdout) -> StackState:
         return _up(cfg, out)
 
 
-def vmalert_argv(binary: str, fleet_rules: Path, vm_url: str, am_urls: list[str], interval_s: float, port: int,
-                 timing: alert_timing.AlertTiming = alert_timing.DEFAULT) -> list[str]:
+def vmalert_argv(binary: str, fleet_rules: Path | str, vm_url: str, am_urls: list[str], interval_s: float, port: int,
+                 timing: alert_timing.AlertTiming = alert_timing.DEFAULT, listen_host: str = "127.0.0.1",
+                 external_url: str | None = None) -> list[str]:
     """vmalert's command line: the fleet-wide rules against VictoriaMetrics (query, recording results and
     ``ALERTS`` written back, ``for`` state restored from it), every Alertmanager as a notifier, and
     :meth:`~gpuobs.stack.alert_timing.AlertTiming.vmalert_flags`: ``-rule.resendDelay`` equal to
     Prometheus's resend delay, so a firing fleet-wide alert carries ``endsAt = now + 4 x resend delay``
     (vmalert v1.79.5 ``app/vmalert/group.go`` ``getResolveDuration``) and survives a vmalert outage as
-    long as a shard's alert survives a Prometheus outage (docs/alert-delivery.md, docs/ha.md)."""
-    url = f"http://127.0.0.1:{port}"
+    long as a shard's alert survives a Prometheus outage (docs/alert-delivery.md, docs/ha.md).
+    ``listen_host``: ``-httpListenAddr`` host (``""``: every interface, the compose container);
+    ``external_url``: ``-external.url`` (default ``http://127.0.0.1:<port>``)."""
+    url = external_url or f"http://127.0.0.1:{port}"
     return [binary, f"-rule={fleet_rules}/*.yml", f"-datasource.url={vm_url}",
             f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}",
             *[f"-notifier.url={u}" for u in am_urls], f"-evaluationInterval={format_duration(interval_s)}",
-            f"-httpListenAddr=127.0.0.1:{port}", f"-external.url={url}", *timing.vmalert_flags(),
+            f"-httpListenAddr={listen_host}:{port}", f"-external.url={url}", *timing.vmalert_flags(),
             "-loggerFormat=json"]
 
 
@@ -303,28 +347,22 @@ def _up(cfg: HAConfig, out) -> StackState:
     atomic_write(shard_rules / "ha-topology.yml", blind_rule(fleet.runbook_base))
     am_cfg = render_alertmanager(run, p, pager_token_file=fleet.pager_token_file,
                                  resolve_timeout=format_duration(timing.resolve_timeout_s))
-    interval = format_duration(cfg.scrape_interval_s)
     specs: dict[str, list[str]] = {"victoria-metrics": [
         bins["victoria-metrics"], f"-storageDataPath={run / 'victoria-metrics' / 'data'}",
         f"-httpListenAddr=127.0.0.1:{ports['victoria-metrics']}", "-retentionPeriod=7d",
-        # One sample per series per scrape interval: the replica pairs' copies collapse into one.
-        f"-dedup.minScrapeInterval={interval}",
-        # Remote write arrives in batches (Prometheus's batch_send_deadline, 5 s): hide only the last
-        # interval + 5 s from instant queries instead of the default 30 s, so vmalert sees fresh data.
-        f"-search.latencyOffset={format_duration(cfg.scrape_interval_s + 5)}",
-        "-loggerFormat=json"]}
+        *victoria_metrics_flags(cfg.scrape_interval_s), "-loggerFormat=json"]}
     checks: dict = {"victoria-metrics": lambda: _ok(f"{vm_url}/health")}
     members: dict[str, str] = {"victoria-metrics": vm_url}
     for i in range(cfg.alertmanagers):
         name, cport = f"alertmanager-{i}", ports[f"alertmanager-{i}-cluster"]
-        peers = [f"--cluster.peer=127.0.0.1:{ports[f'alertmanager-{j}-cluster']}"
-                 for j in range(cfg.alertmanagers) if j != i]
+        peers = alertmanager_cluster_flags([f"127.0.0.1:{ports[f'alertmanager-{j}-cluster']}"
+                                            for j in range(cfg.alertmanagers) if j != i], cfg.peer_timeout_s)
         (run / name / "data").mkdir(parents=True, exist_ok=True)
         drop_notification_log(run / name / "data", out)
         specs[name] = [bins["alertmanager"], f"--config.file={am_cfg}", f"--storage.path={run / name / 'data'}",
                        f"--web.listen-address=127.0.0.1:{ports[name]}", f"--web.external-url={am_urls[i]}",
                        f"--cluster.listen-address=127.0.0.1:{cport}", f"--cluster.advertise-address=127.0.0.1:{cport}",
-                       *peers, f"--cluster.peer-timeout={format_duration(cfg.peer_timeout_s)}",
+                       *peers,
                        "--log.format=json", *timing.alertmanager_flags()]
         checks[name] = (lambda u: lambda: _ok(f"{u}/-/ready"))(am_urls[i])
         members[name] = am_urls[i]
@@ -398,3 +436,111 @@ def cluster_status(run_dir: Path) -> list[dict]:
         except (requests.RequestException, ValueError):
             rows.append({"component": name, "url": url, "peers": None, "cluster": "unreachable"})
     return rows
+
+
+# ---- the compose profile `ha` (compose/docker-compose.yml, docs/compose.md) --------------------------
+#: Where the compose profile's rendered files (:func:`render_compose_ha`) are mounted, read-only, in
+#: every service of the profile.
+COMPOSE_HA_MOUNT = "/etc/gpuobs-ha"
+#: Container ports of the profile's services (the upstream defaults; each service has its own address).
+COMPOSE_PORTS = {"prometheus": 9090, "alertmanager": 9093, "alertmanager-cluster": 9094,
+                 "victoria-metrics": 8428, "vmalert": 8880, "pager": 9097}
+#: The shape compose/docker-compose.yml spells out: its services are fixed, so the renderer refuses another.
+COMPOSE_HA = HAConfig()
+
+
+def compose_ha_services(cfg: HAConfig = COMPOSE_HA) -> list[str]:
+    """The profile's service names, in start order: VictoriaMetrics, the Alertmanager members, the
+    Prometheus replicas (``prometheus-s<i>-r<j>``), vmalert."""
+    return (["victoria-metrics"] + [f"alertmanager-{i}" for i in range(cfg.alertmanagers)]
+            + [prometheus_name(s, r) for s in range(cfg.shards) for r in range(cfg.replicas)] + ["vmalert"])
+
+
+def compose_ha_commands(cfg: HAConfig = COMPOSE_HA,
+                        timing: alert_timing.AlertTiming = alert_timing.DEFAULT) -> dict[str, list[str]]:
+    """Service -> ``command`` (the image's entry point's arguments) of every service of the compose
+    profile ``ha``: the native topology's flags (:func:`victoria_metrics_flags`,
+    :func:`alertmanager_cluster_flags`, :func:`vmalert_argv`, the same :mod:`~gpuobs.stack.alert_timing`)
+    with service names for addresses. ``tests/stack/test_compose_ha.py`` holds the compose file to it.
+
+    Alertmanager members listen for gossip on ``0.0.0.0:9094`` with no advertise address: Alertmanager
+    v0.25.0 ``cluster/cluster.go`` ``Create`` then advertises the container's private address
+    (``calculateAdvertiseAddress``: the first private IP, which a Docker bridge address is)."""
+    p = COMPOSE_PORTS
+    m = COMPOSE_HA_MOUNT
+    vm = f"http://victoria-metrics:{p['victoria-metrics']}"
+    am_urls = [f"http://alertmanager-{i}:{p['alertmanager']}" for i in range(cfg.alertmanagers)]
+    cmds = {"victoria-metrics": ["-storageDataPath=/victoria-metrics", f"-httpListenAddr=:{p['victoria-metrics']}",
+                                 "-retentionPeriod=7d", *victoria_metrics_flags(cfg.scrape_interval_s),
+                                 "-loggerFormat=json"]}
+    for i in range(cfg.alertmanagers):
+        peers = [f"alertmanager-{j}:{p['alertmanager-cluster']}" for j in range(cfg.alertmanagers) if j != i]
+        cmds[f"alertmanager-{i}"] = [
+            f"--config.file={m}/alertmanager/alertmanager.yml", "--storage.path=/alertmanager",
+            f"--web.listen-address=:{p['alertmanager']}", f"--web.external-url={am_urls[i]}",
+            f"--cluster.listen-address=0.0.0.0:{p['alertmanager-cluster']}",
+            *alertmanager_cluster_flags(peers, cfg.peer_timeout_s), "--log.format=json", *timing.alertmanager_flags()]
+    for s in range(cfg.shards):
+        for r in range(cfg.replicas):
+            name = prometheus_name(s, r)
+            cmds[name] = [f"--config.file={m}/prometheus/{name}.yml", "--storage.tsdb.path=/prometheus",
+                          f"--web.listen-address=:{p['prometheus']}", "--storage.tsdb.retention.time=7d",
+                          f"--web.external-url=http://{name}:{p['prometheus']}", "--log.format=json",
+                          *timing.prometheus_flags()]
+    cmds["vmalert"] = vmalert_argv("vmalert", f"{m}/vmalert/rules", vm, am_urls, cfg.scrape_interval_s,
+                                   p["vmalert"], timing, listen_host="",
+                                   external_url=f"http://vmalert:{p['vmalert']}")[1:]
+    return cmds
+
+
+def render_compose_ha(out: Path, base_config: Path, profile: str = "default", runbook_base: str = "",
+                      cfg: HAConfig = COMPOSE_HA) -> dict[str, Path]:
+    """Render every file the compose profile ``ha`` mounts (at :data:`COMPOSE_HA_MOUNT`) into ``out``,
+    from the one fleet config, with the native topology's renderers; returns name -> path:
+
+    * ``prometheus/prometheus-s<i>-r<j>.yml``: :func:`replica_config` of ``base_config`` (the compose
+      stack's ``compose/prometheus.yml``: file_sd targets named by container, labelled ``node``), its
+      ``alertmanager`` job pointed at the members;
+    * ``prometheus/rules-shard/*.yml`` (node-local rules + :func:`blind_rule`) and ``vmalert/rules/*.yml``
+      (fleet-wide rules): :func:`render_rules_placed` for rule ``profile`` (``default`` | ``drill``),
+      and ``placement.json``;
+    * ``alertmanager/alertmanager.yml``: :func:`~gpuobs.stack.render.render_alertmanager` with the
+      webhooks at ``pager:9097`` (the pager runs ``--no-auth`` in compose: no token) and the HA
+      ``resolve_timeout``.
+
+    ``runbook_base``: base of the runbook links (default the pager's, :data:`gpuobs.core.fleet.RUNBOOK_BASE`).
+    Raises ValueError naming the field when ``cfg`` is not the shape the compose file spells out
+    (:data:`COMPOSE_HA`) or ``profile`` is unknown."""
+    from gpuobs.core.fleet import RUNBOOK_BASE
+    from gpuobs.stack.render import Ports
+
+    for fld in ("shards", "replicas", "alertmanagers", "scrape_interval_s"):
+        if getattr(cfg, fld) != getattr(COMPOSE_HA, fld):
+            raise ValueError(f"{fld} must be {getattr(COMPOSE_HA, fld)} for the compose profile ha "
+                             f"(compose/docker-compose.yml lists its services); got {getattr(cfg, fld)}")
+    runbook_base = runbook_base or RUNBOOK_BASE
+    p, m = COMPOSE_PORTS, COMPOSE_HA_MOUNT
+    timing = alert_timing.DEFAULT
+    shard_dir, fleet_dir = render_rules_placed(out, runbook_base, profile)
+    atomic_write(shard_dir / "ha-topology.yml", blind_rule(runbook_base))
+    base = yaml.safe_load(base_config.read_text())
+    am_targets = [f"alertmanager-{i}:{p['alertmanager']}" for i in range(cfg.alertmanagers)]
+    for sc in base["scrape_configs"]:
+        if sc["job_name"] == "alertmanager":
+            sc["static_configs"] = [{"targets": am_targets}]
+    written: dict[str, Path] = {}
+    for s in range(cfg.shards):
+        for r in range(cfg.replicas):
+            name = prometheus_name(s, r)
+            doc = replica_config(base, s, r, cfg, am_targets, f"http://victoria-metrics:{p['victoria-metrics']}",
+                                 f"localhost:{p['prometheus']}",
+                                 [f"victoria-metrics:{p['victoria-metrics']}", f"vmalert:{p['vmalert']}"],
+                                 f"{m}/prometheus/rules-shard/*.yml")
+            written[name] = out / "prometheus" / f"{name}.yml"
+            atomic_write(written[name], "# Rendered by gpuobs.stack.ha.render_compose_ha; do not edit.\n"
+                         + yaml.safe_dump(doc, sort_keys=False))
+    written["alertmanager"] = render_alertmanager(out, Ports(pager=p["pager"]), pager_token_file=None,
+                                                  resolve_timeout=format_duration(timing.resolve_timeout_s),
+                                                  pager_host="pager")
+    written["rules-shard"], written["vmalert-rules"] = shard_dir, fleet_dir
+    return written

@@ -121,9 +121,12 @@ def render_prometheus(run: Path, ports: Ports, nodes: list[tuple[str, int]], eng
 
 
 def render_alertmanager(run: Path, ports: Ports, repo: Path | None = None, pager_token_file: Path | None = None,
-                        resolve_timeout: str | None = None, remediate: bool = False) -> Path:
+                        resolve_timeout: str | None = None, remediate: bool = False,
+                        pager_host: str = "127.0.0.1") -> Path:
     """Write ``run/alertmanager/alertmanager.yml`` with webhook URLs pointing at the pager's port.
 
+    ``pager_host``: the pager's host in those URLs (the compose profile ``ha`` passes the service name
+    ``pager``: its Alertmanager members have their own network namespaces).
     ``pager_token_file``: every webhook gets ``http_config.authorization`` (type Bearer,
     ``credentials_file``), so Alertmanager authenticates to the pager with the token in that file
     (prometheus/common ``config.HTTPClientConfig``, read by Alertmanager 0.25 at each request).
@@ -144,7 +147,7 @@ def render_alertmanager(run: Path, ports: Ports, repo: Path | None = None, pager
         for wh in rcv.get("webhook_configs", []):
             path = wh["url"].split("/", 3)[3]
             port = ports.remediate if rcv["name"] == "remediate" else ports.pager
-            wh["url"] = f"http://127.0.0.1:{port}/{path}"
+            wh["url"] = f"http://{pager_host}:{port}/{path}"
             if pager_token_file is not None:
                 wh["http_config"] = {"authorization": {"type": "Bearer", "credentials_file": str(pager_token_file)}}
     out = run / "alertmanager" / "alertmanager.yml"

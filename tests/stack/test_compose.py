@@ -35,7 +35,13 @@ SHARED_SCHEMA = ROOT.parent / "shared" / "schemas" / "compose-spec.json"
 
 NODES = [f"node-{i}" for i in range(4)]
 UI_SERVICES = {"prometheus", "pager", "grafana", "jaeger"}  # alertmanager publishes through pager
-ALL_SERVICES = set(NODES) | UI_SERVICES | {"alertmanager"}
+#: The Compose profile `ha` (tests/stack/test_compose_ha.py checks it in depth).
+HA_SERVICES = {"victoria-metrics", "vmalert", *(f"alertmanager-{i}" for i in range(3)),
+               *(f"prometheus-s{s}-r{r}" for s in range(2) for r in range(2))}
+ALL_SERVICES = set(NODES) | UI_SERVICES | {"alertmanager"} | HA_SERVICES
+#: Where the ha profile's rendered files come from unless GPUOBS_HA_DIR says otherwise (rendered by
+#: `gpuobs compose up --topology ha`, so absent on a clean clone).
+HA_DIR_DEFAULT = "../.run/compose-ha"
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
@@ -61,7 +67,8 @@ def test_every_override_is_a_gpuobs_variable_with_a_default():
     assert {n for n, _ in names} == {
         "GPUOBS_BASE_IMAGE", "GPUOBS_PAGER_PORT", "GPUOBS_ALERTMANAGER_PORT", "GPUOBS_PROMETHEUS_PORT",
         "GPUOBS_ALERTMANAGER_IMAGE", "GPUOBS_PROMETHEUS_IMAGE", "GPUOBS_RULES_DIR", "GPUOBS_GRAFANA_PORT",
-        "GPUOBS_JAEGER_PORT", "GPUOBS_OTLP_GRPC_PORT", "GPUOBS_OTLP_HTTP_PORT", "GPUOBS_FRONT_BRIDGE"}
+        "GPUOBS_JAEGER_PORT", "GPUOBS_OTLP_GRPC_PORT", "GPUOBS_OTLP_HTTP_PORT", "GPUOBS_FRONT_BRIDGE",
+        "GPUOBS_HA_DIR", "GPUOBS_VICTORIA_METRICS_IMAGE", "GPUOBS_VICTORIA_METRICS_PORT"}
 
 
 @pytest.fixture(scope="module")
@@ -181,12 +188,18 @@ def test_every_bind_mount_exists_and_is_read_only(services):
     for name, svc in services.items():
         for src, dst, ro in bind_mounts(svc):
             seen.add((name, src))
+            assert ro, f"{name}: {src} -> {dst} must be mounted :ro"
+            if src == HA_DIR_DEFAULT:  # rendered at `up --topology ha`; test_compose_ha.py checks its files
+                assert name in HA_SERVICES, name
+                continue
             assert (COMPOSE_DIR / src).resolve().exists(), f"{name}: {src} does not exist (relative to compose/)"
             assert ro, f"{name}: {src} -> {dst} must be mounted :ro"
     assert seen == {("prometheus", "./prometheus.yml"), ("prometheus", "./targets"),
                     ("prometheus", "../prometheus/rules"), ("alertmanager", "../alertmanager"),
                     ("pager", "../runbooks"), ("grafana", "../grafana/grafana.ini"),
-                    ("grafana", "../grafana/provisioning"), ("grafana", "../grafana/dashboards")}
+                    ("grafana", "../grafana/provisioning"), ("grafana", "../grafana/dashboards"),
+                    *((n, HA_DIR_DEFAULT) for n in HA_SERVICES if n != "victoria-metrics"),
+                    *((n, "./targets") for n in HA_SERVICES if n.startswith("prometheus-"))}
 
 
 def test_named_volumes_are_declared(compose, services):
@@ -197,7 +210,8 @@ def test_named_volumes_are_declared(compose, services):
             src = v.split(":")[0] if isinstance(v, str) else v.get("source", "")
             if src and not src.startswith((".", "/")):
                 used.add(src)
-    assert used == declared == {"prometheus-data", "alertmanager-data", "pager-data", "grafana-data"}
+    assert used == declared == {"prometheus-data", "alertmanager-data", "pager-data", "grafana-data",
+                                *(f"{n}-data" for n in HA_SERVICES if n != "vmalert")}
 
 
 def test_shared_configs_are_mounted_not_copied(services):
@@ -235,7 +249,7 @@ def test_services_that_publish_nothing_are_on_internal_networks_only(compose, se
             assert "backend" in nets, f"{name} must reach the others over the internal network"
     # Only the UI services (and Alertmanager through the pager) have a non-internal network.
     exposed = {n for n in services if set(networks_of(services[netns_owner(services, n)])) - internal}
-    assert exposed == UI_SERVICES | {"alertmanager"}
+    assert exposed == UI_SERVICES | {"alertmanager", "victoria-metrics"}
 
 
 def test_network_mode_services_neither_publish_nor_join_networks(services):
@@ -255,7 +269,7 @@ def test_every_published_port_binds_loopback_only(services):
             assert host_port == target, f"{name}: {p!r} should keep the native port number"
             published[int(host_port)] = name
     assert published == {9090: "prometheus", 9093: "pager", 9097: "pager", 3000: "grafana",
-                         16686: "jaeger", 4317: "jaeger", 4318: "jaeger"}
+                         16686: "jaeger", 4317: "jaeger", 4318: "jaeger", 8428: "victoria-metrics"}
 
 
 # ---- images, healthchecks, Dockerfile --------------------------------------------------------------------
@@ -267,7 +281,9 @@ def test_images_are_local_or_pinned_and_never_pulled(services):
     """Air-gapped: every image is built locally (`make images`) or loaded (Grafana, Jaeger), and
     `pull_policy: never` keeps Compose from ever asking a registry."""
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    local = {"prometheus": "gpuobs-prometheus:bookworm", "alertmanager": "gpuobs-alertmanager:bookworm"}
+    local = {"prometheus": "gpuobs-prometheus:bookworm", "alertmanager": "gpuobs-alertmanager:bookworm",
+             "victoria-metrics": "gpuobs-victoria-metrics:bookworm", "vmalert": "gpuobs-victoria-metrics:bookworm"}
+    local.update({n: services[n.split("-")[0]]["image"] for n in HA_SERVICES if n.startswith(("prometheus-", "alertmanager-"))})
     local.update({n: f"gpuobs:{version}" for n in [*NODES, "pager"]})
     for name, svc in services.items():
         assert svc.get("pull_policy") == "never", name
@@ -282,7 +298,7 @@ def test_images_are_local_or_pinned_and_never_pulled(services):
 
 def test_the_images_script_builds_every_local_image(services):
     script = (ROOT / "scripts" / "build-images.sh").read_text()
-    for name in ("prometheus", "alertmanager"):
+    for name in ("prometheus", "alertmanager", "victoria-metrics"):
         repo, tag = services[name]["image"].split(":")
         assert f"rootfs {repo}:$SUITE" in script and tag == "bookworm"
     assert "rootfs gpuobs-python:$SUITE" in script and "--variant=minbase" in script
@@ -293,7 +309,8 @@ def test_grafana_and_jaeger_are_optional_profiles_the_rest_always_runs(services)
     from gpuobs.stack.compose import OPTIONAL_PROFILES
 
     profiles = {name: svc.get("profiles") for name, svc in services.items()}
-    assert profiles == {**{n: None for n in services}, "grafana": ["grafana"], "jaeger": ["jaeger"]}
+    assert profiles == {**{n: None for n in services}, "grafana": ["grafana"], "jaeger": ["jaeger"],
+                        **{n: ["ha"] for n in HA_SERVICES}}
     assert set(OPTIONAL_PROFILES) == {"grafana", "jaeger"}
 
 
@@ -319,7 +336,10 @@ def test_the_local_image_is_built_from_compose_dockerfile_and_tagged_with_the_pa
 def test_every_service_has_a_healthcheck_probing_its_own_port(services):
     probes = {"prometheus": "127.0.0.1:9090/-/ready", "alertmanager": "127.0.0.1:9093/-/ready",
               "pager": "127.0.0.1:9097/health", "grafana": "127.0.0.1:3000/api/health",
-              "jaeger": "127.0.0.1:14269/"}
+              "jaeger": "127.0.0.1:14269/", "victoria-metrics": "127.0.0.1:8428/health",
+              "vmalert": "127.0.0.1:8880/health"}
+    probes.update({n: "127.0.0.1:9093/-/ready" for n in HA_SERVICES if n.startswith("alertmanager-")})
+    probes.update({n: "127.0.0.1:9090/-/ready" for n in HA_SERVICES if n.startswith("prometheus-")})
     probes.update({n: "127.0.0.1:9400/health" for n in NODES})
     serving = NODES[: len(NODES) - StackConfig().training_nodes]
     for name, svc in services.items():
