@@ -41,6 +41,7 @@ from gpuobs.rollout.flag import parse_variant
 from gpuobs.rollout.interfaces import Fleet, FleetError
 from gpuobs.rollout.model import EXIT_CODES, TERMINAL, UsageError
 from gpuobs.rollout.notices import send as send_notice
+from gpuobs.rollout.notices import send_in_progress
 from gpuobs.rollout.report import report
 from gpuobs.rollout.store import RolloutStore, RunLock
 from gpuobs.stack.state import StackState
@@ -289,10 +290,17 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
                                 out=lambda line: print(line, flush=True), tracer=tr, **driver.options(fleet_cfg))
         rid = rid if spec is None else ctl.create(spec).id
         note(args, kind, store, rid, flag)
+        runbook_base = stack.runbook_base or fleet_cfg.runbook_base
+        if kind.group == UPGRADE.group:  # GpuDriverSkew is inhibited while the upgrade runs
+            _warn(send_in_progress(stack.urls.alertmanager, store.get(rid), str(args.run_dir), runbook_base,
+                                   time.time() + upgrade_span_s(store.get(rid))))
         try:
             rec = fn(ctl, rid)
         finally:
             note(args, kind, store, rid, flag)
+            if kind.group == UPGRADE.group:
+                _warn(send_in_progress(stack.urls.alertmanager, store.get(rid), str(args.run_dir), runbook_base,
+                                       time.time()))
         tr.shutdown()
         ended_in = store.stage(rec.id, rec.stage) if rec.stage >= 0 else None
         # the stack's rules link runbooks to its own pager: so do its notices
@@ -311,6 +319,19 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
     finally:
         lock.release()
         store.close()
+
+
+def upgrade_span_s(rec: Any) -> float:
+    """How long driver upgrade ``rec`` can take at most, seconds: per batch its settle and timeout plus
+    10 minutes for the node procedure, and the bake (the in-progress alert's lifetime)."""
+    spec = rec.spec
+    return len(spec.get("stages") or []) * (float(spec.get("settle_s", 0)) + float(spec.get("stage_timeout_s", 0))
+                                            + 600.0) + float(spec.get("bake_s", 0))
+
+
+def _warn(line: str | None) -> None:
+    if line:
+        print(line, flush=True)
 
 
 def notice_impact(client: PromClient, fleet_cfg, rec: Any, run_dir: str, runbook_base: str, flag: str | None,

@@ -118,6 +118,12 @@ def alertmanager_config(cfg: FleetConfig) -> dict:
                  ['alertname="ServingErrorBudgetBurn"', 'severity="warning"'], ["slo", "model_name"]),
             rule("A framework OOM is the consequence of the fragmentation already ticketed on that GPU.",
                  ['alertname="KVFragmentationRisk"'], ['alertname="GpuFrameworkOom"'], [I, "gpu"]),
+            rule("Two drivers in a GPU pool is what a driver upgrade looks like while it runs (`gpuobs upgrade`\n"
+                 "keeps DriverUpgradeInProgress firing per GPU model until it ends; a killed controller's expires):\n"
+                 "no ticket for that model. "
+                 "A halted or abandoned upgrade tickets again once the alert ends.",
+                 ['alertname="DriverUpgradeInProgress"', 'modelName=~".+"'],
+                 ['alertname="GpuDriverSkew"', 'modelName=~".+"'], ["modelName"]),
         ],
         "receivers": [
             {"name": "blackhole"},

@@ -127,6 +127,37 @@ def notice(rec: Any, run_dir: str, runbook_base: str, now: float | None = None, 
     }
 
 
+#: The alert a driver upgrade keeps firing while it runs: Alertmanager inhibits GpuDriverSkew with it
+#: (two drivers in a pool is the upgrade's expected state, not a ticket; gpuobs/mixin/alertmanager.py).
+IN_PROGRESS = "DriverUpgradeInProgress"
+
+
+def in_progress(rec: Any, run_dir: str, runbook_base: str, until: float, now: float | None = None) -> list[dict[str, Any]]:
+    """The ``DriverUpgradeInProgress`` alerts of driver upgrade ``rec``, one per GPU model it upgrades
+    (``modelName`` label, as GpuDriverSkew's; ``severity="info"``: routed to no receiver), firing from
+    ``now`` until ``until`` (unix seconds; pass ``now`` itself to resolve them). A controller that dies
+    leaves them to expire at ``until``, after which a half-upgraded pool tickets again."""
+    t = time.time() if now is None else now
+    models = sorted(set((rec.spec.get("gpu_models") or {}).values())) or [""]
+    return [{"labels": {"alertname": IN_PROGRESS, "severity": "info", "rollout": rec.id, "version": rec.version,
+                        **({"modelName": m} if m else {})},
+             "annotations": {"summary": f"Driver upgrade to {rec.version} in progress",
+                             "description": f"Driver upgrade {rec.id}: GpuDriverSkew is inhibited for this GPU model "
+                                            f"while it runs. Report: gpuobs upgrade status --run-dir {run_dir} --id {rec.id}",
+                             "runbook_url": runbook_url(runbook_base, RUNBOOK_FILE, IN_PROGRESS)},
+             "startsAt": rfc3339(min(t, rec.created_at) if getattr(rec, "created_at", None) else t),
+             "endsAt": rfc3339(max(until, t)), "generatorURL": ""} for m in models]
+
+
+def send_in_progress(alertmanager_url: str, rec: Any, run_dir: str, runbook_base: str, until: float) -> str | None:
+    """Post :func:`in_progress`; returns a warning line when Alertmanager refused it, else None (never raises)."""
+    try:
+        AlertmanagerClient(alertmanager_url).post_alerts(in_progress(rec, run_dir, runbook_base, until))
+    except SilenceApiError as exc:
+        return f"warning: the {IN_PROGRESS} alert could not be sent to Alertmanager: {exc}"
+    return None
+
+
 def send(alertmanager_url: str, rec: Any, run_dir: str, runbook_base: str, flag: str | None = None,
          stage: Any = None, group: str = "rollout") -> str | None:
     """Post the notice of ``rec`` (if its state raises one; arguments as :func:`notice`); returns a
