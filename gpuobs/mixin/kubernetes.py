@@ -709,8 +709,8 @@ def remediation_monitoring() -> list[dict[str, Any]]:
 
 # ---- HA topology -------------------------------------------------------------------------------------
 #: Name of the HA base's Prometheus, Alertmanager, VMSingle and VMAlert (the operators prefix their
-#: workloads: prometheus-gpuobs-ha-shard-<i>-<j>, alertmanager-gpuobs-ha-<i>, vmsingle-gpuobs-ha,
-#: vmalert-gpuobs-ha).
+#: workloads: prometheus-gpuobs-ha-<j> for shard 0 and prometheus-gpuobs-ha-shard-<i>-<j> for the others,
+#: alertmanager-gpuobs-ha-<i>, vmsingle-gpuobs-ha, vmalert-gpuobs-ha).
 HA_NAME = "gpuobs-ha"
 HA_SHARDS, HA_REPLICAS, HA_ALERTMANAGERS = 2, 2, 3
 #: External label carrying the replica (the pod name); dropped before remote write and, by the
@@ -918,7 +918,7 @@ HA_NOTE = f"""\
 # a {HA_ALERTMANAGERS}-member Alertmanager cluster, VictoriaMetrics (VMSingle) and vmalert (VMAlert).
 # Needs the prometheus-operator and VictoriaMetrics operator CRDs and controllers, and the webhook
 # token Secrets {PAGER_TOKEN_SECRET} and {REMEDIATION_TOKEN_SECRET} in `{NAMESPACE}` (see remediation/controller.yaml).
-#   kubectl apply -k deploy/kubernetes/ha
+#   kubectl apply --server-side -k deploy/kubernetes/ha   (instead of monitoring/; server-side: the dashboards' size)
 # The monitoring base's PrometheusRules (every rule, for one unsharded Prometheus) are deleted here:
 # the shards get the node-local rules, vmalert the fleet-wide ones.
 """
