@@ -26,6 +26,14 @@ only check by running helm). Bases:
   the fleet config's identity label and runbook base in a ConfigMap), Service, NetworkPolicy (in from
   Alertmanager and Prometheus only) (``controller.yaml``); a PodMonitor for its ``/metrics`` and a
   Role letting kube-prometheus's Prometheus discover pods in its namespace (``podmonitor.yaml``).
+* ``ha/``: the HA topology (docs/ha.md) as an overlay of ``monitoring/``: a sharded, replicated
+  prometheus-operator ``Prometheus`` (2 x 2) whose shard key is the fleet config's identity label
+  (:func:`shard_key`, set in the monitoring base's PodMonitors), an ``Alertmanager`` cluster of 3
+  carrying the rendered gpuobs config (a generated Secret), VictoriaMetrics operator ``VMSingle``
+  (replica dedup) and ``VMAlert`` with the fleet-wide ``VMRule``\ s, the node-local rules as
+  PrometheusRules for the shards (:func:`ha_rules`: the native topology's split), the base's unsplit
+  PrometheusRules deleted by patches. Objects written against prometheus-operator v0.93.0's and the
+  VictoriaMetrics operator v0.74.1's CRDs (tests/data/crds).
 * ``alertmanager/gpuobs-fragment.yaml``: an Alertmanager configuration (route tree, receivers,
   inhibit rules of ``alertmanager/alertmanager.yml``) to merge into the cluster's, with webhook URLs
   to fill in; first among its routes the remediated alerts to the controller (``continue: true``).
