@@ -26,6 +26,14 @@ only check by running helm). Bases:
   the fleet config's identity label and runbook base in a ConfigMap), Service, NetworkPolicy (in from
   Alertmanager and Prometheus only) (``controller.yaml``); a PodMonitor for its ``/metrics`` and a
   Role letting kube-prometheus's Prometheus discover pods in its namespace (``podmonitor.yaml``).
+* ``ha/``: the HA topology (docs/ha.md) as an overlay of ``monitoring/``: a sharded, replicated
+  prometheus-operator ``Prometheus`` (2 x 2) whose shard key is the fleet config's identity label
+  (:func:`shard_key`, set in the monitoring base's PodMonitors), an ``Alertmanager`` cluster of 3
+  carrying the rendered gpuobs config (a generated Secret), VictoriaMetrics operator ``VMSingle``
+  (replica dedup) and ``VMAlert`` with the fleet-wide ``VMRule``\ s, the node-local rules as
+  PrometheusRules for the shards (:func:`ha_rules`: the native topology's split), the base's unsplit
+  PrometheusRules deleted by patches. Objects written against prometheus-operator v0.93.0's and the
+  VictoriaMetrics operator v0.74.1's CRDs (tests/data/crds).
 * ``alertmanager/gpuobs-fragment.yaml``: an Alertmanager configuration (route tree, receivers,
   inhibit rules of ``alertmanager/alertmanager.yml``) to merge into the cluster's, with webhook URLs
   to fill in; first among its routes the remediated alerts to the controller (``continue: true``).
@@ -48,7 +56,10 @@ from gpuobs.core import assets
 from gpuobs.core.files import stale_files, write_tree
 from gpuobs.core.fleet import FleetConfig
 from gpuobs.mixin.alertmanager import remediation_route
+from gpuobs.mixin.placement import GLOBAL_JOB, blind_rule, place
 from gpuobs.mixin.render import render_all
+from gpuobs.mixin.slo_rules import load_config as load_slo_config
+from gpuobs.mixin.slo_rules import parse_period
 
 NAMESPACE = "monitoring"
 IMAGE = f"ghcr.io/gpuobs/gpuobs:{__version__}"
@@ -56,6 +67,9 @@ PART_OF = {"app.kubernetes.io/part-of": "gpuobs"}
 SERVE_NAME, SERVE_PORT = "gpuobs-canary", 9098
 EXPORTER_PORT = 9401  # beside dcgm-exporter's 9400 on the same node
 LOGWATCH_PORT = 9500  # the kernel-log agent (gpuobs logwatch), same pod
+#: Scrape interval of the gpuobs PodMonitors, seconds; in the HA base also the shards' and vmalert's
+#: evaluation interval and VictoriaMetrics's dedup interval (which must equal the scrape interval).
+SCRAPE_INTERVAL_S = 15
 SERVE_URL = f"http://{SERVE_NAME}.{NAMESPACE}.svc:{SERVE_PORT}"
 LOOK_DEADLINE_S = 15
 CONTROLLER_TIMEOUT_S = 20
@@ -155,11 +169,39 @@ def exporter_daemonset() -> dict[str, Any]:
 
 
 def _node_identity(identity_label: str) -> list[dict[str, Any]]:
-    """Relabelling every gpuobs PodMonitor applies: the Kubernetes node name becomes the fleet config's
-    identity label (``node`` by default)."""
+    """Relabelling every gpuobs node PodMonitor applies: the Kubernetes node name becomes the fleet
+    config's identity label (``node`` by default), and the shard key (:func:`shard_key`)."""
     return [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": identity_label, "action": "replace"},
             {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace", "action": "replace"},
-            {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod", "action": "replace"}]
+            {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod", "action": "replace"},
+            shard_key(identity_label)]
+
+
+#: The label prometheus-operator hashes to pick a target's shard, and the one that makes every shard
+#: scrape a target (prometheus-operator v0.93.0 pkg/prometheus/promcfg.go: hashLabelNameForSharding,
+#: hashLabelNameForDisablingSharding).
+SHARD_HASH_LABEL = "__tmp_hash"
+SHARD_DISABLE_LABEL = "__tmp_disable_sharding"
+
+
+def shard_key(identity_label: str) -> dict[str, Any]:
+    """The relabelling that makes a sharded Prometheus (``spec.shards`` > 1) keep each node whole on one
+    shard: ``__tmp_hash`` := the fleet config's identity label, as gpuobs's native HA topology shards
+    (:func:`gpuobs.stack.ha.shard_relabel`, docs/ha.md "Sharding key").
+
+    prometheus-operator v0.93.0, ``pkg/prometheus/promcfg.go`` ``generatePodMonitorConfig`` appends its
+    sharding relabelling (``appendShardingRelabelingWithAddress`` -> ``appendShardingRelabelingWithLabel``)
+    *after* the scrape class's and the endpoint's own ``relabelings``: ``__tmp_hash`` := ``__address__``
+    only when ``__tmp_hash`` is still empty (``source_labels: [__address__, __tmp_hash], regex: (.+);``),
+    then ``hashmod`` of ``__tmp_hash`` by the shard count, keep the pod's ``$(SHARD)``
+    (Documentation/platform/sharding.md, "Implementing a custom distribution"). Its default, the
+    address, would put a node's DCGM, vLLM and logwatch targets (three addresses) on different shards
+    and break the node-local rules that join them. This relabelling follows the identity label's own
+    (same list, earlier), so it hashes exactly the value the rules group by; a target without one keeps
+    the operator's address fallback (regex ``(.+)`` leaves ``__tmp_hash`` unset), as the native
+    topology falls back to ``__address__``. Without sharding (one shard) the keep matches every target."""
+    return {"sourceLabels": [identity_label], "targetLabel": SHARD_HASH_LABEL, "regex": "(.+)",
+            "replacement": "$1", "action": "replace"}
 
 
 def _hostname_from_node(identity_label: str) -> list[dict[str, Any]]:
@@ -174,7 +216,8 @@ def pod_monitors(identity_label: str) -> list[dict[str, Any]]:
     target labelled with the fleet config's ``identity_label`` from its pod's node."""
     def monitor(name: str, job: str, selector: dict, namespaces: list[str] | None, port: str, path: str,
                 extra_relabel: list[dict] | None = None, metric_relabel: list[dict] | None = None) -> dict:
-        ep: dict[str, Any] = {"port": port, "path": path, "interval": "15s", "scrapeTimeout": "10s",
+        ep: dict[str, Any] = {"port": port, "path": path, "interval": _fmt_duration(SCRAPE_INTERVAL_S),
+                              "scrapeTimeout": "10s",
                               "relabelings": [*_node_identity(identity_label),
                                               {"targetLabel": "job", "replacement": job, "action": "replace"},
                                               *(extra_relabel or [])]}
@@ -210,17 +253,21 @@ def prometheus_rules(files: dict[str, str]) -> list[dict[str, Any]]:
     config; label ``role: alert-rules`` as in kube-prometheus's own rules): its ``groups`` unchanged
     except the routing label ``gpuobs: "true"`` added to every alerting rule, which the Alertmanager
     fragment routes on."""
-    out = []
-    for name, text in sorted(files.items()):
-        groups = (yaml.safe_load(text) or {}).get("groups") or []
-        for g in groups:
-            for r in g.get("rules") or []:
-                if "alert" in r:
-                    r["labels"] = {**(r.get("labels") or {}), ROUTE_LABEL: "true"}
-        out.append({"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-                    "metadata": _meta(f"gpuobs-{Path(name).stem}", role="alert-rules", prometheus="k8s"),
-                    "spec": {"groups": groups}})
-    return out
+    return [{"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+             "metadata": _meta(f"gpuobs-{Path(name).stem}", role="alert-rules", prometheus="k8s"),
+             "spec": {"groups": _routed_groups(text)}}
+            for name, text in sorted(files.items())]
+
+
+def _routed_groups(text: str) -> list[dict[str, Any]]:
+    """The ``groups`` of a rule file's YAML ``text``, with the routing label ``gpuobs: "true"`` added to
+    every alerting rule (the Alertmanager fragment routes on it)."""
+    groups = (yaml.safe_load(text) or {}).get("groups") or []
+    for g in groups:
+        for r in g.get("rules") or []:
+            if "alert" in r:
+                r["labels"] = {**(r.get("labels") or {}), ROUTE_LABEL: "true"}
+    return groups
 
 
 def dashboard_configmaps(files: dict[str, str]) -> list[dict[str, Any]]:
@@ -238,7 +285,8 @@ def dashboard_configmaps(files: dict[str, str]) -> list[dict[str, Any]]:
 #: Alertmanager pods, e.g. the Prometheus Operator's ``spec.secrets: [gpuobs-pager-token]``, which
 #: mounts it under /etc/alertmanager/secrets/<name>/).
 PAGER_URL = "http://gpuobs-pager.monitoring.svc:9097"
-PAGER_TOKEN_FILE = "/etc/alertmanager/secrets/gpuobs-pager-token/token"
+PAGER_TOKEN_SECRET = "gpuobs-pager-token"
+PAGER_TOKEN_FILE = f"/etc/alertmanager/secrets/{PAGER_TOKEN_SECRET}/token"
 
 
 def alertmanager_fragment(text: str) -> dict[str, Any]:
@@ -667,6 +715,257 @@ def remediation_monitoring() -> list[dict[str, Any]]:
     return [monitor, role, bind]
 
 
+# ---- HA topology -------------------------------------------------------------------------------------
+#: Name of the HA base's Prometheus, Alertmanager, VMSingle and VMAlert (the operators prefix their
+#: workloads: prometheus-gpuobs-ha-<j> for shard 0 and prometheus-gpuobs-ha-shard-<i>-<j> for the others,
+#: alertmanager-gpuobs-ha-<i>, vmsingle-gpuobs-ha, vmalert-gpuobs-ha).
+HA_NAME = "gpuobs-ha"
+HA_SHARDS, HA_REPLICAS, HA_ALERTMANAGERS = 2, 2, 3
+#: External label carrying the replica (the pod name); dropped before remote write and, by the
+#: operator itself, from alerts. Named as the native topology's (gpuobs.stack.ha.TOPOLOGY_LABELS).
+HA_REPLICA_LABEL = "replica"
+#: Which evaluator a rule object is for: ``shard`` (PrometheusRule, the shards' ruleSelector) or
+#: ``fleet`` (VMRule, vmalert's ruleSelector).
+PLACEMENT_LABEL = "gpuobs.io/placement"
+#: Alert timing of the shards and vmalert: gpuobs.stack.alert_timing.derive at a 15 s evaluation
+#: interval (a 5-minute Prometheus or vmalert outage never resolves a firing alert): resend delay
+#: r = ceil((300 + 15 + 45) / 2 / 30) x 30 s = 180 s, ``for`` grace period = the evaluation interval.
+#: The mixin sits below the stack in the layers; tests/mixin/test_kubernetes.py checks these against
+#: the derivation.
+HA_RESEND_DELAY_S = 180
+HA_FOR_GRACE_S = SCRAPE_INTERVAL_S
+#: Prometheus's remote-write batch deadline (queue_config batch_send_deadline, default 5 s): samples
+#: reach VictoriaMetrics at most this late, so its -search.latencyOffset is the interval plus this.
+REMOTE_WRITE_DEADLINE_S = 5
+HA_PROMETHEUS_SA = f"{HA_NAME}-prometheus"
+HA_AM_SERVICE = f"{HA_NAME}-alertmanager"
+HA_AM_CONFIG_SECRET = f"{HA_NAME}-alertmanager-config"
+#: The prometheus-operator's Alertmanager web port and the headless Service of every Alertmanager
+#: StatefulSet it runs (v0.93.0 pkg/alertmanager/statefulset.go: alertmanagerWebPort,
+#: defaultOperatedServiceName), through which each member has a DNS name.
+AM_WEB_PORT = 9093
+AM_OPERATED_SERVICE = "alertmanager-operated"
+#: VictoriaMetrics operator v0.74.1 api/operator/v1beta1/vmsingle_types.go (PrefixedName, AsURL):
+#: Service vmsingle-<name>, port 8428 (http); vmalert_types.go: vmalert-<name>, port 8080.
+VM_URL = f"http://vmsingle-{HA_NAME}.{NAMESPACE}.svc:8428"
+#: The kustomize secretGenerator's source file (key alertmanager.yaml in the Secret, as the operator
+#: reads it) of the HA Alertmanager's configuration.
+HA_AM_CONFIG_FILE = "alertmanager-config.yaml"
+
+
+def ha_alertmanager_urls() -> list[str]:
+    """Every HA Alertmanager member's URL (pod DNS through the operator's headless Service), in the
+    order of the StatefulSet's ordinals: vmalert notifies each one, as the native topology does."""
+    return [f"http://alertmanager-{HA_NAME}-{i}.{AM_OPERATED_SERVICE}.{NAMESPACE}.svc:{AM_WEB_PORT}"
+            for i in range(HA_ALERTMANAGERS)]
+
+
+def ha_prometheus() -> list[dict[str, Any]]:
+    """The sharded, replicated Prometheus (prometheus-operator ``monitoring.coreos.com/v1``
+    ``Prometheus``, fields as in v0.93.0 example/prometheus-operator-crd/monitoring.coreos.com_prometheuses.yaml)
+    and its identity: ServiceAccount, ClusterRole (discover pods, Services, Endpoints and
+    EndpointSlices in every namespace: the dcgm-exporter and vLLM PodMonitors select any namespace)
+    and ClusterRoleBinding.
+
+    * ``shards: 2`` x ``replicas: 2`` (pods ``prometheus-gpuobs-ha-shard-<s>-<r>``); each node lands
+      whole on one shard through the PodMonitors' :func:`shard_key` (in ``monitoring/podmonitors.yaml``).
+    * ``replicaExternalLabelName: replica`` (value: the pod name), ``prometheusExternalLabelName: ""``
+      (no ``prometheus`` label: the series in VictoriaMetrics carry exactly the labels the rules and
+      dashboards expect). The operator drops the replica label from the alerts it sends
+      (v0.93.0 pkg/prometheus/promcfg.go ``appendAlertingConfig``: ``labeldrop`` of it), so both
+      replicas' copies of an alert have one fingerprint; ``remoteWrite[0].writeRelabelConfigs`` drops it
+      before VictoriaMetrics, so the two replicas write identical series that ``-dedup.minScrapeInterval``
+      collapses (docs/ha.md, "Dedup settings").
+    * Rules: the PrometheusRules labelled ``gpuobs.io/placement: shard`` (the node-local rules);
+      alerts to every member of the HA Alertmanager through the Endpoints of :data:`HA_AM_SERVICE`.
+    * ``rules.alert``: :data:`HA_RESEND_DELAY_S`, :data:`HA_FOR_GRACE_S`. Local retention 1 day: the
+      global view and the long windows (SLO rules, in vmalert) are VictoriaMetrics's."""
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(HA_PROMETHEUS_SA)}
+    crole = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": _meta(HA_PROMETHEUS_SA, None),
+             "rules": [{"apiGroups": [""], "resources": ["pods", "services", "endpoints"],
+                        "verbs": ["get", "list", "watch"]},
+                       {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                        "verbs": ["get", "list", "watch"]}]}
+    cbind = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": _meta(HA_PROMETHEUS_SA, None),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": HA_PROMETHEUS_SA},
+             "subjects": [{"kind": "ServiceAccount", "name": HA_PROMETHEUS_SA, "namespace": NAMESPACE}]}
+    interval = _fmt_duration(SCRAPE_INTERVAL_S)
+    prom = {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus", "metadata": _meta(HA_NAME),
+        "spec": {
+            "shards": HA_SHARDS, "replicas": HA_REPLICAS,
+            "serviceAccountName": HA_PROMETHEUS_SA,
+            "scrapeInterval": interval, "evaluationInterval": interval,
+            "replicaExternalLabelName": HA_REPLICA_LABEL, "prometheusExternalLabelName": "",
+            # every gpuobs PodMonitor, in any namespace (monitoring/, remediation/)
+            "podMonitorSelector": {"matchLabels": dict(PART_OF)}, "podMonitorNamespaceSelector": {},
+            # only the HA base's own ServiceMonitor (VictoriaMetrics and vmalert, job ha-global), in monitoring
+            "serviceMonitorSelector": {"matchLabels": {"app.kubernetes.io/name": f"{HA_NAME}-global"}},
+            "ruleSelector": {"matchLabels": {PLACEMENT_LABEL: "shard"}},
+            "rules": {"alert": {"resendDelay": _fmt_duration(HA_RESEND_DELAY_S),
+                                "forGracePeriod": _fmt_duration(HA_FOR_GRACE_S)}},
+            "alerting": {"alertmanagers": [{"namespace": NAMESPACE, "name": HA_AM_SERVICE, "port": "web",
+                                            "apiVersion": "v2"}]},
+            "remoteWrite": [{"url": f"{VM_URL}/api/v1/write",
+                             "writeRelabelConfigs": [{"action": "labeldrop", "regex": HA_REPLICA_LABEL}]}],
+            "retention": "1d",
+            "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}},
+        },
+    }
+    return [sa, crole, cbind, prom]
+
+
+def ha_alertmanager() -> list[dict[str, Any]]:
+    """The Alertmanager cluster (prometheus-operator ``Alertmanager``, v0.93.0 CRD): 3 replicas, which
+    the operator joins into one gossip cluster (every pod gets ``--cluster.peer`` for every member,
+    v0.93.0 pkg/alertmanager/statefulset.go), so the copies of one alert from two replicas x three
+    members make one notification (docs/ha.md). Its configuration is the Secret
+    :data:`HA_AM_CONFIG_SECRET` (``spec.configSecret``: "the name of a Kubernetes Secret ... which
+    contains the configuration for this Alertmanager instance ... under the ``alertmanager.yaml``
+    key", v0.93.0 pkg/apis/monitoring/v1/alertmanager_types.go), a plain Alertmanager config: the
+    operator copies it verbatim, unlike an AlertmanagerConfig resource, which it rewrites (every
+    route scoped to the resource's namespace) and which has no ``credentials_file``. The webhook
+    tokens are files of the Secrets listed in ``spec.secrets`` (mounted under
+    /etc/alertmanager/secrets/<name>/; not generated, see the alertmanager base). Plus the Service
+    whose Endpoints (each member, not a load balancer) Prometheus sends alerts to: Alertmanager docs,
+    "It's important not to load balance traffic between Prometheus and its Alertmanagers"."""
+    am = {"apiVersion": "monitoring.coreos.com/v1", "kind": "Alertmanager", "metadata": _meta(HA_NAME),
+          "spec": {"replicas": HA_ALERTMANAGERS, "configSecret": HA_AM_CONFIG_SECRET,
+                   "secrets": [PAGER_TOKEN_SECRET, REMEDIATION_TOKEN_SECRET],
+                   "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
+                                 "limits": {"cpu": "500m", "memory": "512Mi"}}}}
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(HA_AM_SERVICE),
+           "spec": {"clusterIP": "None",
+                    # the operator's pod labels (v0.93.0 pkg/alertmanager/operator.go makeSelectorLabels)
+                    "selector": {"app.kubernetes.io/name": "alertmanager", "alertmanager": HA_NAME},
+                    "ports": [{"name": "web", "port": AM_WEB_PORT, "targetPort": "web", "protocol": "TCP"}]}}
+    return [svc, am]
+
+
+def ha_victoriametrics(slo_period_s: int) -> list[dict[str, Any]]:
+    """VictoriaMetrics operator (``operator.victoriametrics.com/v1beta1``, v0.74.1) objects:
+
+    * ``VMSingle``: the global store every shard replica remote-writes to, with
+      ``-dedup.minScrapeInterval`` = the scrape interval (VictoriaMetrics docs, "Deduplication": "If
+      duplicate data is pushed to VictoriaMetrics from identically configured vmagent instances or
+      Prometheus instances, then the -dedup.minScrapeInterval must be set to scrape_interval from scrape
+      configs"), ``-search.latencyOffset`` = interval + :data:`REMOTE_WRITE_DEADLINE_S`, retention the
+      SLO period (``slo_period_s``, seconds) plus a week: the error-budget rules read a whole period.
+    * ``VMAlert``: the fleet-wide rules (the VMRules labelled ``gpuobs.io/placement: fleet``; with
+      ``ruleNamespaceSelector`` unset the operator selects VMRules in VMAlert's namespace only,
+      vmalert_types.go ``RuleSelector``) against VMSingle, recording results and ``ALERTS`` written
+      back and ``for`` state restored from it, every Alertmanager member notified, and
+      ``-rule.resendDelay`` = the shards' resend delay with ``-rule.maxResolveDuration=0``
+      (gpuobs.stack.alert_timing: the same validity, 4 x resend delay, as the shards' alerts).
+
+    The VictoriaMetrics operator also converts PrometheusRules into VMRules by default, keeping their
+    labels: the shards' PrometheusRules (``placement: shard``) are then not selected by this VMAlert."""
+    interval = _fmt_duration(SCRAPE_INTERVAL_S)
+    retention_days = math.ceil(slo_period_s / 86400) + 7
+    single = {"apiVersion": "operator.victoriametrics.com/v1beta1", "kind": "VMSingle", "metadata": _meta(HA_NAME),
+              "spec": {"retentionPeriod": f"{retention_days}d",
+                       "extraArgs": {"dedup.minScrapeInterval": interval,
+                                     "search.latencyOffset": _fmt_duration(SCRAPE_INTERVAL_S + REMOTE_WRITE_DEADLINE_S)},
+                       "storage": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "100Gi"}}},
+                       "resources": {"requests": {"cpu": "500m", "memory": "2Gi"},
+                                     "limits": {"cpu": "4", "memory": "8Gi"}}}}
+    vmalert = {"apiVersion": "operator.victoriametrics.com/v1beta1", "kind": "VMAlert", "metadata": _meta(HA_NAME),
+               "spec": {"replicaCount": 1, "evaluationInterval": interval,
+                        "datasource": {"url": VM_URL}, "remoteWrite": {"url": VM_URL}, "remoteRead": {"url": VM_URL},
+                        "notifiers": [{"url": u} for u in ha_alertmanager_urls()],
+                        "ruleSelector": {"matchLabels": {PLACEMENT_LABEL: "fleet"}},
+                        "extraArgs": {"rule.resendDelay": _fmt_duration(HA_RESEND_DELAY_S),
+                                      "rule.maxResolveDuration": "0"},
+                        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                      "limits": {"cpu": "1", "memory": "1Gi"}}}}
+    return [single, vmalert]
+
+
+def ha_global_monitor() -> dict[str, Any]:
+    """The ServiceMonitor through which every shard replica scrapes VictoriaMetrics and vmalert as job
+    ``ha-global`` (:data:`gpuobs.mixin.placement.GLOBAL_JOB`), for ``FleetRulesBlind``: unsharded
+    (``__tmp_disable_sharding``: prometheus-operator v0.93.0 Documentation/platform/sharding.md,
+    "Scraping a target from all the shards"), since each shard must notice for itself that the global
+    view is gone. It selects the operator's Services by their labels (VictoriaMetrics operator v0.74.1
+    ``SelectorLabels``: app.kubernetes.io/name vmsingle|vmalert, app.kubernetes.io/instance, managed-by)."""
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(f"{HA_NAME}-global"),
+            "spec": {"selector": {"matchLabels": {"app.kubernetes.io/instance": HA_NAME, "managed-by": "vm-operator"},
+                                  "matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In",
+                                                        "values": ["vmsingle", "vmalert"]}]},
+                     "endpoints": [{"port": "http", "path": "/metrics", "interval": _fmt_duration(SCRAPE_INTERVAL_S),
+                                    "relabelings": [
+                                        {"targetLabel": "job", "replacement": GLOBAL_JOB, "action": "replace"},
+                                        {"targetLabel": SHARD_DISABLE_LABEL, "replacement": "true",
+                                         "action": "replace"}]}]}}
+
+
+def ha_rules(rule_files: dict[str, str], fleet: FleetConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rules split as the native HA topology splits them (``rule_files``: file name -> YAML text as
+    rendered for ``fleet``): :func:`gpuobs.mixin.placement.place` by ``fleet.identity_label``, the
+    node-local rules plus ``FleetRulesBlind`` (:func:`gpuobs.mixin.placement.blind_rule`, with
+    ``fleet.runbook_base``) as PrometheusRules for the shards, the fleet-wide rules (their counter
+    functions rewritten for MetricsQL by the placement) as VMRules for vmalert; every alerting rule
+    with the routing label. Returns (PrometheusRules, VMRules), one object per rule file and side."""
+    placed = place(rule_files, fleet.identity_label)
+    shard = {**placed.shard, "ha-topology.yml": blind_rule(fleet.runbook_base)}
+    prom = [{"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+             "metadata": _meta(f"{HA_NAME}-{Path(name).stem}", **{PLACEMENT_LABEL: "shard"}),
+             "spec": {"groups": _routed_groups(text)}} for name, text in sorted(shard.items())]
+    vm = [{"apiVersion": "operator.victoriametrics.com/v1beta1", "kind": "VMRule",
+           "metadata": _meta(f"{HA_NAME}-{Path(name).stem}", **{PLACEMENT_LABEL: "fleet"}),
+           "spec": {"groups": _routed_groups(text)}} for name, text in sorted(placed.fleet.items())]
+    return prom, vm
+
+
+#: The comment atop ha/kustomization.yaml: what the overlay is and how to apply it.
+HA_NOTE = f"""\
+#
+# The HA topology (docs/ha.md): the monitoring base plus {HA_SHARDS} Prometheus shards x {HA_REPLICAS} replicas,
+# a {HA_ALERTMANAGERS}-member Alertmanager cluster, VictoriaMetrics (VMSingle) and vmalert (VMAlert).
+# Needs the prometheus-operator and VictoriaMetrics operator CRDs and controllers, and the webhook
+# token Secrets {PAGER_TOKEN_SECRET} and {REMEDIATION_TOKEN_SECRET} in `{NAMESPACE}` (see remediation/controller.yaml).
+#   kubectl apply --server-side -k deploy/kubernetes/ha   (instead of monitoring/; server-side: the dashboards' size)
+# The monitoring base's PrometheusRules (every rule, for one unsharded Prometheus) are deleted here:
+# the shards get the node-local rules, vmalert the fleet-wide ones.
+"""
+
+
+class _BlockDumper(_Dumper):
+    """:class:`_Dumper` writing multi-line strings as literal blocks (``|``): the inline patches."""
+
+
+_BlockDumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s,
+                                                                  style="|" if "\n" in s else None))
+
+
+def ha_kustomization(base_rules: list[dict[str, Any]]) -> str:
+    """ha/kustomization.yaml: the monitoring base plus the HA objects, the Alertmanager config Secret
+    generated from :data:`HA_AM_CONFIG_FILE` (no name hash: ``spec.configSecret`` is no field kustomize
+    rewrites), and one inline delete patch (strategic merge ``$patch: delete``) for each of the
+    monitoring base's PrometheusRules (``base_rules``), which hold every rule for one unsharded
+    Prometheus; the HA base ships them split instead (:func:`ha_rules`). One patch per object: kustomize
+    v5.5.0 (kubectl 1.32) panics on a patch file holding several delete documents."""
+    def delete(r: dict[str, Any]) -> dict[str, Any]:
+        meta = {"name": r["metadata"]["name"], "namespace": r["metadata"]["namespace"]}
+        body = {"$patch": "delete", "apiVersion": r["apiVersion"], "kind": r["kind"], "metadata": meta}
+        return {"target": {"kind": r["kind"], "name": meta["name"]}, "patch": yaml.safe_dump(body, sort_keys=False)}
+    doc: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../monitoring", *HA_RESOURCES],
+        "secretGenerator": [{"name": HA_AM_CONFIG_SECRET, "namespace": NAMESPACE,
+                             "files": [f"alertmanager.yaml={HA_AM_CONFIG_FILE}"],
+                             "options": {"disableNameSuffixHash": True, "labels": dict(PART_OF)}}],
+        "patches": [delete(r) for r in base_rules],
+    }
+    return HEADER + HA_NOTE + yaml.dump(doc, Dumper=_BlockDumper, sort_keys=False, width=120)
+
+
+#: The HA base's own object files (ha/kustomization.yaml's resources after ../monitoring).
+HA_RESOURCES = ["prometheus.yaml", "alertmanager.yaml", "victoriametrics.yaml", "rules-shard.yaml", "rules-fleet.yaml"]
+
+
 def _kustomization(resources: list[str], namespace: str | None = None) -> str:
     doc: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
     if namespace:
@@ -678,9 +977,10 @@ def _kustomization(resources: list[str], namespace: str | None = None) -> str:
 def render(horizon_s: float, interval_s: float, fleet: FleetConfig) -> dict[str, str]:
     """Every file of ``deploy/kubernetes`` (relative path -> text) for the canary config's horizon and
     interval, seconds (the CLI passes the packaged config's; mixin sits below canary in the layers), and
-    the fleet config ``fleet``: the PodMonitors' identity label, the PrometheusRules, dashboards and
-    Alertmanager fragment rendered from it (:func:`gpuobs.mixin.render.render_all`). Raises
-    FleetConfigError / SloConfigError for a bad config."""
+    the fleet config ``fleet``: the PodMonitors' identity label and shard key, the PrometheusRules,
+    dashboards and Alertmanager fragment rendered from it (:func:`gpuobs.mixin.render.render_all`), the
+    HA base's rule split by its identity label. Raises FleetConfigError / SloConfigError for a bad
+    config, PlacementError for a rule that does not parse."""
     generated = render_all(fleet)
 
     def under(prefix: str) -> dict[str, str]:
@@ -699,6 +999,18 @@ def render(horizon_s: float, interval_s: float, fleet: FleetConfig) -> dict[str,
         "alertmanager/gpuobs-fragment.yaml": HEADER + yaml.safe_dump(
             alertmanager_fragment(generated["alertmanager/alertmanager.yml"]), sort_keys=False),
     }
+    shard_rules, fleet_rules = ha_rules(under("prometheus/rules/"), fleet)
+    slo_period_s = parse_period(load_slo_config(assets.path("prometheus/slo.yaml"))["period"])
+    files.update({
+        "ha/prometheus.yaml": _dump(*ha_prometheus(), ha_global_monitor()),
+        "ha/alertmanager.yaml": _dump(*ha_alertmanager()),
+        # the Alertmanager fragment is a whole config: its root route catches what is not gpuobs's
+        "ha/" + HA_AM_CONFIG_FILE: files["alertmanager/gpuobs-fragment.yaml"],
+        "ha/victoriametrics.yaml": _dump(*ha_victoriametrics(slo_period_s)),
+        "ha/rules-shard.yaml": _dump(*shard_rules),
+        "ha/rules-fleet.yaml": _dump(*fleet_rules),
+        "ha/kustomization.yaml": ha_kustomization(prometheus_rules(under("prometheus/rules/"))),
+    })
     files["monitoring/kustomization.yaml"] = _kustomization(
         ["exporter-daemonset.yaml", "podmonitors.yaml", "prometheusrules.yaml", "dashboards.yaml"])
     files["canary/kustomization.yaml"] = _kustomization(["serve.yaml"])

@@ -50,7 +50,7 @@ import yaml
 from gpuobs.core.durations import format_duration
 from gpuobs.core.files import atomic_write
 from gpuobs.core.fleet import shipped_fleet
-from gpuobs.mixin.placement import place
+from gpuobs.mixin.placement import GLOBAL_JOB, blind_rule, place
 from gpuobs.mixin.profile import profile_rules
 from gpuobs.stack import alert_timing
 from gpuobs.stack.ports import free_port_range
@@ -226,34 +226,6 @@ def render_rules_placed(run: Path, runbook_base: str, profile: str) -> tuple[Pat
             atomic_write(folder / fname, text)
     atomic_write(run / "placement.json", json.dumps([asdict(r) for r in placed.rules], indent=1))
     return shard_dir, fleet_dir
-
-
-#: Job name under which every replica scrapes VictoriaMetrics and vmalert (no sharding: each shard
-#: must notice for itself that the global view is gone).
-GLOBAL_JOB = "ha-global"
-
-
-def blind_rule(runbook_base: str) -> str:
-    """Rule file (YAML text) of ``FleetRulesBlind``, evaluated on every shard: VictoriaMetrics or
-    vmalert is down (``up == 0``), or a vmalert rule's last evaluation failed (vmalert 1.79's
-    ``vmalert_alerting_rules_error`` / ``vmalert_recording_rules_error`` gauges are 1, e.g. while
-    VictoriaMetrics does not answer), so the fleet-wide rules cannot fire. A ticket (severity warning), not a page: the
-    node-local pages, on the shards, still arrive. Node-local by :mod:`gpuobs.mixin.placement`
-    (every aggregation keeps ``instance``)."""
-    doc = {"groups": [{"name": "ha-topology", "rules": [{
-        "alert": "FleetRulesBlind",
-        "expr": (f'up{{job="{GLOBAL_JOB}"}} == 0 or max by (job, instance) ('
-                 f'vmalert_alerting_rules_error{{job="{GLOBAL_JOB}"}} '
-                 f'or vmalert_recording_rules_error{{job="{GLOBAL_JOB}"}}) > 0'),
-        "for": "20s",
-        "labels": {"severity": "warning", "family": "ha"},
-        "annotations": {
-            "summary": "The fleet-wide rules are blind: VictoriaMetrics or vmalert is down or failing.",
-            "description": "{{ $labels.instance }} ({{ $labels.job }}) is down or vmalert's rules fail: driver skew, "
-                           "SLO burn and training-straggler alerts cannot fire until it is back. Node-local pages "
-                           "(Xid, ECC, exporter down) still come from the Prometheus shards.",
-            "runbook_url": f"{runbook_base.rstrip('/')}/runbooks/ha.md#fleetrulesblind"}}]}]}
-    return "# The HA topology's own alert (gpuobs.stack.ha.blind_rule).\n" + yaml.safe_dump(doc, sort_keys=False)
 
 
 def _cluster_size(url: str) -> int:
