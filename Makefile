@@ -23,7 +23,8 @@ DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19
 
 help:
 	@echo "make up | up-ha | up-compose-ha | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | drills-ha |"
-	@echo "     rollout-good | rollout-bad | rollout-incompatible | flag-good | flag-bad | bench | bench-canary | bench-latency | bench-scale | rules | clean"
+	@echo "     rollout-good | rollout-bad | rollout-incompatible | flag-good | flag-bad | upgrade-good |"
+	@echo "     drill-driver-regression | bench | bench-canary | bench-upgrade | bench-latency | bench-scale | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpuobs needs Python >= 3.11")'
@@ -234,6 +235,30 @@ flag-good: venv
 
 flag-bad: venv
 	$(call flag_demo,spec_decode,RolledBack,nowhere)
+
+# Driver upgrade demos (docs/upgrade.md) against the mixed fleet `make up-mixed` started (19 H100 + 1 L40S
+# serving nodes): upgrade-good (570.172.08, a clean driver -> Succeeded on every node, median time per
+# batch printed), drill-driver-regression (570.195.03: +8% TTFT/ITL on L40S only -> the L40S canary batch
+# is judged ROLLBACK, that node returns to the old driver, the H100 nodes keep theirs -> RolledBack).
+# Each prints the progress, checks the end state and every node's driver (scripts/upgrade_demo.py).
+UPGRADE_FLAGS ?= --batches canary,25%,50%,100% --interval 15s --batch-timeout 10m --settle 15s
+define upgrade_demo
+	@rc=0; $(GPUOBS) --log-level warning upgrade run --run-dir $(RUN_DIR) --driver $(1) $(UPGRADE_FLAGS) || rc=$$?; \
+	$(GPUOBS) upgrade status --run-dir $(RUN_DIR) --json > $(RUN_DIR)/upgrade-last.json; \
+	echo "report: $$($(GPUOBS) report rollout --file $(RUN_DIR)/upgrade-last.json --run-dir $(RUN_DIR) | tail -n 1)"; \
+	$(PY) scripts/upgrade_demo.py $(RUN_DIR) $(2) $(3)
+endef
+
+.PHONY: upgrade-good drill-driver-regression bench-upgrade
+upgrade-good: venv
+	$(call upgrade_demo,570.172.08,Succeeded)
+
+drill-driver-regression: venv
+	$(call upgrade_demo,570.195.03,RolledBack,L40S)
+
+# Seeded first batches of a driver upgrade on 19 H100 + 1 L40S through the per-model judge (about 3 min).
+bench-upgrade: venv
+	$(PY) bench/bench_upgrade.py
 
 # Which alert families work on the running stack's Prometheus (or GPUOBS_PROMETHEUS_URL): docs/doctor.md.
 .PHONY: doctor
