@@ -89,18 +89,21 @@ def test_every_notice_runbook_url_lands_on_a_section_with_every_part():
     (markdown anchor, rendered anchor, Meaning/Impact/Diagnosis/Mitigation/Escalation)."""
     text = (ROOT / "runbooks" / "rollout.md").read_text()
     rendered = runbooks.anchors(runbooks.page("rollout.md", text))
-    names = alertnames() + alertnames(flag=True)
-    assert len(names) == 6
+    names = alertnames() + alertnames(flag=True) + alertnames(group="upgrade")
+    assert len(names) == 9
     for name in names:
-        state = name.removeprefix("Flag").removeprefix("Rollout")
-        url = notice(rec(state), ".run", BASE, flag="f" if name.startswith("Flag") else None)["annotations"]["runbook_url"]
+        state = name.removeprefix("Flag").removeprefix("Rollout").removeprefix("DriverUpgrade")
+        group = "upgrade" if name.startswith("DriverUpgrade") else "rollout"
+        url = notice(rec(state), ".run", BASE, flag="f" if name.startswith("Flag") else None,
+                     group=group)["annotations"]["runbook_url"]
         assert url == f"{BASE}/runbooks/rollout.md#{name.lower()}"
         anchor = url.split("#", 1)[1]
         assert anchor in markdown_anchors(text) and anchor in rendered, f"{name}: no heading for #{anchor}"
         section = runbook_section(text, name)
         for part in RUNBOOK_PARTS:
             assert f"**{part}" in section, f"runbooks/rollout.md '## {name}' lacks a {part} section"
-        assert "gpuobs " in section and " status" in section  # how to confirm
+        cmd = "flag" if name.startswith("Flag") else group
+        assert f"gpuobs {cmd} status" in section  # how to confirm, with the command group's own status
 
 
 def test_unreachable_alertmanager_is_a_warning_not_a_crash():
