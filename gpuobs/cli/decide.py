@@ -309,7 +309,7 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
         if line:
             print(line, flush=True)
             impact_line = notice_impact(client, fleet_cfg, rec, str(args.run_dir), stack.runbook_base or
-                                        fleet_cfg.runbook_base, flag, ended_in)
+                                        fleet_cfg.runbook_base, flag, ended_in, kind.group)
             if impact_line:
                 print(impact_line, flush=True)
         print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus, kind.group), flush=True)
@@ -335,7 +335,7 @@ def _warn(line: str | None) -> None:
 
 
 def notice_impact(client: PromClient, fleet_cfg, rec: Any, run_dir: str, runbook_base: str, flag: str | None,
-                  stage: Any) -> str | None:
+                  stage: Any, group: str = "rollout") -> str | None:
     """``impact: <line>``: what the rollout's noticed stage cost on its nodes (:mod:`gpuobs.pager.impact`,
     the same numbers the pager shows on the notice's incident), or a line saying why it could not be
     measured; None when the notice names no nodes (no stage ran)."""
@@ -343,7 +343,7 @@ def notice_impact(client: PromClient, fleet_cfg, rec: Any, run_dir: str, runbook
     from gpuobs.promapi.prometheus import PrometheusError
     from gpuobs.rollout.notices import notice
 
-    alert = notice(rec, run_dir, runbook_base, flag=flag, stage=stage)
+    alert = notice(rec, run_dir, runbook_base, flag=flag, stage=stage, group=group)
     if alert is None or "affected_nodes" not in alert["annotations"]:
         return None
     try:

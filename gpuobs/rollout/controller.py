@@ -66,6 +66,9 @@ class Controller:
     noticed while waiting.
     """
 
+    #: The command group and the noun of the progress lines (a subclass for flags or drivers sets its own).
+    group, noun = "rollout", "rollout"
+
     def __init__(self, store: RolloutStore, fleet: Fleet, signals: Signals, analyzers: AnalyzerFactory, *,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  out: Callable[[str], None] = print, tracer: tracing.Tracing | None = None, poll_s: float = 1.0):
@@ -453,9 +456,10 @@ class Controller:
             if failed:
                 sp.set_status(Status(StatusCode.ERROR, "; ".join(failed)))
         if reverted:
-            self._say(rec, f"rolled back {', '.join(reverted)}; labels restored")
+            self._say(rec, f"rolled back {', '.join(reverted)}" + ("; labels restored" if rec.spec.get("label_snapshot")
+                                                                    else ""))
         if failed:
-            self._say(rec, "error: rollback incomplete (" + "; ".join(failed) + "): run `gpuobs rollout resume`")
+            self._say(rec, "error: rollback incomplete (" + "; ".join(failed) + f"): run `gpuobs {self.group} resume`")
             return self.store.get(rec.id)
         return self.store.transition(rec.id, rec.target, reason=rec.reason)
 
@@ -493,7 +497,7 @@ class Controller:
                     p = rec.paused
                     self.store.log_event(rollout_id, "held", p.get("operator", "?"), p.get("reason", ""), rec.stage)
                     self._say(rec, f"paused by {p.get('operator')}: {p.get('reason')}; holding (no look, no verdict "
-                                   "acted on, no stage advance) until `gpuobs rollout resume` or `promote`")
+                                   f"acted on, no stage advance) until `gpuobs {self.group} resume` or `promote`")
                 self.sleep(self.poll_s)
                 continue
             if noticed:
@@ -534,5 +538,5 @@ class Controller:
     def _say(self, rec: RolloutRecord, msg: str) -> None:
         """A progress line to ``out`` (human) and the same event as a JSON log line (:mod:`gpuobs.core.log`)."""
         stamp = time.strftime("%H:%M:%SZ", time.gmtime(self.clock()))
-        self.out(f"{stamp} rollout {rec.id}: {msg}")
+        self.out(f"{stamp} {self.noun} {rec.id}: {msg}")
         LOG.info(msg, extra={"fields": {"rollout": rec.id, "version": rec.version}})

@@ -58,6 +58,7 @@ from gpuobs.rollout.controller import Controller
 from gpuobs.rollout.interfaces import Fleet, FleetError, SignalsUnavailable
 from gpuobs.rollout.model import (
     ABORTED,
+    CANARY_ROLLBACK,
     COMPAT_CHECKED,
     REJECTED,
     ROLLED_BACK,
@@ -73,6 +74,8 @@ DRIVER_ENGINE = "NVIDIA driver"
 CANARY_BATCH = "canary"
 #: What a batch's verdict is called when a node's health check failed after the install.
 HEALTH_CHECK_ROLLBACK = "ROLLBACK (health check)"
+#: How the reason of a rollback for a failed health check begins.
+HEALTH_CHECK_REASON = "health check failed"
 
 
 def short_model(model_name: str) -> str:
@@ -285,6 +288,7 @@ class DriverController(Controller):
     :data:`SelectingFactory`; ``identity_label``: the fleet config's (node selectors)."""
 
     fleet: DriverFleet
+    group, noun = "upgrade", "driver upgrade"
 
     def __init__(self, *args: Any, identity_label: str = "Hostname", **kw: Any):
         super().__init__(*args, **kw)
@@ -394,7 +398,7 @@ class DriverController(Controller):
                               "reasons": [f"{short_model(m)}: health check failed on {'; '.join(f)}"
                                           for m, f in failed.items()]}
             self.store.save_stage(rec.id, st)
-            self._begin_rollback(rec, ROLLED_BACK, f"health check failed after installing driver {spec.version} "
+            self._begin_rollback(rec, ROLLED_BACK, f"{HEALTH_CHECK_REASON} after installing driver {spec.version} "
                                                    f"in {name}: " + "; ".join(st.verdict_doc["reasons"]),
                                  st, "failed")
             return False
@@ -404,8 +408,8 @@ class DriverController(Controller):
     def regressed_models(self, rec: RolloutRecord) -> list[str]:
         """The GPU models a failed batch judged ROLLBACK (canary analysis or health check); empty
         when the rollback is not a model's regression (abort, freeze, errors, deadline)."""
-        if rec.target != ROLLED_BACK:
-            return []
+        if rec.target != ROLLED_BACK or not str(rec.reason).startswith((CANARY_ROLLBACK, HEALTH_CHECK_REASON)):
+            return []  # e.g. an SLO page: every node goes back, whatever an earlier look said
         out: list[str] = []
         for st in self.store.stages(rec.id):
             if st.status == "failed":

@@ -75,6 +75,7 @@ class FlagController(Controller):
     """The rollout controller with the flag gate and the kill switch; ``fleet`` is a :class:`FlagFleet`."""
 
     fleet: FlagFleet
+    group = "flag"
 
     def id_stem(self, spec: RolloutSpec) -> str:
         return parse_variant(spec.version)[0]

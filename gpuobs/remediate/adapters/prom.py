@@ -6,8 +6,8 @@ series for "is the alert still firing", and the rollout store for the nodes a ro
   prometheus/prometheus ``rules/alerting.go`` ``sample()``; VictoriaMetrics' vmalert writes the same
   series to its remote-write target). Any answer Prometheus cannot give raises ActionError: the
   controller never reads an outage as "clear".
-* ``rollout_holds()``: every node of every rollout (releases, flags; the driver upgrade when it exists)
-  that is not terminal, from ``<run>/rollout.sqlite`` and ``<run>/flag.sqlite``
+* ``rollout_holds()``: every node of every rollout (releases, flags, driver upgrades) that is not
+  terminal, from ``<run>/rollout.sqlite``, ``<run>/flag.sqlite`` and ``<run>/upgrade.sqlite``
   (:class:`gpuobs.rollout.store.RolloutStore`); ``abort_rollout`` sets the rollout's ``abort_reason``,
   which its controller applies at its next step by rolling back (what ``gpuobs rollout abort`` does).
 """
@@ -22,7 +22,7 @@ from gpuobs.remediate.interfaces import ActionError
 from gpuobs.rollout.model import TERMINAL
 from gpuobs.rollout.store import RolloutStore
 
-ROLLOUT_DBS = ("rollout.sqlite", "flag.sqlite")
+ROLLOUT_DBS = ("rollout.sqlite", "flag.sqlite", "upgrade.sqlite")
 
 
 def _quote(value: str) -> str:
