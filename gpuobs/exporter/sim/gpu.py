@@ -134,15 +134,15 @@ def parse_gpu_models(spec: str, serving_nodes: int, field_name: str = "--gpu-mod
     for entry in spec.split(","):
         name, sep, count = entry.strip().partition(":")
         if not sep or not count.strip().isdigit() or not name.strip():
-            raise InputError(f"{field_name}: entry {entry.strip()!r} must be MODEL:COUNT (e.g. H100:19,L40S:1); "
-                             f"models: {known}")
+            raise InputError(f"{field_name} {spec!r}: entry {entry.strip()!r} must be MODEL:COUNT (e.g. "
+                             f"H100:19,L40S:1); models: {known}")
         if name.strip() not in GPU_MODELS:
-            raise InputError(f"{field_name}: unknown GPU model {name.strip()!r}; known: {known}")
+            raise InputError(f"{field_name} {spec!r}: unknown GPU model {name.strip()!r}; known: {known}")
         if int(count) < 1:
-            raise InputError(f"{field_name}: count of {name.strip()} must be at least 1, got {count.strip()}")
+            raise InputError(f"{field_name} {spec!r}: count of {name.strip()} must be at least 1, got {count.strip()}")
         out += [GPU_MODELS[name.strip()]] * int(count)
     if len(out) != serving_nodes:
-        raise InputError(f"{field_name} {spec}: counts sum to {len(out)}, expected {serving_nodes} (the serving "
+        raise InputError(f"{field_name} {spec!r}: counts sum to {len(out)}, expected {serving_nodes} (the serving "
                          f"nodes: --nodes minus --training-nodes)")
     return out
 
