@@ -654,8 +654,10 @@ class Node:
         every GPU): ``{"passed": bool, "failures": ["GPU 3: row remap failure (Xid 64)", ...]}``, one
         string per problem. Fails for a GPU that is absent, or has an active Xid fault whose catalogue
         severity is critical (:func:`gpuobs.reference.xid.critical_codes`), ecc-dbe, row-remap-failure,
-        nvlink-errors, pcie-replay, thermal or power-brake. NodeActionError for a bad index,
-        NodeStateError while the node is rebooting or down (no verdict)."""
+        nvlink-errors, pcie-replay, thermal or power-brake; and, while the running driver's hidden profile
+        on this GPU model has ``diag_fails``, one more: ``driver 575.57.08: health check failed on NVIDIA L40S
+        (...)``. NodeActionError for a bad index, NodeStateError while the node is rebooting, reloading its
+        driver or down (no verdict)."""
         indexes = range(len(self.gpus)) if gpu is None else [check_gpu(gpu, len(self.gpus))]
         with self.lock:
             self._require_up("diag")
@@ -671,8 +673,7 @@ class Node:
             if dp.diag_fails:
                 which = "every GPU" if gpu is None else f"GPU {gpu}"
                 failures.append(f"driver {self.driver_version}: health check failed on {self.cfg.model.name} "
-                                f"(dcgmi diag -r 2: the 'diagnostic' (GPU stress) test failed on {which}; "
-                                f"the same GPUs pass on the previous driver)")
+                                f"(dcgmi diag -r 2: the 'diagnostic' (GPU stress) test failed on {which})")
             failures = list(dict.fromkeys(failures))
             return {"passed": not failures, "failures": failures}
 
