@@ -19,11 +19,11 @@ EXPORTER_PROFILE ?= $(or $(GPUOBS_EXPORTER_PROFILE),stock)
 DRILL_RUN_DIR ?= .run-drills
 DRILL_PORTS ?= --prometheus-port 19090 --alertmanager-port 19093 --pager-port 19097 --remediate-port 19098 --base-port 19400 --engine-base-port 18000
 
-.PHONY: help venv binaries up up-ha up-compose-ha down status images test-compose test test-faults lint rules drills drills-ha drills-remediation bench bench-canary bench-latency bench-scale clean
+.PHONY: help venv binaries up up-mixed up-ha up-compose-ha down status images test-compose test test-faults lint rules drills drills-ha drills-remediation bench bench-canary bench-latency bench-scale clean
 
 help:
-	@echo "make up | up-ha | up-compose-ha | down | status | images | test | test-compose | test-faults | lint | drill-<name> | drills | drills-ha |"
-	@echo "     rollout-good | rollout-bad | rollout-incompatible | flag-good | flag-bad | upgrade-good |"
+	@echo "make up | up-mixed | up-ha | up-compose-ha | down | status | images | test | test-compose | test-faults | lint | drill-<name> |"
+	@echo "     drills | drills-ha | rollout-good | rollout-bad | rollout-incompatible | flag-good | flag-bad | upgrade-good |"
 	@echo "     drill-driver-regression | bench | bench-canary | bench-upgrade | bench-latency | bench-scale | rules | clean"
 
 $(VENV)/.installed: pyproject.toml
@@ -44,16 +44,25 @@ COMPOSE_PY := $(GPUOBS) compose
 # recorded in $(RUN_DIR)/mode so down/status act on the same one.
 # A stack already running from $(RUN_DIR), or a bad GPUOBS_* value, is refused first (`stack up --check`),
 # before anything is said about starting or written to the run directory.
-STACK_UP := $(GPUOBS) stack up --stop-hint "make down" --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE)
+# GPU models of the serving nodes for `make up` (docs/topology.md "Mixed fleet"), e.g. H100:3,L40S:1; empty:
+# every node H100. A mixed fleet runs natively (the compose stack has no per-node model).
+GPU_MODELS ?= $(GPUOBS_GPU_MODELS)
+STACK_UP := $(GPUOBS) stack up --stop-hint "make down" --run-dir $(RUN_DIR) --exporter-profile $(EXPORTER_PROFILE) \
+	$(if $(GPU_MODELS),--gpu-models "$(GPU_MODELS)")
 up: venv binaries
 	@$(STACK_UP) --check >/dev/null
 	@mkdir -p $(RUN_DIR)
-	@if why=$$($(COMPOSE_PY) check 2>&1); then \
-	  echo compose > $(RUN_DIR)/mode; $(COMPOSE_PY) up --run-dir $(RUN_DIR); \
-	else \
-	  echo "$$why; starting the native stack (prometheus + alertmanager from PATH)."; \
-	  echo native > $(RUN_DIR)/mode; $(STACK_UP); \
-	fi
+	@if [ -n "$(GPU_MODELS)" ]; then why="GPU_MODELS is set (a mixed fleet runs natively)"; \
+	elif why=$$($(COMPOSE_PY) check 2>&1); then \
+	  echo compose > $(RUN_DIR)/mode; $(COMPOSE_PY) up --run-dir $(RUN_DIR); exit 0; \
+	fi; \
+	echo "$$why; starting the native stack (prometheus + alertmanager from PATH)."; \
+	echo native > $(RUN_DIR)/mode; $(STACK_UP)
+
+# A mixed fleet (docs/topology.md "Mixed fleet"): 20 serving nodes (19 H100 + 1 L40S) and 1 training
+# node, natively, for the driver-upgrade demos. `make down` stops it.
+up-mixed: venv binaries
+	@GPUOBS_NODES=21 GPUOBS_TRAINING_NODES=1 $(MAKE) --no-print-directory up GPU_MODELS=H100:19,L40S:1
 
 # The HA topology (docs/ha.md): 2 Prometheus shards x 2 replicas, a 3-member Alertmanager cluster,
 # VictoriaMetrics (global store, replica dedup) and vmalert (fleet-wide rules), natively. `make down`

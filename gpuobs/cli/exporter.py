@@ -9,6 +9,7 @@ from gpuobs.cli.common import (
     PORT,
     env,
     fail,
+    named,
     finite,
     int_range,
     pos_float,
@@ -25,7 +26,11 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     )
     from gpuobs.exporter.sim import profiles
     from gpuobs.exporter.sim.mig import parse_mig_spec
+    from gpuobs.core.errors import InputError
+    from gpuobs.exporter.sim.gpu import parse_gpu_models
     from gpuobs.flags.flagd import FlagFileError
+    from gpuobs.reference.drivers import DriverCatalogueError
+    from gpuobs.reference.drivers import load as load_drivers
     from gpuobs.reference.releases import CatalogueError
 
     for flag, value, allowed in (("--exporter-profile (GPUOBS_EXPORTER_PROFILE)", args.exporter_profile, profiles.PROFILES),
@@ -61,6 +66,15 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     except CatalogueError as exc:
         return fail(f"--releases: {exc}")
     try:
+        load_drivers(Path(args.drivers) if args.drivers else None)
+    except DriverCatalogueError as exc:
+        return fail(f"--drivers (GPUOBS_DRIVERS): {exc}")
+    try:
+        parse_gpu_models(args.gpu_models or "", args.nodes - args.training_nodes,
+                         named("--gpu-models", args.gpu_models, "GPU_MODELS"))
+    except InputError as exc:
+        return fail(str(exc))
+    try:
         token = load_or_create_token(args.token, Path(args.token_file))
     except (OSError, ValueError) as exc:
         return fail(f"admin token: {exc}")
@@ -72,7 +86,8 @@ def cmd_exporter(args: argparse.Namespace) -> int:
                       xid_window_ms=args.xid_window_ms, tick_s=args.tick_s, engine_base_port=args.engine_base_port,
                       training_nodes=args.training_nodes, node_offset=args.node_offset, rate_rps=args.rate,
                       mig=mig, k8s=k8s, releases_file=Path(args.releases) if args.releases else None,
-                      flags_file=Path(args.flags) if args.flags else None)
+                      flags_file=Path(args.flags) if args.flags else None, gpu_models=args.gpu_models or "",
+                      drivers_file=Path(args.drivers) if args.drivers else None)
     try:
         fleet = SimFleet(cfg, token)
     except FlagFileError as exc:
@@ -135,4 +150,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--flags", default=env("FLAGS_FILE"), metavar="FILE",
                    help="flagd-format feature-flag file the engines evaluate through OpenFeature (env "
                         "GPUOBS_FLAGS_FILE; default: none, every flag off)")
+    e.add_argument("--gpu-models", default=env("GPU_MODELS", ""), metavar="MODEL:COUNT,...",
+                   help="GPU models of the serving nodes in node order, e.g. H100:19,L40S:1 (counts sum to --nodes "
+                        "minus --training-nodes; models: H100, L40S); training nodes are H100; default every node "
+                        "H100 (env GPUOBS_GPU_MODELS)")
+    e.add_argument("--drivers", default=env("DRIVERS"), metavar="FILE",
+                   help="driver catalogue YAML the install-driver node action accepts (default: packaged "
+                        "gpuobs/reference/data/drivers.yaml; env GPUOBS_DRIVERS)")
     e.set_defaults(func=cmd_exporter)

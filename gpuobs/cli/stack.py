@@ -74,7 +74,8 @@ def _stack(args: argparse.Namespace) -> int:
                          exporter_profile=args.exporter_profile, host_label_mode=args.host_label_mode,
                          scrape_mode=args.scrape_mode, collect_interval_s=args.collect_interval,
                          clock_events_name=args.clock_events_name,
-                         remediate=args.remediate if args.topology != "ha" else "off", stop_hint=args.stop_hint)
+                         remediate=args.remediate if args.topology != "ha" else "off", stop_hint=args.stop_hint,
+                         gpu_models=args.gpu_models or "", drivers_file=Path(args.drivers) if args.drivers else None)
     if args.check:  # `make up` asks this before it says which mode it starts: the refusal comes first
         sv.check_config(cfg)
         print(f"no stack runs from {run}; the configuration is valid")
@@ -101,8 +102,9 @@ def _stack(args: argparse.Namespace) -> int:
     else:
         print("  Grafana       not started: no `grafana`/`grafana-server` binary on PATH "
               "(dashboards: grafana/dashboards/*.json; compose mode runs Grafana)")
+    models = ", ".join(f"{len(hosts)} {name}" for name, hosts in state.hosts_by_model().items())
     print(f"  GPU nodes     {u.nodes[0]} .. {u.nodes[-1]}  ({state.nodes} nodes x {state.gpus} GPUs, "
-          f"{state.training_nodes} training)")
+          f"{state.training_nodes} training; {models})")
     print(f"  vLLM engines  {u.engines[0]} .. {u.engines[-1]}")
     print(f"  run dir       {state.run_dir}  (logs/, stack.json, admin-token); rule profile {state.profile}")
     print(f"  exporters     profile {state.exporter_profile}, host label {state.host_label_mode}, "
@@ -183,6 +185,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="first serving-engine port (env GPUOBS_ENGINE_BASE_PORT)")
     s.add_argument("--training-nodes", type=int_range(0, 255), default=env("TRAINING_NODES", "1"),
                    help="the last N nodes run training instead of serving (env GPUOBS_TRAINING_NODES)")
+    s.add_argument("--gpu-models", default=env("GPU_MODELS", ""), metavar="MODEL:COUNT,...",
+                   help="GPU models of the serving nodes in node order, e.g. H100:19,L40S:1 (counts sum to --nodes "
+                        "minus --training-nodes; models: H100, L40S); training nodes are H100; recorded per host "
+                        "in stack.json (gpu_models); default every node H100 (env GPUOBS_GPU_MODELS)")
+    s.add_argument("--drivers", default=env("DRIVERS"), metavar="FILE",
+                   help="driver catalogue YAML the nodes' install-driver action accepts (default: packaged "
+                        "gpuobs/reference/data/drivers.yaml; env GPUOBS_DRIVERS)")
     s.add_argument("--xid-window-ms", type=int_range(1000, 86_400_000), default=15_000,
                    help="exporter Xid window for the local stack, short so drills resolve in ~1.5 min")
     s.add_argument("--runbook-base", default=env("RUNBOOK_BASE"),

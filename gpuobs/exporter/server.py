@@ -12,16 +12,21 @@ Admin API (loopback clients only, ``Authorization: Bearer <token>``):
   flag as the engine evaluates it now (OpenFeature over the flag file; all false without one)
 * ``GET /admin/deploy`` -> ``{"version": ...}``; ``POST /admin/deploy`` with ``{"version": "1.5.0"}``
   -> 200 ``{"version": ..., "previous": ...}``; unknown version -> 400 naming the known ones
-* ``GET /admin/node`` -> 200 the node's action state (:meth:`Node.status`: cordoned, cordoned_by,
-  draining, in_flight, boot_id, rebooting, engine_generation, ...)
+* ``GET /admin/node`` -> 200 the node's action state (:meth:`Node.status`: gpu_model, driver_version,
+  installed_driver, cordoned, cordoned_by, draining, in_flight, drained, boot_id, rebooting,
+  reloading_driver, down, engine_generation, ...)
 * ``POST /admin/node`` with ``{"action": "cordon"|"uncordon"|"drain"|"reset-gpu"|"reboot"|
-  "restart-engine"|"diag", "by": "gpuobs"|"human" (cordon/uncordon; default human), "gpu": N
-  (reset-gpu: required; diag: optional), "downtime_s": S (reboot; default 30), "reason": "..."
-  (cordon/uncordon/drain; optional)}`` -> 200: reset-gpu ``{"ok": bool, "detail": ...}``, diag
-  ``{"passed": bool, "failures": [...]}``, reboot and restart-engine the status with ``detail``, the
-  others the status. 400 ``{"error", "field"}`` for a bad body or an action the node's role cannot
-  take (restart-engine on a training node); 409 when the node's state forbids it now (rebooting or
-  down; restart-engine with a GPU off the bus). Validation: :mod:`gpuobs.exporter.sim.actions`.
+  "restart-engine"|"diag"|"install-driver", "by": "gpuobs"|"human" (cordon/uncordon; default human),
+  "gpu": N (reset-gpu: required; diag: optional), "downtime_s": S (reboot; default 30), "reason": "..."
+  (cordon/uncordon/drain; optional), "version": "570.172.08" (install-driver: required, a version of
+  the node's driver catalogue), "reload_s": S (install-driver; default 20)}`` -> 200: reset-gpu
+  ``{"ok": bool, "detail": ...}``, diag ``{"passed": bool, "failures": [...]}``, reboot and
+  restart-engine the status with ``detail``, install-driver the status with ``changed``, ``previous``
+  and ``detail``, the others the status. 400 ``{"error", "field"}`` for a bad body (an unknown driver
+  version lists the catalogue's) or an action the node's role cannot take (restart-engine on a
+  training node); 409 when the node's state forbids it now (rebooting, reloading its driver or down;
+  restart-engine or install-driver with a GPU off the bus; install-driver on a node not cordoned or
+  not drained). Validation: :mod:`gpuobs.exporter.sim.actions`.
 
 The serving engine's port serves only ``/metrics`` and ``/health`` (``admin=False``).
 
@@ -204,7 +209,7 @@ class Handler(httpd.Handler):
     def _node_action(self, body: object) -> None:
         node = self.server.node
         try:
-            act = actionmod.validate(body, len(node.gpus))
+            act = actionmod.validate(body, len(node.gpus), tuple(node.drivers.drivers))
             if act.action == "cordon":
                 result = node.cordon(act.by, act.reason)
             elif act.action == "uncordon":
@@ -220,6 +225,8 @@ class Handler(httpd.Handler):
             elif act.action == "restart-engine":
                 detail = node.restart_engine()
                 result = {**node.status(), "detail": detail}
+            elif act.action == "install-driver":
+                result = node.install_driver(act.version, act.reload_s)
             else:
                 result = node.diag(act.gpu)
         except actionmod.NodeActionError as exc:
@@ -230,6 +237,7 @@ class Handler(httpd.Handler):
             return
         _log.info("node action", extra={"fields": {"hostname": node.hostname, "action": act.action, "by": act.by,
                                                    "gpu": act.gpu, "reason": act.reason,
+                                                   **({"version": act.version} if act.version else {}),
                                                    "ok": result.get("ok", result.get("passed", True))}})
         self.send_json(200, result)
 

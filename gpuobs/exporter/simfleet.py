@@ -1,7 +1,8 @@
 """Run N simulated nodes in one process, each on its own 127.0.0.1 ports, with a shared ticker.
 
 Node ``i`` serves its DCGM page and admin API on ``base_port + i`` and, for serving nodes, its
-engine page on ``engine_base_port + i``. The last ``training_nodes`` nodes run the training role. A ticker thread advances every node by the wall-clock time
+engine page on ``engine_base_port + i``. The last ``training_nodes`` nodes run the training role (H100);
+the serving nodes' GPU models follow ``gpu_models`` (``H100:19,L40S:1``, in node order; default H100). A ticker thread advances every node by the wall-clock time
 elapsed since the previous tick (default tick 1 s), so the simulation runs in real time while the
 physics stays deterministic per tick for tests that call :meth:`Node.advance` directly.
 """
@@ -29,9 +30,11 @@ from gpuobs.exporter.server import NodeServer
 from gpuobs.exporter.sim import profiles
 from gpuobs.exporter.sim.behaviour import load as load_releases
 from gpuobs.exporter.sim.engine import EngineConfig
+from gpuobs.exporter.sim.gpu import H100_SXM, parse_gpu_models
 from gpuobs.exporter.sim.mig import MigProfile
 from gpuobs.exporter.sim.node import Node, NodeConfig
 from gpuobs.flags.evaluate import FlagEvaluator
+from gpuobs.reference.drivers import load as load_drivers
 
 _log = log.get("exporter")
 
@@ -88,6 +91,11 @@ class SimFleetSpec:
     releases_file: Path | None = None
     #: flagd-format flag file the engines evaluate (gpuobs.flags); None: every flag off.
     flags_file: Path | None = None
+    #: GPU models of the serving nodes, ``SHORT:COUNT,...`` in node order (gpuobs.exporter.sim.gpu.GPU_MODELS;
+    #: the counts sum to the serving nodes); "" = every node H100. Training nodes are H100.
+    gpu_models: str = ""
+    #: Driver catalogue ``install-driver`` accepts (gpuobs.reference.drivers); None: packaged.
+    drivers_file: Path | None = None
 
 
 def load_k8s_map(path: Path) -> K8sMap:
@@ -128,11 +136,14 @@ class SimFleet:
         self.cfg = cfg
         now = time.time()
         releases = load_releases(cfg.releases_file)
+        drivers = load_drivers(cfg.drivers_file)
         first_training = cfg.node_offset + cfg.nodes - cfg.training_nodes
+        models = parse_gpu_models(cfg.gpu_models, cfg.nodes - cfg.training_nodes) + [H100_SXM] * cfg.training_nodes
         self.nodes = [Node(NodeConfig(index=i, gpus=cfg.gpus, seed=cfg.seed, host_prefix=cfg.host_prefix,
                                       role="training" if i >= first_training else "serving",
                                       driver_version=cfg.driver_version, xid_window_ms=cfg.xid_window_ms,
-                                      start_time=now, engine=EngineConfig(rate_rps=cfg.rate_rps)), releases)
+                                      start_time=now, engine=EngineConfig(rate_rps=cfg.rate_rps),
+                                      model=models[i - cfg.node_offset]), releases, drivers)
                       for i in range(cfg.node_offset, cfg.node_offset + cfg.nodes)]
         self.profile = profiles.load(cfg.exporter_profile, cfg.clock_events_name)
         self.flag_eval = FlagEvaluator(cfg.flags_file) if cfg.flags_file is not None else None

@@ -68,6 +68,7 @@ from gpuobs.stack.supervisor import (
     drop_notification_log,
     find_binaries,
     fleet_parts,
+    host_models,
     load_state,
     private_files,
     start_components,
@@ -363,7 +364,7 @@ def _up(cfg: HAConfig, out) -> StackState:
                        exporter_profile=sc.exporter_profile, host_label_mode=sc.host_label_mode,
                        scrape_mode=sc.scrape_mode, hostnames=[h for h, _ in fleet.nodes],
                        token_file=str(run / "admin-token"), urls=urls, logwatch=sc.logwatch, topology="ha",
-                       members=members, runbook_base=fleet.runbook_base)
+                       members=members, runbook_base=fleet.runbook_base, gpu_models=host_models(sc))
     # Grafana is not started here: point it at urls.prometheus (VictoriaMetrics) if wanted.
     state.ports.pop("grafana", None)
     deadline = time.monotonic() + sc.timeout_s

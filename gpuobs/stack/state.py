@@ -10,7 +10,7 @@ that acts on a running stack (fault, drill, rollout, report). The JSON shape is:
      "urls": {"prometheus": "http://127.0.0.1:9090", "alertmanager": ..., "pager": ..., "grafana": null,
               "nodes": ["http://127.0.0.1:9400/metrics", ...], "engines": [...]},
      "components": {"exporter": {"pid": 123, "argv": [...], "log": "/abs/.run/logs/exporter.log"}, ...},
-     "topology": "single", "members": {}}
+     "topology": "single", "members": {}, "gpu_models": {"gpu-node-00": "NVIDIA H100 80GB HBM3", ...}}
 
 The HA topology (gpuobs.stack.ha) records ``"topology": "ha"`` and ``members``, the base URL of each
 Prometheus replica, Alertmanager member, VictoriaMetrics and vmalert by component name.
@@ -27,6 +27,8 @@ from gpuobs.core.errors import InputError
 from gpuobs.core.files import atomic_write
 
 FILE_NAME = "stack.json"
+#: The model of every node of a stack.json that records none (gpuobs.exporter.sim.gpu.H100_SXM's name).
+DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 
 
 class StateError(InputError):
@@ -101,6 +103,9 @@ class StackState:
     #: The base of the runbook links in the stack's rules (its pager's URL unless the fleet config sets
     #: one): notices the stack's rollouts send link there too.
     runbook_base: str = ""
+    #: Hostname -> GPU model name (dcgm-exporter's ``modelName``) of every node (``--gpu-models``). Empty in
+    #: a stack.json written before mixed fleets: every node was an H100 (:meth:`gpu_model`).
+    gpu_models: dict[str, str] = field(default_factory=dict)
 
     @property
     def running(self) -> bool:
@@ -111,6 +116,20 @@ class StackState:
     def serving_hosts(self) -> list[str]:
         """Hostnames of the serving nodes (the training nodes are the last ``training_nodes``)."""
         return self.hostnames[: self.nodes - self.training_nodes]
+
+    def gpu_model(self, host: str) -> str:
+        """The GPU model name (``NVIDIA L40S``) of node ``host``: as recorded, else H100 (what every node of
+        a stack that recorded none ran). KeyError naming the known hosts for a host not in the stack."""
+        if host not in self.hostnames:
+            raise KeyError(f"unknown host {host!r}; known: {', '.join(self.hostnames)}")
+        return self.gpu_models.get(host, DEFAULT_GPU_MODEL)
+
+    def hosts_by_model(self) -> dict[str, list[str]]:
+        """GPU model name -> its hostnames in node order (every node, serving and training)."""
+        out: dict[str, list[str]] = {}
+        for h in self.hostnames:
+            out.setdefault(self.gpu_model(h), []).append(h)
+        return out
 
     def token(self) -> str:
         """The exporter admin token (read from ``token_file``). Raises OSError if it cannot be read."""
@@ -151,7 +170,8 @@ class StackState:
                        containers=[str(c) for c in doc.get("containers") or []],
                        topology=str(doc.get("topology", "single")),
                        members={str(k): str(v) for k, v in (doc.get("members") or {}).items()},
-                       runbook_base=str(doc.get("runbook_base", "")))
+                       runbook_base=str(doc.get("runbook_base", "")),
+                       gpu_models={str(k): str(v) for k, v in (doc.get("gpu_models") or {}).items()})
         except KeyError as exc:
             raise StateError(f"missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:

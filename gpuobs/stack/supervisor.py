@@ -35,13 +35,16 @@ import yaml
 
 from gpuobs.core import assets, tokens
 from gpuobs.core.durations import format_duration
-from gpuobs.core.errors import Failure
+from gpuobs.core.errors import Failure, InputError
 from gpuobs.core.files import atomic_write
 from gpuobs.exporter.sim import k8s, profiles
+from gpuobs.exporter.sim.gpu import H100_SXM, parse_gpu_models
 from gpuobs.exporter.sim.identity import exporter_pod_name, hostname
 from gpuobs.flags.flagd import FILE_NAME as FLAGS_FILE
 from gpuobs.flags.flagd import FlagFile, FlagFileError
 from gpuobs.mixin.profile import PROFILES as RULE_PROFILES
+from gpuobs.reference.drivers import DriverCatalogueError
+from gpuobs.reference.drivers import load as load_drivers
 from gpuobs.reference.releases import load as load_catalogue
 from gpuobs.stack import alert_timing
 from gpuobs.stack import state as state_file
@@ -102,6 +105,11 @@ class StackConfig:
     #: The command the refusal to start over a running stack tells to run first (``make up`` says
     #: ``make down``); empty: ``gpuobs stack down --run-dir <run_dir>``.
     stop_hint: str = ""
+    #: GPU models of the serving nodes, ``SHORT:COUNT,...`` in node order (``H100:19,L40S:1``; the counts
+    #: sum to the serving nodes); "" = every node H100. Training nodes are H100.
+    gpu_models: str = ""
+    #: Driver catalogue file the exporter's install-driver accepts; None: the packaged one.
+    drivers_file: Path | None = None
 
 
 def find_binaries() -> dict[str, str]:
@@ -252,11 +260,29 @@ def check_config(cfg: StackConfig) -> Path:
             raise StackError(f"{what} must be one of {', '.join(allowed)}; got {value!r} ({where})", 2)
     if cfg.collect_interval_s < 0:
         raise StackError(f"collect interval must be >= 0 seconds; got {cfg.collect_interval_s:g}", 2)
+    host_models(cfg)
+    if cfg.drivers_file is not None:
+        try:
+            load_drivers(cfg.drivers_file)
+        except DriverCatalogueError as exc:
+            raise StackError(f"--drivers (GPUOBS_DRIVERS): {exc}", 2) from None
     old = load_state(run)
     if old and any(find_processes(old, name) for name in old.components):
         hint = cfg.stop_hint or f"gpuobs stack down --run-dir {cfg.run_dir}"
         raise StackError(f"a stack is already running from {run}; run `{hint}` first", 2)
     return run
+
+
+def host_models(cfg: StackConfig) -> dict[str, str]:
+    """Hostname -> modelName of every node ``cfg`` starts (serving nodes per ``cfg.gpu_models``, training
+    nodes H100). Raises StackError (exit 2) naming ``--gpu-models`` for a bad spec or a wrong sum."""
+    serving = cfg.nodes - cfg.training_nodes
+    try:
+        models = parse_gpu_models(cfg.gpu_models, serving, "--gpu-models (GPUOBS_GPU_MODELS)")
+    except InputError as exc:
+        raise StackError(str(exc), 2) from None
+    models += [H100_SXM] * cfg.training_nodes
+    return {hostname("gpu-node", i): m.name for i, m in enumerate(models)}
 
 
 def check_ports(wanted: list[int], what: str) -> None:
@@ -302,6 +328,10 @@ def fleet_parts(cfg: StackConfig, run: Path, alertmanager_url: str, prometheus_u
         exporter_extra += ["--collect-interval", f"{cfg.collect_interval_s:g}"]
     if cfg.clock_events_name != "canonical":
         exporter_extra += ["--clock-events-name", cfg.clock_events_name]
+    if cfg.gpu_models:
+        exporter_extra += ["--gpu-models", cfg.gpu_models]
+    if cfg.drivers_file is not None:
+        exporter_extra += ["--drivers", str(Path(cfg.drivers_file).resolve())]
     pods = None
     if cfg.scrape_mode == "servicemonitor":
         # Kubernetes shapes: exporter and engine pod names in the targets; the workload pods that own
@@ -420,7 +450,7 @@ def _up(cfg: StackConfig, out) -> StackState:
                        exporter_profile=cfg.exporter_profile, host_label_mode=cfg.host_label_mode,
                        scrape_mode=cfg.scrape_mode,
                        hostnames=[h for h, _ in nodes], token_file=str(run / "admin-token"), urls=urls,
-                       logwatch=cfg.logwatch, runbook_base=fleet.runbook_base)
+                       logwatch=cfg.logwatch, runbook_base=fleet.runbook_base, gpu_models=host_models(cfg))
     deadline = time.monotonic() + cfg.timeout_s
     lw_own = {f"logwatch-{i}": u for i, u in enumerate(lw_urls)}
     drop_notification_log(run / "alertmanager" / "data", out)

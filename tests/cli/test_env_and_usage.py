@@ -30,6 +30,8 @@ STACK_UP = [
     ("GPUOBS_EXPORTER_PROFILE", "full", "stock, helm, recommended"),
     ("GPUOBS_HOST_LABEL_MODE", "fqdn", "Hostname, hostname, localhost, pod, none"),
     ("GPUOBS_SCRAPE_MODE", "podmonitor", "file_sd, servicemonitor"),
+    ("GPUOBS_GPU_MODELS", "A100:3", "H100, L40S"),
+    ("GPUOBS_GPU_MODELS", "H100:1", "expected 3"),
 ]
 
 #: (variable, bad value, argv, what the error must say is allowed)
@@ -51,7 +53,7 @@ def _one_line(err: str) -> None:
         assert raw not in err, err
 
 
-@pytest.mark.parametrize("var,value,allowed", STACK_UP, ids=[v[0] for v in STACK_UP])
+@pytest.mark.parametrize("var,value,allowed", STACK_UP, ids=[f"{v[0]}={v[1]}" for v in STACK_UP])
 def test_a_bad_stack_variable_is_one_line_and_nothing_is_written(var, value, allowed, tmp_path, monkeypatch,
                                                                  capsys):
     monkeypatch.chdir(tmp_path)

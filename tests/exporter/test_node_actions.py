@@ -335,7 +335,7 @@ def test_admin_reset_reboot_restart_diag(node_server):
 
 @pytest.mark.parametrize("body, field, fragment", [
     ({"action": "explode"}, "action",
-     "must be one of cordon, uncordon, drain, reset-gpu, reboot, restart-engine, diag; got 'explode'"),
+     "must be one of cordon, uncordon, drain, reset-gpu, reboot, restart-engine, diag, install-driver; got 'explode'"),
     ({}, "action", "must be one of"),
     ([1], "body", "JSON object"),
     ({"action": "cordon", "by": "robot"}, "by", "gpuobs, human"),

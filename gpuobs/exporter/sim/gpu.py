@@ -19,6 +19,8 @@ The thermal model is a first-order RC circuit with a proportional clock governor
 
 H100 SXM5 figures (NVIDIA H100 datasheet): TDP 700 W, max boost SM clock 1980 MHz, HBM3 memory
 clock 2619 MHz, 81559 MiB framebuffer as NVML reports it; idle power ~70 W (docs/faults.md, healthy bands).
+L40S figures: :data:`L40S`. :data:`GPU_MODELS` maps the short names ``--gpu-models`` takes (``H100``,
+``L40S``) to the models; :func:`parse_gpu_models` reads that flag.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import collections
 import random
 from dataclasses import dataclass, field
 
+from gpuobs.core.errors import InputError
 from gpuobs.exporter.sim.identity import GpuIdentity
 from gpuobs.reference.dcgm_exporter import (  # noqa: F401  (clock-event bits, re-exported for the simulator)
     GPU_IDLE,
@@ -67,9 +70,81 @@ class GpuModel:
     #: Whether DCGM reports FB_* fields for a MIG instance of this product: not on H100
     #: (NVIDIA/dcgm-exporter issues #512, #380: H100 instances carry no FB_FREE/FB_USED series).
     mig_instance_fb: bool = False
+    #: Serving latency of the simulated workload on this product relative to an H100 SXM (multiplies the
+    #: engine's TTFT and ITL; 1 on H100, so the default fleet's numbers are unchanged).
+    ttft_scale: float = 1.0
+    itl_scale: float = 1.0
 
 
 H100_SXM = GpuModel()
+
+#: NVIDIA L40S (Ada Lovelace AD102, PCIe Gen4 x16, dual-slot, passively cooled). Source: NVIDIA L40S
+#: datasheet (nvidia.com, "L40S GPU for AI and Graphics Performance", 2023): max power 350 W, 48 GB
+#: GDDR6 with ECC, 864 GB/s, no NVLink, passive cooling; boost clock 2520 MHz (NVIDIA's product
+#: specifications). Framebuffer as NVML reports it: 46068 MiB (``nvidia-smi``'s FB total on an L40S).
+#: Memory clock 9001 MHz is what NVML reports for its 18 Gbps GDDR6 (``nvidia-smi -q`` max memory clock on
+#: L40/L40S). Estimates, not datasheet figures: idle power ~35 W and idle SM clock 210 MHz (Ada parks
+#: at P8), driver reserve 512 MiB, context 420 MiB; thermals of a passive card in a server's air stream
+#: (warmer inlet, 35 C, behind the chassis fans; ~74 C at 350 W steady state; a heavier heatsink, tau
+#: 30 s; the same 87/92 C slowdown points as the H100 model). P_boost 380 W: like the H100, a dense load
+#: would exceed the limit, so the power governor caps it. No NVLink: ``nvlink_bytes_per_s_at_full_load``
+#: 0, tensor-parallel traffic goes over PCIe (12 GB/s at full load, half of a Gen4 x16 link's 25 GB/s).
+#: Serving latency: TTFT x1.3 and ITL x1.3 against an H100 for the simulated workload, a deliberately
+#: mild scale: the datasheet ratios (362 vs 989 dense FP16 TFLOPS for prefill, 864 GB/s vs 3.35 TB/s for
+#: decode) would be ~2.7x and ~3.9x and push the default workload past the simulated KV cache, while the
+#: driver-upgrade judge compares each model only with its own history.
+L40S = GpuModel(
+    name="NVIDIA L40S",
+    tdp_w=350.0,
+    boost_power_w=380.0,
+    idle_w=35.0,
+    max_sm_clock_mhz=2520.0,
+    idle_sm_clock_mhz=210.0,
+    mem_clock_mhz=9001.0,
+    fb_total_mib=46068,
+    fb_reserved_mib=512,
+    context_mib=420,
+    ambient_c=35.0,
+    thermal_resistance_c_per_w=0.11,
+    thermal_tau_s=30.0,
+    slowdown_temp_c=87.0,
+    hw_slowdown_temp_c=92.0,
+    nvlink_bytes_per_s_at_full_load=0.0,
+    pcie_bytes_per_s_at_full_load=12e9,
+    mig_instance_fb=False,
+    ttft_scale=1.3,
+    itl_scale=1.3,
+)
+
+#: Short name (what ``--gpu-models`` takes) -> model.
+GPU_MODELS: dict[str, GpuModel] = {"H100": H100_SXM, "L40S": L40S}
+
+
+def parse_gpu_models(spec: str, serving_nodes: int, field_name: str = "--gpu-models") -> list[GpuModel]:
+    """The model of each serving node, in node order, from ``spec`` = ``SHORT:COUNT[,SHORT:COUNT...]``
+    (e.g. ``H100:19,L40S:1``: the first 19 serving nodes H100, the next one L40S). An empty ``spec``:
+    every serving node an H100. Raises :class:`~gpuobs.core.errors.InputError` naming ``field_name``:
+    a malformed entry, an unknown short name (the message lists :data:`GPU_MODELS`), a count below 1,
+    or counts whose sum differs from ``serving_nodes``."""
+    spec = (spec or "").strip()
+    if not spec:
+        return [H100_SXM] * serving_nodes
+    known = ", ".join(GPU_MODELS)
+    out: list[GpuModel] = []
+    for entry in spec.split(","):
+        name, sep, count = entry.strip().partition(":")
+        if not sep or not count.strip().isdigit() or not name.strip():
+            raise InputError(f"{field_name} {spec!r}: entry {entry.strip()!r} must be MODEL:COUNT (e.g. "
+                             f"H100:19,L40S:1); models: {known}")
+        if name.strip() not in GPU_MODELS:
+            raise InputError(f"{field_name} {spec!r}: unknown GPU model {name.strip()!r}; known: {known}")
+        if int(count) < 1:
+            raise InputError(f"{field_name} {spec!r}: count of {name.strip()} must be at least 1, got {count.strip()}")
+        out += [GPU_MODELS[name.strip()]] * int(count)
+    if len(out) != serving_nodes:
+        raise InputError(f"{field_name} {spec!r}: counts sum to {len(out)}, expected {serving_nodes} (the serving "
+                         f"nodes: --nodes minus --training-nodes)")
+    return out
 
 
 @dataclass

@@ -9,7 +9,8 @@ Fault effects are derived in one place, :meth:`Node._recompute_effects`, from th
 Node actions (the remediation controller's, through ``POST /admin/node``; validation in
 :mod:`gpuobs.exporter.sim.actions`): :meth:`Node.cordon` / :meth:`Node.uncordon` / :meth:`Node.drain`
 (traffic and training checkpoints), :meth:`Node.reset_gpu`, :meth:`Node.reboot`,
-:meth:`Node.restart_engine` and :meth:`Node.diag` (``dcgmi diag -r 2``). Which fault a GPU reset or a
+:meth:`Node.restart_engine`, :meth:`Node.diag` (``dcgmi diag -r 2``) and :meth:`Node.install_driver` (a
+driver upgrade: module reload on a cordoned, drained node). Which fault a GPU reset or a
 reboot clears follows NVIDIA's Xid catalogue (:mod:`gpuobs.reference.xid`): RESET_GPU codes clear on
 a reset, Xid 79 (RESTART_BM) needs a reboot, a row-remap failure is the RMA path.
 """
@@ -23,16 +24,25 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
-from gpuobs.exporter.sim.behaviour import Profile, combine
+from gpuobs.exporter.sim.behaviour import DriverProfile, Profile, combine
 from gpuobs.exporter.sim.behaviour import SimCatalogue as Catalogue
 from gpuobs.exporter.sim.behaviour import load as load_releases
-from gpuobs.exporter.sim.actions import CORDON_BY, DEFAULT_REBOOT_S, NodeActionError, NodeStateError, check_gpu
+from gpuobs.exporter.sim.actions import (
+    CORDON_BY,
+    DEFAULT_REBOOT_S,
+    DEFAULT_RELOAD_S,
+    NodeActionError,
+    NodeStateError,
+    check_gpu,
+)
 from gpuobs.exporter.sim.engine import Engine, EngineConfig
 from gpuobs.exporter.sim.faults import FaultRequest
 from gpuobs.exporter.sim.gpu import H100_SXM, MIB, GpuModel, GpuState
 from gpuobs.exporter.sim.identity import exporter_pod_name, gpu_identity, hostname
 from gpuobs.exporter.sim.training import TrainingShard
 from gpuobs.reference import xid as xidcat
+from gpuobs.reference.drivers import DriverCatalogue
+from gpuobs.reference.drivers import load as load_drivers
 
 #: dcgm-exporter's default Xid counting window (``--xid-count-window-size``), milliseconds.
 DEFAULT_XID_WINDOW_MS = 300_000
@@ -68,7 +78,8 @@ class Fault:
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """Static configuration of a node: index, GPU count, seed, role, naming, driver, workload."""
+    """Static configuration of a node: index, GPU count, seed, role, naming, driver (the one installed at
+    start), GPU model (every GPU of a node is the same product), workload."""
 
     index: int
     gpus: int = 8
@@ -86,12 +97,17 @@ class NodeConfig:
 class Node:
     """A simulated node. ``gpus`` lists GpuState in index order, present or not."""
 
-    def __init__(self, cfg: NodeConfig, releases: Catalogue | None = None):
+    def __init__(self, cfg: NodeConfig, releases: Catalogue | None = None, drivers: DriverCatalogue | None = None):
         if cfg.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {cfg.role!r}")
         self.cfg = cfg
         self.hostname = hostname(cfg.host_prefix, cfg.index)
+        #: The driver installed on the node (``install_driver`` changes it; a reboot keeps it).
+        self.installed_driver = cfg.driver_version
+        #: The driver running now: the installed one unless a ``driver`` fault overrides it.
         self.driver_version = cfg.driver_version
+        #: The drivers ``install_driver`` accepts (:mod:`gpuobs.reference.drivers`; default: packaged).
+        self.drivers = drivers or load_drivers()
         self.releases = releases or load_releases()
         self.version = self.releases.default
         #: ``(flag, hostname) -> bool``, e.g. :meth:`gpuobs.flags.evaluate.FlagEvaluator.enabled`; None:
@@ -106,8 +122,10 @@ class Node:
         self._noise = [0.0] * cfg.gpus
         self.gpus = [GpuState(gpu_identity(cfg.seed, cfg.index, i, cfg.model.name), cfg.model)
                      for i in range(cfg.gpus)]
+        # The engine's weights and KV cache take 60-70 GB of an 80 GB H100: the same share of other models.
+        fb_share = cfg.model.fb_total_mib / H100_SXM.fb_total_mib
         for g in self.gpus:
-            g.alloc.base_allocated = g.alloc.allocated = self._rng.uniform(60000, 70000) * MIB
+            g.alloc.base_allocated = g.alloc.allocated = self._rng.uniform(60000 * fb_share, 70000 * fb_share) * MIB
             g.alloc.gap = g.alloc.base_gap
         self.engine = Engine(cfg.engine, self._rng.randrange(2**32)) if cfg.role == "serving" else None
         self.training = (TrainingShard(cfg.training_job, [cfg.index * cfg.gpus + i for i in range(cfg.gpus)],
@@ -137,6 +155,12 @@ class Node:
         #: Training: the rank stopped after its checkpoint (no steps, GPUs idle) until uncordoned.
         self.training_stopped = False
         self._reboot_until: float | None = None
+        #: install-driver: sim time the module reload ends, and the driver it loads (None: no reload).
+        self._reload_until: float | None = None
+        self._reload_to: str | None = None
+        #: Xids a driver profile raises (``xid_per_hour``): their own stream, so the default fleet's
+        #: random sequence does not change.
+        self._driver_rng = random.Random(f"{cfg.seed}:{cfg.index}:driver")
         #: How many times the serving engine process was replaced (restart, GPU reset, reboot).
         self.engine_generation = 0
         self._recompute_effects()
@@ -167,12 +191,17 @@ class Node:
             self.now += dt
             if self._reboot_until is not None and self.now >= self._reboot_until:
                 self._boot()
+            if self._reload_until is not None and self.now >= self._reload_until:
+                self._driver_loaded()
             for i in range(len(self.gpus)):
                 self._noise[i] = 0.9 * self._noise[i] + self._rng.gauss(0, 0.02) * math.sqrt(dt)
+            offline = self.rebooting or self.reloading_driver
             for f in list(self.faults.values()):
                 rep = f.request.params.get("repeat_s", 0)
-                if rep and self.now - f.last_fired >= rep and not self.rebooting:  # a host that is off logs nothing
+                if rep and self.now - f.last_fired >= rep and not offline:  # a host that is off logs nothing
                     self._fire(f)
+            if not offline and not self.down:
+                self._driver_xids(dt)
             window_s = self.cfg.xid_window_ms / 1000.0
             for i, g in enumerate(self.gpus):
                 g.advance(dt, self.load(i), self._rng)
@@ -219,9 +248,34 @@ class Node:
 
     @property
     def profile(self) -> Profile:
-        """The engine's hidden behaviour now: the release's profile combined with each flag's that is on."""
+        """The engine's hidden behaviour now: the release's profile combined with each flag's that is on,
+        the running driver's on this GPU model (:attr:`driver_profile`) and the model's latency scale
+        (1 on H100)."""
+        m = self.cfg.model
         return combine(self.releases.profile(self.version),
-                       *(self.releases.flag_profile(f) for f, on in self.flags.items() if on))
+                       *(self.releases.flag_profile(f) for f, on in self.flags.items() if on),
+                       self.driver_profile.serving, Profile(m.ttft_scale, m.itl_scale))
+
+    @property
+    def driver_profile(self) -> DriverProfile:
+        """The hidden behaviour of the running driver (:attr:`driver_version`) on this node's GPU model."""
+        return self.releases.driver_profile(self.driver_version, self.cfg.model.name)
+
+    def _driver_xids(self, dt: float) -> None:
+        """The running driver's Xids (``xid_per_hour``): Poisson arrivals over ``dt`` seconds, each on a
+        GPU drawn uniformly among those present, recorded like an injected Xid (DCGM and kernel log)."""
+        rate = self.driver_profile.xid_per_hour
+        if rate <= 0:
+            return
+        present = [i for i, g in enumerate(self.gpus) if g.present]
+        lam, n = rate / 3600.0 * dt, 0
+        # Knuth's Poisson draw (lam is small per tick).
+        limit, p = math.exp(-lam), self._driver_rng.random()
+        while p > limit:
+            n += 1
+            p *= self._driver_rng.random()
+        for _ in range(n if present else 0):
+            self._xid(self._driver_rng.choice(present), self.driver_profile.xid_code)
 
     def refresh_flags(self) -> dict[str, bool]:
         """Evaluate every catalogue flag for this node through :attr:`flag_source`; returns a copy."""
@@ -335,11 +389,11 @@ class Node:
         def params(kind: str, gpu: int | None = None) -> list[dict]:
             return [f.request.params for f in active if f.request.kind == kind and f.request.gpu == gpu]
 
-        self.down = bool(params("down")) or self.rebooting
+        self.down = bool(params("down")) or self.rebooting or self.reloading_driver
         self.hung = bool(params("collective-hang")) and self.training is not None
         self.kv_factor = max([float(p["factor"]) for p in params("kv-pressure")], default=1.0)
         drivers = params("driver")
-        self.driver_version = str(drivers[-1]["version"]) if drivers else self.cfg.driver_version
+        self.driver_version = str(drivers[-1]["version"]) if drivers else self.installed_driver
         leak = self.releases.profile(self.version).leak_mib_per_min * MIB / 60.0
         for i, g in enumerate(self.gpus):
             g.cooling_factor = max([float(p["cooling_factor"]) for p in params("thermal", i)], default=1.0)
@@ -382,6 +436,11 @@ class Node:
         return self._reboot_until is not None
 
     @property
+    def reloading_driver(self) -> bool:
+        """The node is down for a driver install's module reload (:meth:`install_driver`), not back yet."""
+        return self._reload_until is not None
+
+    @property
     def in_flight(self) -> float:
         """Work still running on the node. Serving: the engine's running + waiting requests (0 once
         fewer than 0.5 remain, and 0 while the engine is down). Training: 1 while the rank runs or writes
@@ -393,17 +452,29 @@ class Node:
             return 0.0 if self.down or self.training_stopped else 1.0
 
     def status(self) -> dict:
-        """The node as ``GET /admin/node`` reports it (JSON-ready): hostname, role, cordoned,
-        cordoned_by (:attr:`cordoned_by`), cordons (every mark), cordon_reason, draining, in_flight
-        (:attr:`in_flight`), checkpointing and training_stopped (training), boot_id, rebooting,
-        reboot_remaining_s (simulated seconds), down, engine_generation (engine process replacements)."""
+        """The node as ``GET /admin/node`` reports it (JSON-ready): hostname, role, gpu_model (modelName),
+        driver_version (running: the installed one unless a ``driver`` fault overrides it),
+        installed_driver, cordoned, cordoned_by (:attr:`cordoned_by`), cordons (every mark),
+        cordon_reason, draining, in_flight (:attr:`in_flight`), drained (no work in flight: in_flight 0),
+        checkpointing and training_stopped (training), boot_id, rebooting, reboot_remaining_s (simulated
+        seconds), reloading_driver, reload_remaining_s and driver_target (install-driver's reload: the
+        driver it loads, ``""`` when none), down (rebooting, reloading or a ``down`` fault),
+        engine_generation (engine process replacements)."""
         with self.lock:
-            return {"hostname": self.hostname, "role": self.cfg.role, "cordoned": self.cordoned,
+            in_flight = self.in_flight
+            return {"hostname": self.hostname, "role": self.cfg.role, "gpu_model": self.cfg.model.name,
+                    "driver_version": self.driver_version, "installed_driver": self.installed_driver,
+                    "cordoned": self.cordoned,
                     "cordoned_by": self.cordoned_by, "cordons": sorted(self.cordons),
-                    "cordon_reason": self.cordon_reason, "draining": self.draining, "in_flight": self.in_flight,
+                    "cordon_reason": self.cordon_reason, "draining": self.draining, "in_flight": in_flight,
+                    "drained": in_flight == 0,
                     "checkpointing": self._checkpoint_left is not None, "training_stopped": self.training_stopped,
                     "boot_id": self.boot_id, "rebooting": self.rebooting,
                     "reboot_remaining_s": round(max(0.0, self._reboot_until - self.now), 3) if self.rebooting else 0.0,
+                    "reloading_driver": self.reloading_driver,
+                    "reload_remaining_s": (round(max(0.0, self._reload_until - self.now), 3)
+                                           if self.reloading_driver else 0.0),
+                    "driver_target": self._reload_to or "",
                     "down": self.down, "engine_generation": self.engine_generation}
 
     def cordon(self, by: str, reason: str = "") -> dict:
@@ -449,10 +520,14 @@ class Node:
             return self.status()
 
     def _require_up(self, action: str) -> None:
-        """NodeStateError unless the node's host answers (not rebooting, no ``down`` fault)."""
+        """NodeStateError unless the node's host answers (not rebooting, not reloading its driver, no
+        ``down`` fault)."""
         if self.rebooting:
             raise NodeStateError(f"{action}: {self.hostname} is rebooting (back in "
                                  f"{max(0.0, self._reboot_until - self.now):.0f} s)")
+        if self.reloading_driver:
+            raise NodeStateError(f"{action}: {self.hostname} is reloading its driver ({self._reload_to}; back in "
+                                 f"{max(0.0, self._reload_until - self.now):.0f} s)")
         if self.down:
             raise NodeStateError(f"{action}: {self.hostname} is down (its host does not answer); reboot it")
 
@@ -532,8 +607,10 @@ class Node:
             return f"{self.hostname} rebooting for {float(downtime_s):g} s (boot_id was {old})"
 
     def _boot(self) -> None:
-        """The end of a reboot (see :meth:`reboot`)."""
+        """The end of a reboot (see :meth:`reboot`). A driver install whose reload the reboot interrupted
+        completes: the node boots on the new driver (its module load line starts the new kernel log)."""
         self._reboot_until = None
+        pending, self._reload_to, self._reload_until = self._reload_to, None, None
         for fid in [fid for fid, f in self.faults.items() if f.request.kind not in REBOOT_PERSISTENT]:
             del self.faults[fid]
         self.boot_id = str(uuid.uuid4())
@@ -547,6 +624,9 @@ class Node:
             self._new_engine()
         if self.training is not None and self.draining:
             self._checkpoint_left, self.training_stopped = None, True
+        if pending:
+            self.installed_driver = pending
+            self._log_driver_load(pending)
         self._recompute_effects()
 
     def restart_engine(self) -> str:
@@ -574,8 +654,10 @@ class Node:
         every GPU): ``{"passed": bool, "failures": ["GPU 3: row remap failure (Xid 64)", ...]}``, one
         string per problem. Fails for a GPU that is absent, or has an active Xid fault whose catalogue
         severity is critical (:func:`gpuobs.reference.xid.critical_codes`), ecc-dbe, row-remap-failure,
-        nvlink-errors, pcie-replay, thermal or power-brake. NodeActionError for a bad index,
-        NodeStateError while the node is rebooting or down (no verdict)."""
+        nvlink-errors, pcie-replay, thermal or power-brake; and, while the running driver's hidden profile
+        on this GPU model has ``diag_fails``, one more: ``driver 575.57.08: health check failed on NVIDIA L40S
+        (...)``. NodeActionError for a bad index, NodeStateError while the node is rebooting, reloading its
+        driver or down (no verdict)."""
         indexes = range(len(self.gpus)) if gpu is None else [check_gpu(gpu, len(self.gpus))]
         with self.lock:
             self._require_up("diag")
@@ -587,6 +669,11 @@ class Node:
                 for f in self.faults.values():
                     if f.request.gpu == i and (problem := self._diag_problem(f)):
                         failures.append(f"GPU {i}: {problem}")
+            dp = self.driver_profile
+            if dp.diag_fails:
+                which = "every GPU" if gpu is None else f"GPU {gpu}"
+                failures.append(f"driver {self.driver_version}: health check failed on {self.cfg.model.name} "
+                                f"(dcgmi diag -r 2: the 'diagnostic' (GPU stress) test failed on {which})")
             failures = list(dict.fromkeys(failures))
             return {"passed": not failures, "failures": failures}
 
@@ -604,3 +691,83 @@ class Node:
             "thermal": f"thermal: cooling degraded (x{float(p.get('cooling_factor', 0)):g}), {g.temp_c:.0f} C",
             "power-brake": "power brake asserted (HW_POWER_BRAKE)",
         }.get(kind)
+
+    # ---- driver install (a driver upgrade or downgrade; POST /admin/node install-driver) ----------------
+    def install_driver(self, version: str, reload_s: float = DEFAULT_RELOAD_S) -> dict:
+        """Install driver ``version`` (a version of :attr:`drivers`) and reload the kernel module.
+
+        Idempotent: when ``version`` is already installed, returns at once with ``changed`` False and
+        nothing else happens (no precondition checked, no reload). Otherwise the node must be cordoned
+        and drained, no work in flight (:attr:`in_flight` 0: a serving engine with no requests, a
+        training rank stopped after its drain's checkpoint). The reload: the node is down for
+        ``reload_s`` simulated seconds (no DCGM or engine page; the admin API stays up), then back on the
+        new driver: every GPU reset (as :meth:`reset_gpu` clears: ``xid``, ``ecc-dbe``, ``nvlink-errors``
+        and ``fragmentation`` faults end, the DCGM Xid state empties), the serving engine restarted
+        (counters restart, ``engine_generation`` +1, like :meth:`restart_engine`), the kernel log gains
+        the module's ``NVRM: loading NVIDIA UNIX x86_64 Kernel Module  <version>  <build>`` line, and
+        ``driver_version`` (the ``DCGM_FI_DRIVER_VERSION`` label) is the new one unless a ``driver``
+        fault overrides it. Cordons, draining and the boot_id stay (a module reload is not a reboot);
+        a reboot during the reload completes the install at boot.
+
+        Returns :meth:`status` plus ``changed`` (bool), ``previous`` (the driver installed before) and
+        ``detail`` (one line). NodeActionError(``version``) for a version not in the catalogue (the
+        message lists them), (``reload_s``) for a negative or non-finite one; NodeStateError (409) while
+        the node is rebooting, reloading or down, not cordoned, has work in flight, or has a GPU off the
+        bus (the module cannot reload over a lost GPU: reboot the node).
+        """
+        if version not in self.drivers.drivers:
+            raise NodeActionError("version", f"field 'version' must be one of {', '.join(self.drivers.drivers)}; "
+                                             f"got {version!r}")
+        if not isinstance(reload_s, (int, float)) or not math.isfinite(reload_s) or reload_s < 0:
+            raise NodeActionError("reload_s", f"field 'reload_s' must be a finite number >= 0, got {reload_s!r}")
+        with self.lock:
+            self._require_up("install-driver")
+            previous = self.installed_driver
+            if version == previous:
+                return {**self.status(), "changed": False, "previous": previous,
+                        "detail": f"driver {version} is already installed on {self.hostname}; nothing to do"}
+            if not self.cordons:
+                raise NodeStateError(f"install-driver: {self.hostname} is not cordoned; cordon and drain it first")
+            work = self.in_flight
+            if work:
+                what = (f"{work:g} requests in flight" if self.engine is not None else
+                        "its training rank is still writing its checkpoint" if self._checkpoint_left is not None
+                        else "its training rank is still running (drain it: the rank checkpoints, then stops)")
+                raise NodeStateError(f"install-driver: {self.hostname} is not drained ({what}); wait until "
+                                     f"GET /admin/node says drained")
+            absent = [i for i, g in enumerate(self.gpus) if not g.present]
+            if absent:
+                raise NodeStateError(f"install-driver: GPU {', '.join(map(str, absent))} of {self.hostname} fell off "
+                                     f"the bus; the driver cannot reload over it (reboot the node)")
+            self._reload_to, self._reload_until = version, self.now + float(reload_s)
+            self._recompute_effects()
+            if reload_s == 0:
+                self._driver_loaded()
+            return {**self.status(), "changed": True, "previous": previous,
+                    "detail": f"installing driver {version} on {self.hostname} (was {previous}): module reload, "
+                              f"down for {float(reload_s):g} s"}
+
+    def _driver_loaded(self) -> None:
+        """The end of a driver install's reload (see :meth:`install_driver`). Caller holds the lock."""
+        version, self._reload_to, self._reload_until = self._reload_to, None, None
+        self.installed_driver = version
+        for fid in [fid for fid, f in self.faults.items()
+                    if f.request.kind in ("xid", "ecc-dbe", "nvlink-errors", "fragmentation")]:
+            del self.faults[fid]
+        for g in self.gpus:
+            g.last_xid = None
+            g.xid_events.clear()
+            g.alloc.gap, g.alloc.allocated = g.alloc.base_gap, g.alloc.base_allocated
+        self._uuid_logged = set()
+        if self.engine is not None:
+            self._new_engine()
+        self._log_driver_load(version)
+        self._recompute_effects()
+
+    def _log_driver_load(self, version: str) -> None:
+        """Append the kernel module's load line for ``version`` to the kernel log, dmesg-style."""
+        try:
+            line = self.drivers.get(version).load_line
+        except KeyError:  # a version outside the catalogue (not reachable through install_driver)
+            line = f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {version}"
+        self.kernel_log.append(f"[{self.now:12.6f}] {line}")
