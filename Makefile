@@ -250,7 +250,7 @@ flag-bad: venv
 # batch printed), drill-driver-regression (570.195.03: +8% TTFT/ITL on L40S only -> the L40S canary batch
 # is judged ROLLBACK, that node returns to the old driver, the H100 nodes keep theirs -> RolledBack).
 # Each prints the progress, checks the end state and every node's driver (scripts/upgrade_demo.py).
-UPGRADE_FLAGS ?= --batches canary,25%,50%,100% --interval 15s --batch-timeout 10m --settle 15s
+UPGRADE_FLAGS ?= --batches canary,25%,50%,100% --interval 15s --batch-timeout 15m --settle 15s
 define upgrade_demo
 	@rc=0; $(GPUOBS) --log-level warning upgrade run --run-dir $(RUN_DIR) --driver $(1) $(UPGRADE_FLAGS) || rc=$$?; \
 	$(GPUOBS) upgrade status --run-dir $(RUN_DIR) --json > $(RUN_DIR)/upgrade-last.json; \

@@ -13,7 +13,7 @@ one changes nothing. Every look goes through the product path: :class:`gpuobs.ro
 within-node design over the pre-upgrade period, alpha split between the models) with a real
 :class:`gpuobs.promapi.prometheus.PromClient` whose session is :class:`tests.fakes.prom_fleet.FakeSession`
 (Prometheus 2.42's ``increase()``, checked against promtool in tests/canary/test_prom_fleet.py).
-Looks every 15 s up to the 10 min batch timeout (``gpuobs upgrade run``'s defaults); a model stops at
+Looks every 15 s up to the 15 min batch timeout (``gpuobs upgrade run``'s defaults); a model stops at
 its first PROMOTE, the batch at any ROLLBACK.
 
 The limit: the L40S's own z for +8% at the horizon is computed from its request count and the
@@ -49,7 +49,9 @@ from tests.fakes.prom_fleet import FakeSession, Pod  # noqa: E402
 
 H100, L40S = "NVIDIA H100 80GB HBM3", "NVIDIA L40S"
 RATE, SCRAPE_S, HET = 4.0, 15.0, 0.03
-DRAIN_S, RELOAD_S, SETTLE_S, INTERVAL_S, TIMEOUT_S = 30.0, 20.0, 15.0, 15.0, 600.0
+DRAIN_S, RELOAD_S, SETTLE_S, INTERVAL_S, TIMEOUT_S = 30.0, 20.0, 15.0, 15.0, 900.0
+#: Analysed batches of ``--batches canary,25%,50%,100%`` (the last is baked only): the alpha split.
+BATCHES = 3
 EFFECT = 1.08
 
 
@@ -117,7 +119,7 @@ def run(seed: int, regressed: bool, history_s: float) -> dict:
     client = PromClient("http://fake-prometheus", retries=0, session=session)
     config = load_config(None).select(["ttft", "itl", "error_ratio"])
     ma = ModelsAnalyzer(factory(client, config), TIMEOUT_S, INTERVAL_S, "Hostname",
-                        batch_groups(models, batch, not_yet), -DRAIN_S)
+                        batch_groups(models, batch, not_yet), -DRAIN_S, batches=BATCHES)
     state = AnalysisState()
     start = RELOAD_S + SETTLE_S
     out = {"by_model": {}, "look": None, "verdict": "HOLD", "design": ""}
@@ -135,10 +137,10 @@ def oracle_power(history_s: float) -> float:
     """Power of a one-sided z-test of the L40S's mean log TTFT change at the horizon, knowing its
     offset exactly apart from sampling: information from the node's own requests before (history less
     the drain) and after (the batch timeout), each log-normal with sigma TTFT_SIGMA, at alpha x the
-    TTFT share / 2 models (as the judge spends it), the baseline's change taken as exact."""
+    TTFT share / (2 models x 3 batches) (as the judge spends it), the baseline's change taken as exact."""
     cfg = load_config(None)
     ttft = next(m for m in cfg.metrics if m.name == "ttft")
-    alpha = cfg.metric_alpha(ttft) * dict(ttft.tests).get("location", 1.0) / 2
+    alpha = cfg.metric_alpha(ttft) * dict(ttft.tests).get("location", 1.0) / (2 * BATCHES)
     n_pre, n_post = RATE * (history_s - DRAIN_S), RATE * TIMEOUT_S
     se = TTFT_SIGMA * math.sqrt(1 / n_pre + 1 / n_post)
     return float(norm.sf(norm.isf(alpha) - math.log(EFFECT) / se))

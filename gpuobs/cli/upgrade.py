@@ -28,7 +28,7 @@ from gpuobs.stack.supervisor import load_state
 
 RUN_EPILOG = """examples:
   gpuobs upgrade run --driver 570.172.08
-  gpuobs upgrade run --driver 570.195.03 --batches canary,25%,50%,100% --interval 15s --batch-timeout 10m
+  gpuobs upgrade run --driver 570.195.03 --batches canary,25%,50%,100% --interval 15s --batch-timeout 15m
 exit codes: 0 Succeeded, 1 RolledBack or Rejected, 3 Aborted (inconclusive, aborted, Prometheus errors), 2 usage"""
 
 
@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="cumulative node counts (1), shares (25%%) or 'canary' (one node of every GPU model) "
                         "(default canary,25%%,50%%,100%%)")
     r.add_argument("--interval", default="15s", help="analysis look interval (default 15s)")
-    r.add_argument("--batch-timeout", dest="stage_timeout", default="10m",
-                   help="analysis deadline per batch = analysis horizon (default 10m)")
+    r.add_argument("--batch-timeout", dest="stage_timeout", default="15m",
+                   help="analysis deadline per batch = analysis horizon (default 15m)")
     r.add_argument("--settle", default="15s", help="wait after a batch is back in service before its analysis "
                                                    "window opens (default 15s)")
     r.add_argument("--bake", default=None, help="SLO-page watch after the last batch (default: one interval)")

@@ -31,7 +31,8 @@ upgraded or rolled back twice), OpenTelemetry spans, notices and the report. Wha
   :meth:`gpuobs.canary.histstats.HistContext._within_node`). A model with no node left on the old
   driver is compared with every not-yet-upgraded node (the other models' change then only removes
   fleet-wide drift, as the within-node design's baseline term does), and the verdict says so. The
-  stage's alpha is split between the models judged (Bonferroni). A model that PROMOTEs is done;
+  config's alpha is split between the models judged and the batches analysed (Bonferroni), so a clean
+  driver is rolled back with at most that probability over the whole upgrade. A model that PROMOTEs is done;
   the batch passes when every model has; any model's ROLLBACK ends it.
 * **Rollback of the regressed model only**: a canary ROLLBACK (or a failed health check) rolls back
   the upgraded nodes of the GPU models that regressed (the same node procedure with the old driver)
@@ -192,20 +193,24 @@ class ModelsAnalyzer:
     ``groups``: ``{modelName: (canary hosts, baseline hosts, note)}``; ``note`` says when the
     baseline is not the model's own nodes. ``history``: every host of the batch and baseline (the
     within-node design's pre-stage query). ``pre_stage_end``: when the batch began (before the
-    drain). Each model gets alpha / number of models. ``analyze(start, end, state)`` -> ModelVerdict;
+    drain). ``batches``: how many batches of the upgrade are analysed (all but the last). Each model
+    gets alpha / (models x batches). ``analyze(start, end, state)`` -> ModelVerdict;
     ``state`` keeps each model's looks under ``<model>::<metric>`` and a PROMOTE under
     ``<model>::promoted``. Backend errors propagate (the factory's analyzers raise
     SignalsUnavailable)."""
 
     def __init__(self, factory: SelectingFactory, horizon_s: float, interval_s: float, identity_label: str,
-                 groups: dict[str, tuple[list[str], list[str], str]], pre_stage_end: float | None):
+                 groups: dict[str, tuple[list[str], list[str], str]], pre_stage_end: float | None,
+                 batches: int = 1):
         self.groups = groups
         self.identity_label = identity_label
         every = sorted({h for c, b, _ in groups.values() for h in (*c, *b)})
-        # Bonferroni across the models: the stage's family-wise alpha stays the config's
+        # Bonferroni across the models and the upgrade's analysed batches: the whole upgrade's chance
+        # of rolling back a clean driver stays within the config's family-wise alpha
+        share = 1.0 / (len(groups) * max(1, batches))
         self.analyzers = {model: factory(horizon_s, interval_s, canary=self.selector(canary),
                                          baseline=self.selector(baseline), history=self.selector(every),
-                                         pre_stage_end=pre_stage_end, alpha_share=1.0 / len(groups))
+                                         pre_stage_end=pre_stage_end, alpha_share=share)
                           for model, (canary, baseline, _) in groups.items()}
 
     def selector(self, hosts: list[str]) -> str:
@@ -348,7 +353,7 @@ class DriverController(Controller):
         batch, not_yet = self.batch(spec, st.idx)
         groups = batch_groups(self.models(rec), batch, not_yet)
         return ModelsAnalyzer(self.analyzers, spec.stage_timeout_s, spec.interval_s, self.identity_label, groups,
-                              st.started_at)
+                              st.started_at, batches=len(spec.stages) - 1)
 
     def _deploy(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord) -> bool:
         """Upgrade the batch's hosts not yet on the driver, all at once (write-ahead node records);

@@ -88,11 +88,12 @@ def test_clean_driver_reaches_every_node_and_each_model_is_judged_on_its_own(tmp
     assert rec.state == SUCCEEDED, rec.reason
     assert set(fleet.drivers.values()) == {NEW} and not fleet.cordoned
     assert collections.Counter(h for h, _ in fleet.installs) == dict.fromkeys(fleet.models, 1)
-    # batch 1: one analyzer per model, Bonferroni halves; L40S against the H100s left (none of its own)
+    # batch 1: one analyzer per model, Bonferroni over 2 models x 2 analysed batches; L40S against the
+    # H100s left (none of its own)
     first = [m for m in factory.made if m[1] in (["gpu-node-05"], ["gpu-node-00"])]
     assert {m[0] for m in first} == {H100, L40S}
     cfg_alpha = factory.config.alpha
-    assert all(abs(a - cfg_alpha / 2) < 1e-12 for _, _, _, a, _ in first)
+    assert all(abs(a - cfg_alpha / 4) < 1e-12 for _, _, _, a, _ in first)
     l40s = next(m for m in first if m[0] == L40S)
     assert "gpu-node-05" not in l40s[2] and "gpu-node-00" not in l40s[2] and len(l40s[2]) == 4
     # the pre-stage period ends when the batch began (before the drain), not at the analysis start
