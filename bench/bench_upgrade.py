@@ -100,10 +100,12 @@ def node_pod(rng: np.random.Generator, host: str, node: float, history_s: float,
 def factory(client: PromClient, config):
     """The product's selecting factory (gpuobs.rollout.adapters.prometheus.analyzer_factory) on a
     config restricted to the metrics the fake answers (ttft, itl, error_ratio: the critical ones)."""
-    def make(horizon_s, interval_s, canary="", baseline="", history=None, pre_stage_end=None, alpha_share=1.0):
+    def make(horizon_s, interval_s, canary="", baseline="", history=None, pre_stage_end=None, alpha_share=1.0,
+             within_only=False):
         cfg = config.with_timing(horizon_s=horizon_s, interval_s=interval_s)
         cfg = cfg.with_alpha(cfg.alpha * alpha_share)
-        return Analyzer(client, cfg, canary=canary, baseline=baseline, history=history, pre_stage_end=pre_stage_end)
+        return Analyzer(client, cfg, canary=canary, baseline=baseline, history=history, pre_stage_end=pre_stage_end,
+                        within_only=within_only)
     return make
 
 

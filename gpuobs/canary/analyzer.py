@@ -128,17 +128,20 @@ class Analyzer:
     identity label (``Hostname=~"a|b"``), passes canary and baseline nodes together.
     ``pre_stage_end``: unix seconds at which the pre-stage period ends, when that is before the
     analysis window's start (a driver upgrade's batch: before the nodes were drained); default the
-    window's start. Raises :class:`~gpuobs.canary.config.ConfigError` on a bad selector.
+    window's start. ``within_only``: latency is judged only in the within-node design (NoData without
+    pre-stage data): the baseline nodes are not comparable to the canary's (another GPU model).
+    Raises :class:`~gpuobs.canary.config.ConfigError` on a bad selector.
     """
 
     def __init__(self, client: PromClient, config: CanaryConfig, canary: str, baseline: str,
-                 history: str | None = None, pre_stage_end: float | None = None):
+                 history: str | None = None, pre_stage_end: float | None = None, within_only: bool = False):
         self.client = client
         self.config = config
         self.canary = parse_selector(canary, "--canary")
         self.baseline = parse_selector(baseline, "--baseline")
         self.history = parse_selector(history, "--history") if history else self.baseline
         self.pre_stage_end = pre_stage_end
+        self.within_only = within_only
 
     def analyze(self, start: float, end: float | None = None, state: AnalysisState | None = None) -> Verdict:
         """Analyse the window [start, end] (unix seconds; ``end`` defaults to now).
@@ -497,7 +500,7 @@ class Analyzer:
             pre_arrays = (np.array([pre.get(u, none) if u else none for u in names_c]),
                           np.array([pre.get(u, none) if u else none for u in names_b]), min(1.0, clustering))
         ctx = HistContext(common, x, cc, cb, nc_u, nb_u, ec_u, eb_u, log1p(cfg.node_spread), cfg.node_spread_df,
-                          history, pre_arrays, (cfg.node_drift, cfg.node_drift_df))
+                          history, pre_arrays, (cfg.node_drift, cfg.node_drift_df), within_only=self.within_only)
         if history is not None:
             res.evidence["node_history_s"] = float(history[2])
         needed = []
@@ -634,6 +637,8 @@ class Analyzer:
 
     def _series(self, spec: MetricSpec, res: MetricResult, start: float, end: float,
                 state: AnalysisState | None) -> None:
+        if self.within_only:  # a series has no within-node design: levels of two GPU models differ by design
+            raise NoData("not comparable: the baseline nodes are another GPU model (within-node design only)")
         values = {}
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
             r = self.client.query_range(fill_selector(spec.query, sel), start, end, self.config.step_s)

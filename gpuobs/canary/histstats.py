@@ -248,16 +248,20 @@ class HistContext:
     removed); ``tau_loc``: the prior node spread on the log scale, used with < 2 baseline units;
     ``history``: the baseline nodes over node_history (:meth:`gpuobs.canary.analyzer.Analyzer._node_history`);
     ``pre``: pre-stage counts per unit for the within-node design and ``drift``: ``(node_drift, node_drift_df)``
-    from the config (:meth:`_within_node`; without both the design is between nodes).
+    from the config (:meth:`_within_node`; without both the design is between nodes). ``within_only``:
+    the between-node comparison is not valid (the baseline nodes are another GPU model, whose latency
+    differs by design: a driver upgrade's model with no node left on the old driver): the within-node
+    design is taken whenever it can be, and every test raises :class:`NoData` when it cannot.
     Each test returns a dict: ``stat`` (:class:`Clustered`), ``n`` (canary requests), ``effect``
     (user scale), ``interval(c)`` (user-scale interval at boundary c), optional ``z``, ``what``,
     ``needed(c1)`` inputs, ``extra`` (descriptive fields).
     """
 
-    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc, prior_df, history=None, pre=None, drift=None):
+    def __init__(self, bounds, x, cc, cb, nc, nb, ec, eb, tau_loc, prior_df, history=None, pre=None, drift=None,
+                 within_only: bool = False):
         self.bounds, self.x, self.cc, self.cb, self.nc, self.nb, self.ec, self.eb = bounds, x, cc, cb, nc, nb, ec, eb
         self.tau_loc, self.prior_df, self.history = tau_loc, prior_df, history
-        self.pre, self.drift = pre, drift
+        self.pre, self.drift, self.within_only = pre, drift, within_only
         # the canary's node offset removed from every test's statistic (within-node design; 0 between
         # nodes) and why the design is what it is (location_stat)
         self.offset, self.design, self.design_note = 0.0, "between-node", ""
@@ -277,6 +281,8 @@ class HistContext:
         self._loc: Clustered | None = None
 
     def test(self, name: str) -> dict[str, Any]:
+        if self.within_only:
+            self.location_stat()  # NoData when the within-node design cannot be used
         if name == "location":
             return self._location()
         if name == "spread":
@@ -309,7 +315,11 @@ class HistContext:
             prior_df = 0.0 if self.history is not None and len(self.history[0]) >= DATA_DECIDES_NODES else self.prior_df
             between = clustered(mean_c - mean_b, v_req, self.wc, self.wb, groups, self.tau_loc ** 2, prior_df,
                                 label="nodes" if self.history is None else "nodes with history")
-            self._loc = self._within_node(between, v_req, s2c) or between
+            within = self._within_node(between, v_req, s2c)
+            if within is None and self.within_only:
+                raise NoData("the within-node design is required (the baseline nodes are another GPU model) "
+                             f"and cannot be used: {self.design_note}")
+            self._loc = within or between
         return self._loc
 
     def _within_node(self, between: Clustered, v_req: float, s2c: float) -> Clustered | None:
@@ -388,7 +398,7 @@ class HistContext:
         node_var = var_pre + resid + drift
         between_var = between.tau2 * self.g
         atypical = abs(offset) >= max(2.0 * math.sqrt(between_var + var_pre), OFFSET_OWN_Z * math.sqrt(var_pre))
-        if not node_var < between_var and not atypical:
+        if not node_var < between_var and not atypical and not self.within_only:
             self.design_note = (f"the within-node term (sd {math.expm1(math.sqrt(node_var)):.1%}: pre-stage "
                                 f"sampling and drift sd {math.expm1(math.sqrt(d.tau2)):.1%}) is no narrower than "
                                 f"the between-node one (sd {math.expm1(math.sqrt(between_var)):.1%}), and the "

@@ -29,8 +29,11 @@ upgraded or rolled back twice), OpenTelemetry spans, notices and the report. Wha
   a difference in differences, the pre-period adjustment of Deng et al., "Improving the Sensitivity
   of Online Controlled Experiments by Utilizing Pre-Experiment Data", WSDM 2013; the analyzer's
   :meth:`gpuobs.canary.histstats.HistContext._within_node`). A model with no node left on the old
-  driver is compared with every not-yet-upgraded node (the other models' change then only removes
-  fleet-wide drift, as the within-node design's baseline term does), and the verdict says so. The
+  driver is compared with every not-yet-upgraded node, in the within-node design only (the other
+  models' change then only removes fleet-wide drift; their latency level differs from this model's by
+  design, so a between-node comparison would read the model difference as the driver's effect): its
+  latency tests are NoData until its nodes have pre-upgrade history, its advisory series are not
+  compared, and the verdict says so. The
   config's alpha is split between the models judged and the batches analysed (Bonferroni), so a clean
   driver is rolled back with at most that probability over the whole upgrade. A model that PROMOTEs is done;
   the batch passes when every model has; any model's ROLLBACK ends it.
@@ -191,7 +194,7 @@ class ModelsAnalyzer:
     identity label (``<label>=~"host1|host2"``).
 
     ``groups``: ``{modelName: (canary hosts, baseline hosts, note)}``; ``note`` says when the
-    baseline is not the model's own nodes. ``history``: every host of the batch and baseline (the
+    baseline is not the model's own nodes (that model is then judged ``within_only``). ``history``: every host of the batch and baseline (the
     within-node design's pre-stage query). ``pre_stage_end``: when the batch began (before the
     drain). ``batches``: how many batches of the upgrade are analysed (all but the last). Each model
     gets alpha / (models x batches). ``analyze(start, end, state)`` -> ModelVerdict;
@@ -210,8 +213,8 @@ class ModelsAnalyzer:
         share = 1.0 / (len(groups) * max(1, batches))
         self.analyzers = {model: factory(horizon_s, interval_s, canary=self.selector(canary),
                                          baseline=self.selector(baseline), history=self.selector(every),
-                                         pre_stage_end=pre_stage_end, alpha_share=share)
-                          for model, (canary, baseline, _) in groups.items()}
+                                         pre_stage_end=pre_stage_end, alpha_share=share, within_only=bool(note))
+                          for model, (canary, baseline, note) in groups.items()}
 
     def selector(self, hosts: list[str]) -> str:
         """``<identity label>=~"a|b"`` (host names escaped for the RE2 regex and the PromQL string)."""

@@ -117,12 +117,15 @@ class ModelScript:
         self.config = load_config(None)
 
     def __call__(self, horizon_s: float, interval_s: float, canary: str = "", baseline: str = "",
-                 history: str | None = None, pre_stage_end: float | None = None, alpha_share: float = 1.0) -> Any:
+                 history: str | None = None, pre_stage_end: float | None = None, alpha_share: float = 1.0,
+                 within_only: bool = False) -> Any:
         hosts = _HOSTS.search(canary).group(1).replace("\\\\", "").split("|")
         base = _HOSTS.search(baseline).group(1).replace("\\\\", "").split("|")
         model = self.models[hosts[0]]
         cfg = self.config.with_alpha(self.config.alpha * alpha_share)
         self.made.append((model, hosts, base, cfg.alpha, pre_stage_end))
+        self.within_only = getattr(self, "within_only", {})
+        self.within_only[model] = within_only
         return ModelScript._One(self, model, horizon_s, cfg, canary, baseline)
 
     class _One:

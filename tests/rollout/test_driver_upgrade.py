@@ -198,3 +198,29 @@ def test_kill_in_every_phase_then_resume_upgrades_and_rolls_back_each_node_once(
         assert set(fleet.drivers.values()) == {NEW}
     else:
         assert fleet.drivers["gpu-node-05"] == OLD and fleet.drivers["gpu-node-00"] == NEW
+
+
+def test_a_model_judged_against_other_models_is_judged_within_node_only(tmp_path):
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, {H100: ["PROMOTE"], L40S: ["PROMOTE"]})
+    ctl = controller()
+    ctl.run(ctl.create(spec).id)
+    assert factory.within_only == {H100: False, L40S: True}
+
+
+def test_within_only_latency_without_pre_stage_data_is_nodata_not_a_cross_model_comparison():
+    import numpy as np
+
+    from gpuobs.canary.histstats import HistContext, NoData
+    from gpuobs.canary.stats import bin_log_centres
+
+    bounds = np.array([0.1, 0.25, 0.5, 1.0, 2.5])
+    x = bin_log_centres(bounds)
+    cc = np.array([[10.0, 40, 60, 30, 8, 2]]) * 1.3  # a slower GPU model: its level differs by design
+    cb = np.array([[20.0, 60, 50, 20, 5, 1], [18, 62, 52, 18, 4, 2]])
+    n_c, n_b = cc.sum(1), cb.sum(1)
+    args = (bounds, x, cc, cb, n_c, n_b, n_c, n_b, np.log1p(0.015), 4.0)
+    assert HistContext(*args).test("location")["stat"] is not None  # between nodes: judged
+    with pytest.raises(NoData, match="within-node design is required"):
+        HistContext(*args, within_only=True).test("location")
+    with pytest.raises(NoData, match="within-node design is required"):
+        HistContext(*args, within_only=True).test("p99")

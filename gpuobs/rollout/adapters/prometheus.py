@@ -89,17 +89,18 @@ def analyzer_factory(client: PromClient, config_path: str | Path | None = None) 
     Keywords for a caller that selects its cohorts itself (a driver upgrade, :mod:`gpuobs.rollout.driver`):
     ``canary``, ``baseline``, ``history`` (matchers; see :class:`~gpuobs.canary.analyzer.Analyzer`),
     ``pre_stage_end`` (unix seconds) and ``alpha_share`` (this analysis's share of the config's family-wise
-    alpha, 0 < share <= 1: a driver upgrade splits it between the GPU models it judges). Raises :class:`~gpuobs.canary.config.ConfigError` now if the config is bad.
+    alpha, 0 < share <= 1: a driver upgrade splits it between the GPU models it judges) and ``within_only``
+    (latency judged in the within-node design only: the baseline is another GPU model). Raises :class:`~gpuobs.canary.config.ConfigError` now if the config is bad.
     """
     base = load_config(config_path)
 
     def make(horizon_s: float, interval_s: float, canary: str = CANARY_SELECTOR, baseline: str = BASELINE_SELECTOR,
              history: str | None = None, pre_stage_end: float | None = None,
-             alpha_share: float = 1.0) -> InsulatedAnalyzer:
+             alpha_share: float = 1.0, within_only: bool = False) -> InsulatedAnalyzer:
         cfg = base.with_timing(horizon_s=horizon_s, interval_s=interval_s)
         return InsulatedAnalyzer(Analyzer(client, cfg if alpha_share == 1.0 else cfg.with_alpha(cfg.alpha * alpha_share),
-                                          canary=canary,
-                                          baseline=baseline, history=history, pre_stage_end=pre_stage_end))
+                                          canary=canary, baseline=baseline, history=history,
+                                          pre_stage_end=pre_stage_end, within_only=within_only))
 
     return make
 
