@@ -252,6 +252,7 @@ flag-bad: venv
 # Each prints the progress, checks the end state and every node's driver (scripts/upgrade_demo.py).
 UPGRADE_FLAGS ?= --batches canary,25%,50%,100% --interval 15s --batch-timeout 15m --settle 15s
 define upgrade_demo
+	@$(PY) scripts/upgrade_demo.py --wait-history $(RUN_DIR)
 	@rc=0; $(GPUOBS) --log-level warning upgrade run --run-dir $(RUN_DIR) --driver $(1) $(UPGRADE_FLAGS) || rc=$$?; \
 	$(GPUOBS) upgrade status --run-dir $(RUN_DIR) --json > $(RUN_DIR)/upgrade-last.json; \
 	echo "report: $$($(GPUOBS) report rollout --file $(RUN_DIR)/upgrade-last.json --run-dir $(RUN_DIR) | tail -n 1)"; \

@@ -1,6 +1,7 @@
 """Checks the end of a driver upgrade demo (``make upgrade-good``, ``make drill-driver-regression``).
 
-Usage: ``upgrade_demo.py RUN_DIR EXPECTED_STATE [REGRESSED_MODEL]``. Reads the run directory's latest
+Usage: ``upgrade_demo.py RUN_DIR EXPECTED_STATE [REGRESSED_MODEL]``, or ``upgrade_demo.py --wait-history
+RUN_DIR`` (sleep until the stack has run :data:`HISTORY_S`). Reads the run directory's latest
 driver upgrade (``upgrade.sqlite``) and asks every serving node its driver and cordon state (admin API),
 then prints what an operator would check and exits 0 when it is as expected, 1 otherwise:
 
@@ -27,7 +28,28 @@ from gpuobs.rollout.store import RolloutStore  # noqa: E402
 from gpuobs.stack.supervisor import load_state  # noqa: E402
 
 
+#: Pre-upgrade history a demo waits for on a fresh stack: the within-node design compares each upgraded
+#: node with its own period before the upgrade (the L40S, the only one of its model, is judged that way
+#: only), and a minute of it leaves the drift estimate too wide to decide within the batch timeout.
+HISTORY_S = 300.0
+
+
+def wait_history(run_dir: Path, seconds: float = HISTORY_S) -> None:
+    """Sleep until the stack of ``run_dir`` has run ``seconds`` (its stack.json ``started_at``)."""
+    import time
+
+    state = load_state(run_dir)
+    left = (state.started_at + seconds - time.time()) if state else 0.0
+    if left > 0:
+        print(f"waiting {left:.0f} s for {seconds / 60:.0f} min of pre-upgrade history (the within-node design "
+              "compares each upgraded node with its own period before the upgrade)", flush=True)
+        time.sleep(left)
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--wait-history":
+        wait_history(Path(argv[1]))
+        return 0
     if len(argv) not in (2, 3):
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2

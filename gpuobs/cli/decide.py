@@ -312,7 +312,8 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
                                         fleet_cfg.runbook_base, flag, ended_in, kind.group)
             if impact_line:
                 print(impact_line, flush=True)
-        print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus, kind.group), flush=True)
+        print(report(store, rec.id, fleet, args.json, args.prometheus or stack.urls.prometheus, kind.group,
+                     fleet_cfg.identity_label), flush=True)
         return EXIT_CODES[rec.state]
     except (UsageError, ConfigError, FleetError, KeyError) as err:
         return fail(problem(err))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpuobs.cli import decide
 from gpuobs.cli.common import fail
+from gpuobs.core.fleet import FleetConfigError
 from gpuobs.reference.releases import load
 from gpuobs.rollout.adapters.drivers import StackDriverFleet
 from gpuobs.rollout.driver import DriverController, check_models, driver_spec, parse_batches, short_model
@@ -128,7 +129,8 @@ def run_status(args: argparse.Namespace) -> int:
                     fleet = StackDriverFleet(stack)
                 except FleetError:
                     fleet = None
-            print(report(store, rec.id, fleet, args.json, prometheus, decide.UPGRADE.group))
-    except (UsageError, KeyError) as err:
+            print(report(store, rec.id, fleet, args.json, prometheus, decide.UPGRADE.group,
+                         decide.fleet_of(args).identity_label))
+    except (UsageError, KeyError, FleetConfigError) as err:
         return fail(decide.problem(err))
     return 0

@@ -27,7 +27,8 @@ Input contract (a plain dict, e.g. the rollout controller's final document; ever
       "assumptions": ["ttft, itl: node-to-node variation from ..."],  # each once (gpuobs.rollout.report.
                                                   # run_assumptions); default: final_verdict.assumptions
       "prometheus": "http://127.0.0.1:9090",      # no URL: tables only, plots omitted (noted)
-      "canary_selector": 'track="canary"', "baseline_selector": 'track="baseline"'
+      "canary_selector": 'track="canary"', "baseline_selector": 'track="baseline"',
+      "report_model": "NVIDIA L40S"               # optional: a driver upgrade's plotted GPU model
     }
 
 The report has: a header (versions, state, reason, the assumptions the canary verdicts rest on, each
@@ -462,6 +463,8 @@ def _header(doc: dict, start: float, end: float, sels: dict[str, str]) -> list[h
         *[("assumption", a) for a in assumptions_of(doc)],
         ("started", h.utc(start)), ("ended", h.utc(end) if state in _STATE_KIND else "- (not ended)"),
         ("duration", _duration(end - start)),
+        *([("GPU model plotted", f"{doc['report_model']} (a driver upgrade: its upgraded nodes against the "
+                                 "nodes its verdict compared them with)")] if doc.get("report_model") else []),
         ("canary selector", h.Raw(f"<code>{h.esc(sels['canary'])}</code>")),
         ("baseline selector", h.Raw(f"<code>{h.esc(sels['baseline'])}</code>")),
         ("Prometheus", doc.get("prometheus") or "-"),
@@ -558,7 +561,9 @@ def write_rollout_report(doc: dict, out_dir: Path, *, client: PromClient | None 
     against = versions["baseline"] or "an unrecorded baseline version"
     subtitle = h.join([h.badge(state, _STATE_KIND.get(state, "info")), f" {versions['canary'] or '(no version)'} "
                        f"against {against}, {h.utc(start)} .. {h.utc(end) if state in _STATE_KIND else 'now'}"])
-    text = h.page(f"Rollout report: {rid} - {state}", subtitle, sections, time.time() if now is None else now)
+    kind = "Driver upgrade report" if (doc.get("spec") or {}).get("engine", "").startswith("NVIDIA driver") \
+        else "Rollout report"
+    text = h.page(f"{kind}: {rid} - {state}", subtitle, sections, time.time() if now is None else now)
     out_dir = Path(out_dir)
     path = out_dir / f"rollout-{re.sub(r'[^A-Za-z0-9_.-]+', '_', rid)[:80] or 'rollout'}.html"
     atomic_write(path, text)  # creates out_dir; readers never see half a report

@@ -217,9 +217,8 @@ class ModelsAnalyzer:
                           for model, (canary, baseline, note) in groups.items()}
 
     def selector(self, hosts: list[str]) -> str:
-        """``<identity label>=~"a|b"`` (host names escaped for the RE2 regex and the PromQL string)."""
-        alt = "|".join(_re_escape(h) for h in sorted(hosts))
-        return f'{self.identity_label}=~"{alt}"'
+        """:func:`node_selector` on the identity label."""
+        return node_selector(self.identity_label, hosts)
 
     def analyze(self, start: float, end: float, state: AnalysisState) -> ModelVerdict:
         """One look at every model not yet promoted; see the class doc."""
@@ -264,6 +263,35 @@ class ModelsAnalyzer:
                             warmup_s=last.warmup_s if last else 0.0,
                             deciding=deciding if verdict == "ROLLBACK" else [], assumptions=assumptions,
                             design="; ".join(designs), by_model=by_model)
+
+
+def node_selector(identity_label: str, hosts: list[str]) -> str:
+    """``<identity label>=~"a|b"`` over ``hosts`` (names escaped for the RE2 regex and the PromQL string)."""
+    return f'{identity_label}=~"{"|".join(_re_escape(h) for h in sorted(hosts))}"'
+
+
+def report_selectors(spec_doc: dict[str, Any], stages: list[StageRecord], identity_label: str) -> tuple[str, str, str]:
+    """What a driver upgrade's HTML report plots, ``(canary selector, baseline selector, GPU model)``: the
+    nodes of one GPU model that one batch upgraded against the nodes its verdict compared them with
+    (:func:`batch_groups`). The model: the first one a batch judged ROLLBACK, else the rarest model of
+    the first batch (the one a fleet-wide view hides). Raises ValueError when no batch ran."""
+    spec = RolloutSpec.from_dict(spec_doc)
+    models = dict(spec_doc.get("gpu_models") or {})
+    if not stages or not models:
+        raise ValueError("no batch ran")
+    pick = next(((st, m) for st in stages for m, v in (st.verdict_doc or {}).get("by_model", {}).items()
+                 if v == "ROLLBACK"), None)
+    if pick is None:
+        st = stages[0]
+        batch = list(spec.hosts[: spec.stages[0]])
+        counts = {m: sum(1 for h in spec.hosts if models.get(h) == m) for m in {models.get(h, "") for h in batch}}
+        pick = (st, min(counts, key=lambda m: (counts[m], m)))
+    st, model = pick
+    lo = spec.stages[st.idx - 1] if st.idx > 0 else 0
+    batch, not_yet = list(spec.hosts[lo: spec.stages[st.idx]]), list(spec.hosts[spec.stages[st.idx]:])
+    groups = batch_groups(models, batch, not_yet or [h for h in spec.hosts if h not in batch])
+    canary, baseline, _ = groups[model]
+    return node_selector(identity_label, canary), node_selector(identity_label, baseline), model
 
 
 def _re_escape(text: str) -> str:

@@ -41,18 +41,27 @@ def run_assumptions(stages: list[StageRecord]) -> list[str]:
 
 
 def report_doc(store: RolloutStore, rid: str, versions: dict[str, str] | None = None,
-               prometheus: str | None = None) -> dict[str, Any]:
+               prometheus: str | None = None, identity_label: str | None = None) -> dict[str, Any]:
     """Everything stored about rollout ``rid``, shaped so that ``gpuobs report rollout --file`` reads it
     too (gpuobs/reports/rollout.py: rollout_id, baseline_version, started_at/ended_at in epoch
     seconds, stages with index/share/nodes, final_verdict, selectors, prometheus). ``versions``:
     ``{host: version}`` as the fleet reports it now (``fleet_versions``; empty when not asked).
-    ``assumptions``: :func:`run_assumptions`. Raises KeyError for an unknown ``rid``."""
+    ``assumptions``: :func:`run_assumptions`. A driver upgrade (its spec records ``gpu_models``) with
+    ``identity_label`` given: the selectors are one GPU model's upgraded nodes and the nodes they were
+    compared with (:func:`gpuobs.rollout.driver.report_selectors`; ``report_model`` names the model);
+    a release or flag rollout's are the ``track`` labels. Raises KeyError for an unknown ``rid``."""
     rec = store.get(rid)
     spec = RolloutSpec.from_dict(rec.spec)
     stages, transitions = store.stages(rid), store.transitions(rid)
     previous = [n.previous for n in store.nodes(rid) if n.previous != rec.version]
     judged = [s for s in stages if s.verdict_doc]
     doc = {k: v for k, v in asdict(rec).items() if k != "spec"}
+    sels = {"canary_selector": CANARY_SELECTOR, "baseline_selector": BASELINE_SELECTOR}
+    if identity_label and rec.spec.get("gpu_models") and stages:
+        from gpuobs.rollout.driver import report_selectors
+
+        canary, baseline, model = report_selectors(rec.spec, stages, identity_label)
+        sels = {"canary_selector": canary, "baseline_selector": baseline, "report_model": model}
     return {**doc, "exit_code": EXIT_CODES.get(rec.state), "spec": spec.to_dict(),
             "stages": [{**asdict(s), "index": s.idx, "share": f"{len(s.hosts) / len(spec.hosts):.0%}",
                         "nodes": s.hosts} for s in stages],
@@ -64,8 +73,7 @@ def report_doc(store: RolloutStore, rid: str, versions: dict[str, str] | None = 
             "versions_before": rec.spec.get("versions_before") or {}, "stage_count": len(spec.stages),
             "started_at": rec.created_at, "ended_at": transitions[-1]["ts"] if rec.state in TERMINAL else None,
             "final_verdict": judged[-1].verdict_doc if judged else None, "prometheus": prometheus,
-            "assumptions": run_assumptions(stages),
-            "canary_selector": CANARY_SELECTOR, "baseline_selector": BASELINE_SELECTOR}
+            "assumptions": run_assumptions(stages), **sels}
 
 
 def _majority(versions: Any, exclude: str) -> str | None:
@@ -75,13 +83,14 @@ def _majority(versions: Any, exclude: str) -> str | None:
 
 
 def report(store: RolloutStore, rid: str, fleet: Fleet | None = None, as_json: bool = False,
-           prometheus: str | None = None, group: str = "rollout") -> str:
+           prometheus: str | None = None, group: str = "rollout", identity_label: str | None = None) -> str:
     """Rollout ``rid``'s report: state, reason, the assumptions (:func:`run_assumptions`, each once),
     stage table, deploy log, live fleet versions (when a fleet is given: its ``version(host)`` per
     planned host) and the deciding canary verdict table;
     or, with ``as_json``, all of it as one JSON object (:func:`report_doc`; ``prometheus`` is
     recorded there for the HTML report). ``group``: the command group whose ``resume``/``promote``
-    a paused rollout's line names (``rollout`` or ``flag``). Raises KeyError for an unknown ``rid``."""
+    a paused rollout's line names (``rollout``, ``flag`` or ``upgrade``); ``identity_label``: see
+    :func:`report_doc`. Raises KeyError for an unknown ``rid``."""
     rec = store.get(rid)
     spec = RolloutSpec.from_dict(rec.spec)
     stages = store.stages(rid)
@@ -93,7 +102,7 @@ def report(store: RolloutStore, rid: str, fleet: Fleet | None = None, as_json: b
             except FleetError as err:
                 versions[h] = f"unknown ({err})"
     if as_json:
-        return json.dumps(report_doc(store, rid, versions, prometheus))
+        return json.dumps(report_doc(store, rid, versions, prometheus, identity_label))
     n = len(spec.hosts)
     lines = [f"Rollout {rec.id}: {rec.state}" + (f" (exit {EXIT_CODES[rec.state]})" if rec.state in EXIT_CODES else ""),
              f"reason: {rec.reason or '-'}"]

@@ -224,3 +224,16 @@ def test_within_only_latency_without_pre_stage_data_is_nodata_not_a_cross_model_
         HistContext(*args, within_only=True).test("location")
     with pytest.raises(NoData, match="within-node design is required"):
         HistContext(*args, within_only=True).test("p99")
+
+
+def test_the_report_plots_the_regressed_model_against_the_nodes_it_was_compared_with(tmp_path):
+    from gpuobs.rollout.report import report_doc
+
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, {H100: ["PROMOTE"], L40S: ["ROLLBACK"]})
+    ctl = controller()
+    rec = ctl.run(ctl.create(spec).id)
+    doc = report_doc(store, rec.id, identity_label="node")
+    assert doc["report_model"] == L40S
+    assert doc["canary_selector"] == 'node=~"gpu-node-05"'
+    assert doc["baseline_selector"].startswith('node=~"gpu-node-01|')
+    assert report_doc(store, rec.id)["canary_selector"] == 'track="canary"'  # no identity label: as before
