@@ -173,6 +173,17 @@ class ModelVerdict(Verdict):
     HOLD. Metric names carry the model (``L40S:ttft``); reasons, deciding tests and assumptions too."""
 
     by_model: dict[str, str] = field(default_factory=dict)
+    #: The whole upgrade's alpha (this batch's ``alpha`` x the batches analysed).
+    upgrade_alpha: float = 0.0
+
+    def table(self, assumptions: bool = True) -> str:
+        """:meth:`Verdict.table`, its alpha note saying how the upgrade's alpha is split."""
+        lines = super().table(assumptions).splitlines()
+        if lines and lines[-1].startswith("note: alpha ") and self.upgrade_alpha:
+            lines[-1] = (f"note: alpha {self.alpha:g} is this batch's, split between its GPU models: the upgrade's "
+                         f"{self.upgrade_alpha:g} over its analysed batches, so a clean driver is rolled back with "
+                         f"probability at most {self.upgrade_alpha:g} over the whole upgrade")
+        return "\n".join(lines)
 
     @property
     def regressed(self) -> list[str]:
@@ -211,6 +222,7 @@ class ModelsAnalyzer:
         # Bonferroni across the models and the upgrade's analysed batches: the whole upgrade's chance
         # of rolling back a clean driver stays within the config's family-wise alpha
         share = 1.0 / (len(groups) * max(1, batches))
+        self.batches = max(1, batches)
         self.analyzers = {model: factory(horizon_s, interval_s, canary=self.selector(canary),
                                          baseline=self.selector(baseline), history=self.selector(every),
                                          pre_stage_end=pre_stage_end, alpha_share=share, within_only=bool(note))
@@ -262,7 +274,7 @@ class ModelsAnalyzer:
                             all(finals) if finals else True, alpha, promote_reachable=reachable,
                             warmup_s=last.warmup_s if last else 0.0,
                             deciding=deciding if verdict == "ROLLBACK" else [], assumptions=assumptions,
-                            design="; ".join(designs), by_model=by_model)
+                            design="; ".join(designs), by_model=by_model, upgrade_alpha=alpha * self.batches)
 
 
 def node_selector(identity_label: str, hosts: list[str]) -> str:
