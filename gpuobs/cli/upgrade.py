@@ -106,7 +106,8 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     print("upgrade plan: " + "; ".join(
         f"batch {i + 1}: " + ", ".join(f"{h} ({short_model(models[h])})" for h in hosts[lo:hi])
         for i, (lo, hi) in enumerate(zip([0, *counts[:-1]], counts))), flush=True)
-    return driver_spec(args.driver, release.engine, release.cuda, hosts, counts, **decide.timings(args, interval))
+    return driver_spec(args.driver, release.engine, release.cuda, hosts, counts, release=release.version,
+                       **decide.timings(args, interval))
 
 
 def fleet_release(stack: StackState, host: str) -> str:

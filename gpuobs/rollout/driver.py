@@ -123,20 +123,24 @@ def parse_batches(text: str, models: dict[str, str]) -> tuple[list[str], list[in
 
 
 def driver_spec(version: str, engine: str, cuda: str, hosts: list[str], stages: list[int],
-                **timing: Any) -> RolloutSpec:
+                release: str = "", **timing: Any) -> RolloutSpec:
     """The :class:`RolloutSpec` of upgrading ``hosts`` to driver ``version`` in ``stages``; ``engine`` /
-    ``cuda``: the release the fleet runs (what the compatibility gate re-checks on the new driver);
-    timing keywords as RolloutSpec's."""
-    return RolloutSpec(version, f"{DRIVER_ENGINE} (release {engine}, CUDA {cuda})", str(cuda), tuple(hosts),
+    ``cuda``: the release the fleet runs (what the compatibility gate re-checks on the new driver),
+    ``release`` its version; timing keywords as RolloutSpec's."""
+    named = f"release {release}: " if release else "release "
+    return RolloutSpec(version, f"{DRIVER_ENGINE} ({named}{engine}, CUDA {cuda})", str(cuda), tuple(hosts),
                        tuple(stages), **timing)
 
 
-def release_engine(spec: RolloutSpec) -> str:
-    """The release's engine requirement a :func:`driver_spec` carries (``vllm==0.10.1``)."""
+def release_of(spec: RolloutSpec) -> tuple[str, str]:
+    """``(release version or "", engine requirement)`` a :func:`driver_spec` carries."""
     text = spec.engine
-    if text.startswith(f"{DRIVER_ENGINE} (release "):
-        return text[len(DRIVER_ENGINE) + len(" (release "):].split(",", 1)[0]
-    return text
+    prefix = f"{DRIVER_ENGINE} (release "
+    if not text.startswith(prefix):
+        return "", text
+    rest = text[len(prefix):].split(", CUDA", 1)[0]
+    version, sep, engine = rest.partition(": ")
+    return (version, engine) if sep else ("", rest)
 
 
 @dataclass(frozen=True)
@@ -264,6 +268,9 @@ class ModelsAnalyzer:
             reachable = reachable and v.promote_reachable
         verdicts = set(by_model.values())
         verdict = "ROLLBACK" if "ROLLBACK" in verdicts else "PROMOTE" if verdicts == {"PROMOTE"} else "HOLD"
+        if verdict == "ROLLBACK":  # the regressed models' reasons: the others' are in the metrics
+            reasons = [r for r in reasons if any(r.startswith(f"{short_model(m)}: ") for m, v in by_model.items()
+                                                 if v == "ROLLBACK")]
         if verdict == "PROMOTE" and not reasons:
             reasons = [f"{short_model(m)}: PROMOTE at an earlier look" for m in by_model]
         canary = "; ".join(f"{short_model(m)}: {a.canary}" for m, a in self.analyzers.items())
@@ -370,8 +377,9 @@ class DriverController(Controller):
                 self._begin_rollback(rec, ABORTED, f"compatibility gate: cannot read the inventory: {err}")
                 return
             rows = [dataclasses.replace(r, driver=spec.version) for r in rows]
-            release = dataclasses.replace(spec.release, version=f"release on driver {spec.version}",
-                                          engine=release_engine(spec))
+            version, engine = release_of(spec)
+            release = dataclasses.replace(spec.release, version=f"{version or 'the fleet'} on driver {spec.version}",
+                                          engine=engine)
             report = judge_fleet(rows, release, list(spec.hosts))
             outcome = "rejected" if report.exit_code else "passed"
             sp.set_attributes({"gate.outcome": outcome, "gate.detail": report.verdict})
