@@ -438,9 +438,14 @@ class Controller:
                         current = self.fleet.version(node.hostname)
                         call = None
                         if current != node.previous:
+                            if node.status != "reverting":  # write-ahead: a resumed rollback logs it once
+                                node = dataclasses.replace(node, status="reverting")
+                                self.store.set_node(rec.id, node)
                             self.fleet.deploy(node.hostname, node.previous)
                             call = (node.previous, current, "rollback")
                             reverted.append(f"{node.hostname} ({current} -> {node.previous})")
+                        elif node.status == "reverting":  # reverted by a controller killed before recording it
+                            call = (node.previous, rec.version, "rollback (recorded after a restart)")
                         self.store.set_node(rec.id, dataclasses.replace(node, status="reverted"), deploy=call)
                         break
                     except FleetError as err:

@@ -426,7 +426,10 @@ class DriverController(Controller):
                         continue
                     self.store.set_node(rec.id, node)
                 elif current == spec.version:  # killed after the procedure, before recording it
-                    self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"))
+                    self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"),
+                                        deploy=(spec.version, node.previous,
+                                                f"batch {st.idx + 1} (recorded after a restart)")
+                                        if node.previous != spec.version else None)
                     continue
                 todo.append(node)
             done = self.fleet.upgrade([n.hostname for n in todo], spec.version) if todo else {}
@@ -437,7 +440,10 @@ class DriverController(Controller):
         failed: dict[str, list[str]] = {}
         for node in todo:
             res = done[node.hostname]
-            call = (spec.version, node.previous, f"batch {st.idx + 1}") if res.installed else None
+            # an install a killed controller made but did not record is logged now, once
+            call = ((spec.version, node.previous, f"batch {st.idx + 1}" + ("" if res.installed else
+                                                                             " (recorded after a restart)"))
+                    if res.installed or node.previous != spec.version else None)
             self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"), deploy=call)
             trace.get_current_span().add_event("upgrade", {"host": node.hostname, "driver": spec.version,
                                                            "previous": node.previous})

@@ -21,7 +21,8 @@ Tables (times are unix seconds; JSON columns hold the documents named):
   deadline, ended_at, last_look (time of the last look, errors included), looks, errors
   (consecutive Prometheus errors), verdict, verdict_doc (JSON
   Verdict.to_dict()), verdict_table (text), analysis_state (JSON AnalysisState.to_dict()).
-* ``nodes``: rollout_id, hostname, previous version, status (deploying|deployed|reverted), stage.
+* ``nodes``: rollout_id, hostname, previous version, status (deploying|deployed|reverting|reverted;
+  ``reverting`` is written before a rollback's deploy call, so a resumed rollback logs it once), stage.
 * ``deploys``: every admin deploy call made: seq, rollout_id, ts, hostname, version, previous, purpose.
 * ``analyses``: every look: stage, look, ts, elapsed_s, verdict, final, summary (JSON).
 * ``gates``: every gate evaluation: ts, gate (compat|error-budget), stage, outcome, detail (JSON).

@@ -193,6 +193,9 @@ def test_kill_in_every_phase_then_resume_upgrades_and_rolls_back_each_node_once(
     assert rec.state == (SUCCEEDED if outcome == "good" else ROLLED_BACK), rec.reason
     counts = collections.Counter(fleet.installs)
     assert all(n == 1 for n in counts.values()), counts
+    # the deploy log has every install exactly once, also one the killed controller did not record
+    logged = collections.Counter((d["hostname"], d["version"]) for d in store.deploys(rid))
+    assert logged == counts, (logged, counts)
     assert not fleet.cordoned
     if outcome == "good":
         assert set(fleet.drivers.values()) == {NEW}
