@@ -66,10 +66,13 @@ def main(argv: list[str]) -> int:
     problems: list[str] = []
     stages = store.stages(rec.id)
     spans = [(st.ended_at or st.started_at) - st.started_at for st in stages]
+    done = 0
     for st, span in zip(stages, spans):
-        print(f"batch {st.idx + 1}: {len(st.hosts)} node(s) "
-              f"({', '.join(sorted({short_model(models.get(h, '')) for h in st.hosts}))}), {st.status}, "
-              f"{span:.0f} s, verdict {st.verdict or '-'}")
+        new = st.hosts[done:]
+        done = len(st.hosts)
+        print(f"batch {st.idx + 1}: +{len(new)} node(s) "
+              f"({', '.join(sorted({short_model(models.get(h, '')) for h in new}))}; {len(st.hosts)} on the driver), "
+              f"{st.status}, {span:.0f} s, verdict {st.verdict or '-'}")
     if spans:
         print(f"median time per batch: {statistics.median(spans):.0f} s over {len(spans)} batch(es)")
     if rec.state != expected:
