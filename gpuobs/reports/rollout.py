@@ -357,8 +357,16 @@ def over_time_range(start: float, end: float, now: float, window_s: float = RATE
     return (first, last) if last >= first else None
 
 
+#: A driver upgrade's over-time panels start this long before it (seconds): its nodes are judged
+#: against their own history, which the plot then shows (the identity selectors match the same series
+#: before and after, unlike a release's ``track`` labels).
+UPGRADE_LEAD_S = 600.0
+
+
 def _over_time(client: PromClient, doc: dict, sels: dict[str, str], versions: dict[str, str], start: float,
                end: float, now: float, decided: str | None = None) -> list[h.Raw]:
+    lead = UPGRADE_LEAD_S if doc.get("report_model") else 0.0
+    start = start - lead
     spans, markers = _stage_overlays(doc, start, end)
     out: list[h.Raw] = []
     for panel in order_by_decision(OVER_TIME, decided, key=lambda p: p.metric):
@@ -374,8 +382,10 @@ def _over_time(client: PromClient, doc: dict, sels: dict[str, str], versions: di
         got = fetch_lines(client, queries, rng[0], rng[1], step_for(rng[1] - rng[0]), origin=start)
         png = timeseries_png(title, panel.unit, got.lines, markers, spans, xlim=(0.0, max(end - start, 1.0)),
                              utc_origin=start)
-        out.append(h.figure(png, f"PromQL ({panel.window} window, first point {panel.window} after the rollout "
-                                 "started): " + "  |  ".join(q for _, q in queries), alt=title))
+        since = (f"{lead / 60:.0f} min before the upgrade (each node's own history)" if lead else
+                 "the rollout started")
+        out.append(h.figure(png, f"PromQL ({panel.window} window, first point {panel.window} after {since}): "
+                                 + "  |  ".join(q for _, q in queries), alt=title))
         if got.notes:
             out.append(h.bullet_list(got.notes))
     return out

@@ -183,3 +183,22 @@ def test_series_and_markers_are_told_apart():
 ])
 def test_baseline_version(doc, expected):
     assert rr.baseline_version(doc) == expected
+
+
+def test_a_driver_upgrade_report_plots_its_nodes_own_history_before_the_upgrade(tmp_path, monkeypatch):
+    """A driver upgrade selects nodes by identity (the same series before and after), and judges each
+    against its own history: its over-time panels start UPGRADE_LEAD_S before it."""
+    r, _, doc_b = two_rollouts(tmp_path)
+    doc = {**doc_b, "report_model": "NVIDIA L40S", "canary_selector": 'node=~"gpu-node-19"',
+           "baseline_selector": 'node=~"gpu-node-01|gpu-node-02"'}
+    drawn = []
+    real_ts = rr.timeseries_png
+    monkeypatch.setattr(rr, "timeseries_png", lambda *a, **k: drawn.append((a, k)) or real_ts(*a, **k))
+    with FakePrometheus(TwoRollouts(doc["started_at"])) as fp:
+        path = rr.write_rollout_report({**doc, "prometheus": fp.url}, tmp_path / "reports", now=doc["ended_at"] + 60)
+    starts = [float(q["params"]["start"][0]) - TwoRollouts._window(q["params"]["query"][0])
+              for q in fp.requests if q["endpoint"] == "query_range"]
+    assert starts and min(starts) == pytest.approx(doc["started_at"] - rr.UPGRADE_LEAD_S)
+    assert all(k["utc_origin"] == doc["started_at"] - rr.UPGRADE_LEAD_S for _, k in drawn)
+    text = path.read_text()
+    assert "GPU model plotted" in text and "10 min before the upgrade" in text
