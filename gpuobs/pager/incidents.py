@@ -12,9 +12,22 @@ notification sets the state of the alerts it names:
 * ``resolved``: every known alert of the group resolved (a resolved notification resolves).
 
 A firing notification for a resolved incident re-opens it (the acknowledgement is cleared: it was for
-the earlier firing). Every change is one row of the incident's timeline (``kind``: ``opened``,
-``notified``, ``acknowledged``, ``resolved``, ``reopened``, ``silenced``, ``silence_expired``,
-``escalated``, ``reconciled``; escalation policy: :mod:`gpuobs.pager.escalation`; reconciliation with
+the earlier firing), except a *replay*: a notification that lists as firing only alerts this incident
+holds as resolved with the same ``startsAt``, arriving within ``hold_s`` of the resolution. That is
+what an Alertmanager cluster member sends when it took its snapshot of the group just before the
+resolution reached it and then waited its turn (``position x --cluster.peer-timeout``) while the first
+member sent the resolution: alertmanager v0.25.0 ``dispatch/dispatch.go`` ``aggrGroup.flush`` lists the
+group's alerts when the flush timer fires, ``notify/notify.go`` ``WaitStage.Exec`` then sleeps, and
+``DedupStage.needsUpdate`` compares that stale list with the notification log the first member has
+meanwhile written (``!entry.IsFiringSubset(firing)``: notify); upstream calls it a side effect of how
+HA works (prometheus/alertmanager#4008). A new firing of the alert has a new ``startsAt``
+(alertmanager v0.25.0 ``provider/mem/mem.go`` ``Put`` merges only overlapping alerts), so it re-opens
+at once. The replay is *held*: a resolution within ``hold_s`` (the sender's own next flush, one
+``group_interval`` plus its wait, sends it) drops it (``reopen_dropped``); otherwise
+:func:`release_held` re-opens the incident at ``held_until`` (late by at most ``hold_s``, never lost:
+a replica that really still sees the alert firing keeps it firing in Alertmanager). Every change is one row of the incident's timeline (``kind``: ``opened``,
+``notified``, ``acknowledged``, ``resolved``, ``reopened``, ``reopen_held``, ``reopen_dropped``,
+``silenced``, ``silence_expired``, ``escalated``, ``reconciled``; escalation policy: :mod:`gpuobs.pager.escalation`; reconciliation with
 Alertmanager: :mod:`gpuobs.pager.reconcile`).
 
 The functions here take an open sqlite3 connection inside the caller's transaction
@@ -30,6 +43,12 @@ from typing import Any
 from gpuobs.core.meta_alerts import is_meta
 
 STATES = ("open", "acknowledged", "resolved")
+#: Seconds a replayed firing (see the module docstring) is held before it re-opens a resolved incident,
+#: and how soon after the resolution a firing counts as a replay: the stack's ``group_interval`` (10 s,
+#: alertmanager/alertmanager.yml), within which the replaying member's next flush resolves it again,
+#: plus the longest member wait, (3 members - 1) x ``--cluster.peer-timeout`` 3 s
+#: (gpuobs.stack.ha.HAConfig), plus 4 s for delivery under load.
+REPLAY_HOLD_S = 20.0
 #: Severity labels in the order the console lists them (alert rules use critical/warning/info).
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -48,6 +67,7 @@ CREATE TABLE IF NOT EXISTS incidents (
     common_labels TEXT NOT NULL,
     open_since REAL,
     escalated_at REAL,
+    held_until REAL,
     UNIQUE (channel, group_key)
 );
 CREATE TABLE IF NOT EXISTS incident_alerts (
@@ -97,8 +117,52 @@ def event(db: sqlite3.Connection, incident_id: int, at: float, kind: str, **deta
                (incident_id, at, kind, json.dumps(detail, sort_keys=True)))
 
 
-def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: dict, at: float) -> int | None:
-    """Fold one stored, validated notification into its incident; returns the incident id.
+def migrate(db: sqlite3.Connection) -> None:
+    """Add the columns a database from an older pager lacks (``incidents.held_until``)."""
+    cols = {r[1] for r in db.execute("PRAGMA table_info(incidents)")}
+    if "held_until" not in cols:
+        db.execute("ALTER TABLE incidents ADD COLUMN held_until REAL")
+
+
+def _is_replay(db: sqlite3.Connection, iid: int, payload: dict, at: float, hold_s: float) -> bool:
+    """Whether ``payload`` (a firing notification of resolved incident ``iid``) only replays alerts the
+    incident holds as resolved, same ``startsAt``, within ``hold_s`` seconds of the resolution."""
+    resolved_at = db.execute("SELECT resolved_at FROM incidents WHERE id = ?", (iid,)).fetchone()[0]
+    if resolved_at is None or at - resolved_at > hold_s:
+        return False
+    stored = {fp: (st, sa) for fp, st, sa in db.execute(
+        "SELECT fingerprint, status, starts_at FROM incident_alerts WHERE incident_id = ?", (iid,))}
+    firing = [a for a in payload["alerts"] if a["status"] == "firing"]
+    return bool(firing) and all(stored.get(a["fingerprint"]) == ("resolved", a["startsAt"]) for a in firing)
+
+
+def _reopen(db: sqlite3.Connection, iid: int, at: float, **detail: Any) -> None:
+    db.execute("UPDATE incidents SET state = 'open', resolved_at = NULL, acknowledged_at = NULL,"
+               " acknowledged_by = NULL, open_since = ?, escalated_at = NULL, held_until = NULL WHERE id = ?",
+               (at, iid))
+    event(db, iid, at, "reopened", **detail)
+
+
+def release_held(db: sqlite3.Connection, now: float) -> list[int]:
+    """Re-open every held incident whose hold ended by ``now`` and that still has a firing alert (the
+    replayed firing was not followed by a resolution, so it may be real); returns their ids."""
+    ids = []
+    for iid, until in db.execute("SELECT id, held_until FROM incidents WHERE held_until IS NOT NULL"
+                                 " AND held_until <= ? AND state = 'resolved'", (now,)).fetchall():
+        firing = db.execute("SELECT COUNT(*) FROM incident_alerts WHERE incident_id = ? AND status = 'firing'",
+                            (iid,)).fetchone()[0]
+        if firing:
+            _reopen(db, iid, until, held=True)
+            ids.append(int(iid))
+        else:
+            db.execute("UPDATE incidents SET held_until = NULL WHERE id = ?", (iid,))
+    return ids
+
+
+def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: dict, at: float,
+          hold_s: float = REPLAY_HOLD_S) -> int | None:
+    """Fold one stored, validated notification into its incident; returns the incident id. ``hold_s``:
+    seconds a replayed firing is held before it re-opens a resolved incident (module docstring).
 
     Always-firing state alerts (the Watchdog, :func:`gpuobs.core.meta_alerts.is_meta`) are no incident:
     they are left out, and a notification of nothing else opens none (returns None). Alertmanager
@@ -122,6 +186,7 @@ def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: d
         iid, prev = int(row[0]), row[1]
         db.execute("UPDATE incidents SET updated_at = ?, group_labels = ?, common_labels = ? WHERE id = ?",
                    (at, group_labels, common_labels, iid))
+    replay = prev == "resolved" and _is_replay(db, iid, payload, at, hold_s)
     for a in payload["alerts"]:
         db.execute(
             "INSERT INTO incident_alerts VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(incident_id, fingerprint) DO UPDATE"
@@ -140,13 +205,19 @@ def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: d
         else:  # first heard of it resolved (the pager was down while it fired)
             db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ? WHERE id = ?", (at, iid))
             event(db, iid, at, "resolved")
+    elif firing and prev == "resolved" and replay:
+        held = db.execute("SELECT held_until FROM incidents WHERE id = ?", (iid,)).fetchone()[0]
+        if held is None:
+            db.execute("UPDATE incidents SET held_until = ? WHERE id = ?", (at + hold_s, iid))
+            event(db, iid, at, "reopen_held", notification=notification_id, until=at + hold_s)
     elif firing and prev == "resolved":
-        db.execute("UPDATE incidents SET state = 'open', resolved_at = NULL, acknowledged_at = NULL,"
-                   " acknowledged_by = NULL, open_since = ?, escalated_at = NULL WHERE id = ?", (at, iid))
-        event(db, iid, at, "reopened")
+        _reopen(db, iid, at)
     elif not firing and prev != "resolved":
         db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ? WHERE id = ?", (at, iid))
         event(db, iid, at, "resolved")
+    elif not firing and db.execute("SELECT held_until FROM incidents WHERE id = ?", (iid,)).fetchone()[0]:
+        db.execute("UPDATE incidents SET held_until = NULL WHERE id = ?", (iid,))
+        event(db, iid, at, "reopen_dropped", notification=notification_id)
     return iid
 
 
@@ -237,7 +308,7 @@ def _identity(alerts: list[dict], common: dict[str, str], identity_label: str) -
 
 
 _COLS = ("id, channel, group_key, state, opened_at, updated_at, acknowledged_at, acknowledged_by, resolved_at,"
-         " group_labels, common_labels, escalated_at")
+         " group_labels, common_labels, escalated_at, held_until")
 
 
 def escalate_due(db: sqlite3.Connection, now: float, after_s: float, channels: tuple[str, ...]) -> list[int]:
@@ -253,7 +324,7 @@ def escalate_due(db: sqlite3.Connection, now: float, after_s: float, channels: t
 
 
 def _row(db: sqlite3.Connection, r: tuple, identity_label: str) -> dict[str, Any]:
-    (iid, channel, gk, state, opened, updated, ack_at, ack_by, res_at, gl, cl, esc_at) = r
+    (iid, channel, gk, state, opened, updated, ack_at, ack_by, res_at, gl, cl, esc_at, held) = r
     alerts = [{"fingerprint": fp, "status": st, "labels": json.loads(lab), "annotations": json.loads(ann),
                "startsAt": sa, "endsAt": ea}
               for fp, st, lab, ann, sa, ea in db.execute(
@@ -262,7 +333,7 @@ def _row(db: sqlite3.Connection, r: tuple, identity_label: str) -> dict[str, Any
     common = json.loads(cl)
     return {"id": iid, "channel": channel, "groupKey": gk, "state": state, "opened_at": opened,
             "updated_at": updated, "acknowledged_at": ack_at, "acknowledged_by": ack_by, "resolved_at": res_at,
-            "escalated_at": esc_at,
+            "escalated_at": esc_at, "held_until": held,
             "groupLabels": json.loads(gl), "commonLabels": common,
             "firing": sum(a["status"] == "firing" for a in alerts), **_identity(alerts, common, identity_label), "alerts": alerts,
             "impact": impact(db, iid)}

@@ -42,3 +42,22 @@ class Periodic(ABC):
     @abstractmethod
     def check(self, now: float):
         """One check at ``now`` (epoch seconds)."""
+
+
+class HeldReleaser(Periodic):
+    """Every ``every_s`` seconds, re-open the incidents whose held replay (an Alertmanager member's stale
+    firing after a resolution, :mod:`gpuobs.pager.incidents`) was not resolved within the hold
+    (``store``: a :class:`gpuobs.pager.store.PageStore`)."""
+
+    failure = "releasing held re-openings failed"
+
+    def __init__(self, store, every_s: float = 1.0):
+        super().__init__(every_s, "held-releaser")
+        self.store = store
+
+    def check(self, now: float) -> list[int]:
+        ids = self.store.release_held(now)
+        for iid in ids:
+            _log.info("held re-opening released: no resolution followed the replayed firing",
+                      extra={"fields": {"incident": iid}})
+        return ids
