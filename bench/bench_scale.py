@@ -172,7 +172,8 @@ def bench_rule(run: Path) -> None:
     shard = yaml.safe_load((run / "prometheus" / "rules-shard" / "gpu-xid.yml").read_text())
     rule = next(r for g in shard["groups"] for r in g["rules"] if r.get("alert") == "GpuXidCritical")
     doc = {"groups": [{"name": "bench-xid", "rules": [{**rule, "alert": "BenchXidViaVmalert"}]}]}
-    (run / "vmalert" / "rules" / "bench-xid.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    # The same query parameters as every fleet-wide group of the stack (gpuobs.stack.ha.fresh_queries).
+    (run / "vmalert" / "rules" / "bench-xid.yml").write_text(ha.fresh_queries(yaml.safe_dump(doc, sort_keys=False)))
 
 
 def set_single_interval(state, interval_s: int) -> None:
