@@ -22,10 +22,16 @@ group's alerts when the flush timer fires, ``notify/notify.go`` ``WaitStage.Exec
 meanwhile written (``!entry.IsFiringSubset(firing)``: notify); upstream calls it a side effect of how
 HA works (prometheus/alertmanager#4008). A new firing of the alert has a new ``startsAt``
 (alertmanager v0.25.0 ``provider/mem/mem.go`` ``Put`` merges only overlapping alerts), so it re-opens
-at once. The replay is *held*: a resolution within ``hold_s`` (the sender's own next flush, one
-``group_interval`` plus its wait, sends it) drops it (``reopen_dropped``); otherwise
-:func:`release_held` re-opens the incident at ``held_until`` (late by at most ``hold_s``, never lost:
-a replica that really still sees the alert firing keeps it firing in Alertmanager). Every change is one row of the incident's timeline (``kind``: ``opened``,
+at once. The replay is *held*: a notification resolving it within ``hold_s`` drops it (``reopen_dropped``). No
+such notification need come: once a member has notified the group with the alert resolved or absent
+(a restarted member that never heard of it), the notification log's firing set is empty again and
+no member sends another (``needsUpdate``: nothing firing and nothing notified as firing; measured in
+the live HA restart test). So at the end of the hold :func:`release_held` asks Alertmanager
+(``GET /api/v2/alerts``, which leaves out resolved alerts, alertmanager v0.25.0 ``api/v2/api.go``
+``alertFilter``): an alert it still holds as active re-opens the incident at ``held_until`` (late by at
+most ``hold_s``, never lost); one it does not hold is dropped as the stale replay it was. Without an
+answer (no Alertmanager configured, or it does not answer) the incident re-opens: a page late, never
+lost. A notification that lists no firing alert never re-opens an incident. Every change is one row of the incident's timeline (``kind``: ``opened``,
 ``notified``, ``acknowledged``, ``resolved``, ``reopened``, ``reopen_held``, ``reopen_dropped``,
 ``silenced``, ``silence_expired``, ``escalated``, ``reconciled``; escalation policy: :mod:`gpuobs.pager.escalation`; reconciliation with
 Alertmanager: :mod:`gpuobs.pager.reconcile`).
@@ -143,20 +149,27 @@ def _reopen(db: sqlite3.Connection, iid: int, at: float, **detail: Any) -> None:
     event(db, iid, at, "reopened", **detail)
 
 
-def release_held(db: sqlite3.Connection, now: float) -> list[int]:
-    """Re-open every held incident whose hold ended by ``now`` and that still has a firing alert (the
-    replayed firing was not followed by a resolution, so it may be real); returns their ids."""
-    ids = []
+def release_held(db: sqlite3.Connection, now: float, present: set[str] | None = None) -> tuple[list[int], list[int]]:
+    """End every hold due by ``now``: an incident with a firing alert whose fingerprint Alertmanager still
+    holds (``present``: the fingerprints it holds now; None: unknown) re-opens at its ``held_until``; one
+    whose firing alerts Alertmanager no longer holds stays resolved and those alerts are marked resolved
+    (``reopen_dropped``). Returns ``(re-opened ids, dropped ids)``."""
+    reopened, dropped = [], []
     for iid, until in db.execute("SELECT id, held_until FROM incidents WHERE held_until IS NOT NULL"
                                  " AND held_until <= ? AND state = 'resolved'", (now,)).fetchall():
-        firing = db.execute("SELECT COUNT(*) FROM incident_alerts WHERE incident_id = ? AND status = 'firing'",
-                            (iid,)).fetchone()[0]
-        if firing:
+        firing = {fp for (fp,) in db.execute(
+            "SELECT fingerprint FROM incident_alerts WHERE incident_id = ? AND status = 'firing'", (iid,))}
+        if firing and (present is None or firing & present):
             _reopen(db, iid, until, held=True)
-            ids.append(int(iid))
-        else:
-            db.execute("UPDATE incidents SET held_until = NULL WHERE id = ?", (iid,))
-    return ids
+            reopened.append(int(iid))
+            continue
+        db.execute("UPDATE incident_alerts SET status = 'resolved' WHERE incident_id = ? AND status = 'firing'",
+                   (iid,))
+        db.execute("UPDATE incidents SET held_until = NULL WHERE id = ?", (iid,))
+        if firing:
+            event(db, iid, now, "reopen_dropped", reason="Alertmanager no longer holds the replayed alerts")
+            dropped.append(int(iid))
+    return reopened, dropped
 
 
 def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: dict, at: float,
@@ -187,6 +200,9 @@ def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: d
         db.execute("UPDATE incidents SET updated_at = ?, group_labels = ?, common_labels = ? WHERE id = ?",
                    (at, group_labels, common_labels, iid))
     replay = prev == "resolved" and _is_replay(db, iid, payload, at, hold_s)
+    # Only a notification that itself lists a firing alert may re-open (a resolved incident whose held
+    # replay left an alert firing in incident_alerts is not re-opened by a later resolved notification).
+    fires_now = any(a["status"] == "firing" for a in payload["alerts"])
     for a in payload["alerts"]:
         db.execute(
             "INSERT INTO incident_alerts VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(incident_id, fingerprint) DO UPDATE"
@@ -210,7 +226,7 @@ def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: d
         if held is None:
             db.execute("UPDATE incidents SET held_until = ? WHERE id = ?", (at + hold_s, iid))
             event(db, iid, at, "reopen_held", notification=notification_id, until=at + hold_s)
-    elif firing and prev == "resolved":
+    elif firing and prev == "resolved" and fires_now:
         _reopen(db, iid, at)
     elif not firing and prev != "resolved":
         db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ? WHERE id = ?", (at, iid))

@@ -453,7 +453,11 @@ def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None,
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     from gpuobs.pager.periodic import HeldReleaser
-    releaser = HeldReleaser(store).start()
+    am_alerts = None
+    if alertmanager_url:
+        from gpuobs.promapi.silences import AlertmanagerClient
+        am_alerts = AlertmanagerClient(alertmanager_url).fingerprints
+    releaser = HeldReleaser(store, am_alerts).start()
     escalator = None
     if escalation is not None:
         from gpuobs.pager.escalation import Escalator

@@ -216,11 +216,18 @@ class PageStore:
                              " DESC LIMIT -1 OFFSET ?)", (DEDUPE_MAX_KEYS,))
         return nid, False
 
-    def release_held(self, now: float | None = None) -> list[int]:
-        """Re-open the incidents whose replayed firing was held until ``now`` (default: the clock) and
-        not resolved meanwhile (:func:`gpuobs.pager.incidents.release_held`); returns their ids."""
+    def release_held(self, now: float | None = None, present: set[str] | None = None) -> tuple[list[int], list[int]]:
+        """End the holds due by ``now`` (default: the clock): re-open the incidents whose held alert
+        Alertmanager still holds (``present``: its fingerprints; None: unknown, re-open), drop the rest
+        (:func:`gpuobs.pager.incidents.release_held`); returns ``(re-opened ids, dropped ids)``."""
         with self._lock, self._db:
-            return incidents.release_held(self._db, time.time() if now is None else now)
+            return incidents.release_held(self._db, time.time() if now is None else now, present)
+
+    def holds_due(self, now: float) -> bool:
+        """Whether a held replay's hold has ended by ``now`` (then Alertmanager is worth asking)."""
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM incidents WHERE held_until IS NOT NULL AND held_until <= ?"
+                                    " LIMIT 1", (now,)).fetchone() is not None
 
     def duplicates(self) -> int:
         """Deliveries answered as duplicates of a notification still in the window."""

@@ -259,26 +259,40 @@ def test_a_replayed_firing_after_the_resolution_is_held_and_dropped_when_resolve
     store.add("page", _pair("resolved", "firing"), received_at=1013.0)  # the replay: same startsAt, 3 s after
     (inc,) = store.incidents()
     assert inc["state"] == "resolved"
-    assert store.release_held(1020.0) == []  # hold not over yet
+    assert store.release_held(1020.0) == ([], [])  # hold not over yet
     store.add("page", _pair("resolved", "resolved", late=True), received_at=1023.5)
-    assert store.release_held(1040.0) == []
+    assert store.release_held(1040.0) == ([], [])
     assert store.incidents()[0]["state"] == "resolved"
     assert _kinds(store, inc["id"]) == ["notified", "opened", "notified", "resolved", "notified", "reopen_held",
                                         "notified", "reopen_dropped"]
     store.close()
 
 
-def test_a_held_replay_that_no_resolution_follows_reopens_at_the_end_of_the_hold(tmp_path):
-    store = PageStore(tmp_path / "p.sqlite", replay_hold_s=20)
-    store.add("page", _pair("firing", "firing"), received_at=1000.0)
-    store.add("page", _pair("resolved", "resolved"), received_at=1010.0)
-    store.add("page", _pair("resolved", "firing"), received_at=1013.0)
-    assert store.release_held(1032.9) == []
-    (iid,) = store.release_held(1033.0)
-    inc = store.incident(iid)
-    assert inc["state"] == "open" and inc["timeline"][-1]["kind"] == "reopened"
-    assert inc["timeline"][-1]["at"] == 1033.0 and inc["timeline"][-1]["held"] is True
-    store.close()
+def test_a_held_replay_reopens_at_the_end_of_the_hold_only_if_alertmanager_still_holds_the_alert(tmp_path):
+    """No resolution need follow a replay (a third member's notification can empty the notification
+    log's firing set first); at the end of the hold Alertmanager's own alerts decide. A later resolved
+    notification that does not name the replayed alert re-opens nothing."""
+    for present, want in ((None, "open"), ({"f2"}, "open"), ({"f9"}, "resolved")):
+        store = PageStore(tmp_path / f"p-{want}-{present}.sqlite", replay_hold_s=20)
+        store.add("page", _pair("firing", "firing"), received_at=1000.0)
+        store.add("page", _pair("resolved", "resolved"), received_at=1010.0)
+        store.add("page", _pair("resolved", "firing"), received_at=1013.0)
+        only_f1 = _pair("resolved", "resolved", late=True)
+        only_f1["alerts"] = only_f1["alerts"][:1]  # a restarted member that never heard of f2
+        store.add("page", only_f1, received_at=1016.0)
+        assert store.incidents()[0]["state"] == "resolved"
+        assert store.release_held(1032.9, present) == ([], [])
+        reopened, dropped = store.release_held(1033.0, present)
+        (inc,) = store.incidents()
+        assert inc["state"] == want, (present, inc["state"])
+        if want == "open":
+            assert reopened == [inc["id"]] and inc["held_until"] is None
+            last = store.incident(inc["id"])["timeline"][-1]
+            assert (last["kind"], last["at"], last["held"]) == ("reopened", 1033.0, True)
+        else:
+            assert dropped == [inc["id"]] and inc["firing"] == 0
+            assert _kinds(store, inc["id"])[-1] == "reopen_dropped"
+        store.close()
 
 
 def test_a_new_firing_or_a_late_one_reopens_at_once(tmp_path):
@@ -307,5 +321,5 @@ def test_an_older_database_gets_the_hold_column(tmp_path):
     con.close()
     store = PageStore(db)
     store.add("page", _payload(), received_at=1000.0)
-    assert store.release_held(2000.0) == []
+    assert store.release_held(2000.0) == ([], [])
     store.close()
