@@ -49,6 +49,15 @@ class DrillSpec:
     #: adds). On the default profile its fire deadline follows from that SLO's burn-rate page rules
     #: (:func:`slo_fire_deadline`), not from ``fire_deadline_s`` x 6.
     slo_burn: tuple[str, float] | None = None
+    #: A stack member (an HA topology component, e.g. ``vmalert``) killed with SIGKILL once every expected
+    #: alert has notified, and restarted ``outage_s`` seconds later while the fault persists: the incident
+    #: must stay one incident (no second notification episode, no re-opening), and ``outage_expect`` (the
+    #: alert that says the member is gone) must notify during the outage. Runs only on the topology named
+    #: by ``topology`` (None: every topology).
+    outage: str | None = None
+    outage_s: float = 60.0
+    outage_expect: tuple[Expect, ...] = ()
+    topology: str | None = None
 
 
 DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
@@ -89,6 +98,12 @@ DRILLS: dict[str, DrillSpec] = {d.name: d for d in (
     DrillSpec("driver-skew", "serving", 2, (Expect("GpuDriverSkew", "ticket", scoped=False),),
               ({"kind": "driver", "version": "580.95.05"},),
               about="one node on another driver branch: skew in the pool; ticket"),
+    DrillSpec("vmalert-outage", "serving", 2, (Expect("GpuDriverSkew", "ticket", scoped=False),),
+              ({"kind": "driver", "version": "580.95.05"},), outage="vmalert", outage_s=60.0,
+              outage_expect=(Expect("FleetRulesBlind", "ticket", scoped=False),), topology="ha",
+              fire_deadline_s=240, resolve_deadline_s=300,
+              about="HA only: vmalert killed for 60 s during a fleet-wide incident (driver skew); FleetRulesBlind "
+                    "tickets the outage from the shards, the incident stays one incident across vmalert's restart"),
     DrillSpec("slo-burn", "fleet", 0,
               (Expect("ServingErrorBudgetBurn", "page", scoped=False, labels={"slo": "availability", "severity": "critical"}),),
               deploy="1.6.1", fire_deadline_s=240, resolve_deadline_s=360,
@@ -104,7 +119,9 @@ LANES: tuple[tuple[str, ...], ...] = (
     ("fragmentation", "kv-pressure", "driver-skew"),
     ("collective-hang", "straggler"),
 )
-FINAL: tuple[str, ...] = ("slo-burn",)
+#: Run alone after the lanes, in order. ``vmalert-outage`` blinds every fleet-wide rule for a minute, so
+#: nothing else may run then (it runs on the HA topology only, DrillSpec.topology).
+FINAL: tuple[str, ...] = ("slo-burn", "vmalert-outage")
 
 
 #: What the stack adds between a burn-rate condition holding and the page reaching the pager: a 5 s

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import io
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from gpuobs.core import activity
@@ -138,6 +140,10 @@ class DrillResult:
     #: ``{"incident": id, "line", "totals", "window", "serving", "training", "fleet", "queries"}``,
     #: ``{"error": text}`` when it could not be measured, None when no incident was found.
     impact: dict | None = None
+    #: A drill with an outage (DrillSpec.outage): ``{"member", "down_s", "notified_after_s": {alertname:
+    #: seconds after the kill}, "episodes": {alertname: firing episodes}, "openings": {alertname:
+    #: incident openings}}``; None otherwise.
+    outage: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -210,8 +216,34 @@ HISTORY_SAMPLES = 3
 HISTORY_WAIT_S = 60.0
 
 
+#: Seconds an outage drill waits after restarting the member before it counts incidents: two group
+#: intervals (10 s each, alertmanager/alertmanager.yml) for a stale or restored notification to arrive,
+#: plus the pager's replay hold (gpuobs.pager.incidents.REPLAY_HOLD_S, 20 s), plus 5 s.
+OUTAGE_SETTLE_S = 45.0
+
+
 class _Session:
     """HTTP access to the stack for one drill."""
+
+    def episodes(self, since: float) -> dict[str, int]:
+        """Alertname -> distinct firing ``startsAt`` in the pager's notifications received since ``since``."""
+        starts: dict[str, set[str]] = {}
+        for p in self.pages(since):
+            for a in p["alerts"]:
+                if a["status"] == "firing":
+                    starts.setdefault(a["labels"]["alertname"], set()).add(a["startsAt"])
+        return {k: len(v) for k, v in starts.items()}
+
+    def openings(self, since: float) -> dict[str, int]:
+        """Alertname -> how often an incident holding it was opened or re-opened since ``since`` (the
+        pager's incident timelines, gpuobs.pager.incidents)."""
+        out: dict[str, int] = {}
+        for inc in self._pager.incidents(limit=1000):
+            doc = self._pager.incident(inc["id"])
+            n = sum(e["kind"] in ("opened", "reopened") and e["at"] >= since for e in doc["timeline"])
+            for an in {a["labels"]["alertname"] for a in doc["alerts"]}:
+                out[an] = out.get(an, 0) + n
+        return out
 
     def __init__(self, state: StackState, ident: str):
         self.urls, self.ident = state.urls, ident
@@ -281,6 +313,10 @@ def run_drill(state: StackState, name: str, claims: Claims | None = None, progre
         if name not in DRILLS:
             raise DrillError(f"unknown drill {name!r}; drills: {', '.join(DRILLS)}")
         spec = DRILLS[name]
+    topology = getattr(state, "topology", "single") or "single"
+    if spec.topology not in (None, topology):
+        raise DrillError(f"drill {name!r} runs on the {spec.topology} topology only; this stack is {topology} "
+                         f"(`gpuobs stack up --topology {spec.topology}`, `make drills-ha`)")
     if state.logwatch:  # the nodes run logwatch: kernel-log alerts page, DCGM's are inhibited
         spec = kernel_log_variant(spec)
     drill = _Drill(state, name, spec, claims or Claims(), progress or (lambda msg: None), clock, sleep,
@@ -332,7 +368,7 @@ class _Drill:
             self.fire_deadline_s, self.deadline_why = slo.deadline_s, slo.explain()
         self.session = _Session(state, ident)
         host = self.host
-        mine = {(e.alertname, host if e.scoped else None) for e in spec.expect}
+        mine = {(e.alertname, host if e.scoped else None) for e in (*spec.expect, *spec.outage_expect)}
         mine |= {(a, host) for a in spec.allowed}
         claims.add(name, mine)
         self.res = DrillResult(name, host or "fleet", state.profile)
@@ -380,9 +416,65 @@ class _Drill:
         self.t0 = self.res.injected_at = self.clock()
         try:
             self.inject()
-            self.poll(self.t0 + self.fire_deadline_s, self.fired_and_paged, self.pending_fire, "fire")
+            notified = self.poll(self.t0 + self.fire_deadline_s, self.fired_and_paged, self.pending_fire, "fire")
+            if self.spec.outage and notified:
+                self.outage()
+            elif self.spec.outage:
+                self.res.problems.append(f"{self.spec.outage} not stopped: the expected alerts never notified")
         finally:
             self.clear()
+
+    def outage(self) -> None:
+        """Kill the spec's ``outage`` member (SIGKILL, a crash), keep it down ``outage_s`` while polling
+        (false alerts; when ``outage_expect`` notifies), restart it with its recorded argv
+        (:func:`gpuobs.stack.supervisor.restart`), then wait until the expected alerts' incidents have
+        had two group intervals and the pager's replay hold to change (:data:`OUTAGE_SETTLE_S`) and
+        record as problems: an outage alert that never notified, an expected alert notified in a
+        second firing episode (a new ``startsAt``), an incident re-opened."""
+        import os
+        import signal
+
+        from gpuobs.stack import supervisor
+
+        spec, res, name = self.spec, self.res, self.spec.outage
+        pids = supervisor.find_processes(self.state, name)
+        if not pids:
+            res.problems.append(f"{name} is not running: no outage")
+            return
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        down_at = self.clock()
+        self.say(f"{self.name}: killed {name} (pid {', '.join(map(str, pids))}) at {down_at - self.t0:.1f}s")
+        seen: dict[str, float] = {}
+
+        def outage_notified(_alerts: list[dict], pages: list[dict]) -> bool:
+            for exp in spec.outage_expect:
+                if exp.alertname not in seen and any(
+                        a["status"] == "firing" and _matches(a["labels"], exp, None, self.ident)
+                        and p["channel"] == exp.receiver for p in pages for a in p["alerts"]):
+                    seen[exp.alertname] = self.clock() - down_at
+                    self.say(f"{self.name}: {exp.alertname} reached '{exp.receiver}' {seen[exp.alertname]:.1f}s "
+                             f"after {name} went down")
+            return False  # keep the member down for the whole outage
+
+        self.poll(down_at + spec.outage_s, outage_notified, lambda: [f"{name} back"], "outage")
+        supervisor.restart(Path(self.state.run_dir), name, out=io.StringIO(), timeout_s=60)
+        self.say(f"{self.name}: restarted {name} after {self.clock() - down_at:.1f}s down")
+        self.poll(self.clock() + OUTAGE_SETTLE_S, outage_notified, lambda: ["incidents to settle"], "outage")
+        res.outage = {"member": name, "down_s": spec.outage_s, "notified_after_s": seen}
+        for exp in spec.outage_expect:
+            if exp.alertname not in seen:
+                res.problems.append(f"{exp.alertname} never reached '{exp.receiver}' while {name} was down")
+        episodes, openings = self.session.episodes(self.t0 - 5.0), self.session.openings(self.t0 - 5.0)
+        for exp in spec.expect:
+            key = exp.alertname
+            res.outage.setdefault("episodes", {})[key] = episodes.get(key, 0)
+            res.outage.setdefault("openings", {})[key] = openings.get(key, 0)
+            if episodes.get(key, 0) != 1 or openings.get(key, 0) != 1:
+                res.problems.append(f"{key} across the {name} outage: {episodes.get(key, 0)} firing episodes, "
+                                    f"{openings.get(key, 0)} incident openings (want 1 and 1)")
+        self.say(f"{self.name}: across the {name} outage: firing episodes {res.outage['episodes']}, "
+                 f"incident openings {res.outage['openings']}")
 
     def inject(self) -> None:
         """Deploy the spec's release and inject its faults on the drill's node(s); say it and record
@@ -444,7 +536,8 @@ class _Drill:
             active_at = _parse_ts(a["activeAt"])
             if a["state"] != "firing" or is_meta(labels) or active_at < self.t0 - 1:
                 continue
-            own = any(e.alertname == an and (not e.scoped or host is None or ah == host) for e in spec.expect)
+            own = any(e.alertname == an and (not e.scoped or host is None or ah == host)
+                      for e in (*spec.expect, *spec.outage_expect))
             allowed = an in spec.allowed and (host is None or ah in (host, None))
             if own or allowed or self.claims.allows(an, ah, self.name, active_at):
                 continue
@@ -567,9 +660,11 @@ def run_all(state: StackState, progress=None, wait_resolve: bool = True) -> list
     with concurrent.futures.ThreadPoolExecutor(len(LANES)) as pool:
         for fut in [pool.submit(lane_runner, lane) for lane in LANES]:
             fut.result()
-    for name in FINAL:
+    topology = getattr(state, "topology", "single") or "single"
+    final = tuple(n for n in FINAL if DRILLS[n].topology in (None, topology))
+    for name in final:
         results[name] = run_drill(state, name, claims, progress, wait_resolve=wait_resolve)
-    return [results[n] for lane in (*LANES, FINAL) for n in lane]
+    return [results[n] for lane in (*LANES, final) for n in lane]
 
 
 def _t(v: float | None) -> str:

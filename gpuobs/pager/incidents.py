@@ -12,9 +12,28 @@ notification sets the state of the alerts it names:
 * ``resolved``: every known alert of the group resolved (a resolved notification resolves).
 
 A firing notification for a resolved incident re-opens it (the acknowledgement is cleared: it was for
-the earlier firing). Every change is one row of the incident's timeline (``kind``: ``opened``,
-``notified``, ``acknowledged``, ``resolved``, ``reopened``, ``silenced``, ``silence_expired``,
-``escalated``, ``reconciled``; escalation policy: :mod:`gpuobs.pager.escalation`; reconciliation with
+the earlier firing), except a *replay*: a notification that lists as firing only alerts this incident
+holds as resolved with the same ``startsAt``, arriving within ``hold_s`` of the resolution. That is
+what an Alertmanager cluster member sends when it took its snapshot of the group just before the
+resolution reached it and then waited its turn (``position x --cluster.peer-timeout``) while the first
+member sent the resolution: alertmanager v0.25.0 ``dispatch/dispatch.go`` ``aggrGroup.flush`` lists the
+group's alerts when the flush timer fires, ``notify/notify.go`` ``WaitStage.Exec`` then sleeps, and
+``DedupStage.needsUpdate`` compares that stale list with the notification log the first member has
+meanwhile written (``!entry.IsFiringSubset(firing)``: notify); upstream calls it a side effect of how
+HA works (prometheus/alertmanager#4008). A new firing of the alert has a new ``startsAt``
+(alertmanager v0.25.0 ``provider/mem/mem.go`` ``Put`` merges only overlapping alerts), so it re-opens
+at once. The replay is *held*: a notification resolving it within ``hold_s`` drops it (``reopen_dropped``). No
+such notification need come: once a member has notified the group with the alert resolved or absent
+(a restarted member that never heard of it), the notification log's firing set is empty again and
+no member sends another (``needsUpdate``: nothing firing and nothing notified as firing; measured in
+the live HA restart test). So at the end of the hold :func:`release_held` asks Alertmanager
+(``GET /api/v2/alerts``, which leaves out resolved alerts, alertmanager v0.25.0 ``api/v2/api.go``
+``alertFilter``): an alert it still holds as active re-opens the incident at ``held_until`` (late by at
+most ``hold_s``, never lost); one it does not hold is dropped as the stale replay it was. Without an
+answer (no Alertmanager configured, or it does not answer) the incident re-opens: a page late, never
+lost. A notification that lists no firing alert never re-opens an incident. Every change is one row of the incident's timeline (``kind``: ``opened``,
+``notified``, ``acknowledged``, ``resolved``, ``reopened``, ``reopen_held``, ``reopen_dropped``,
+``silenced``, ``silence_expired``, ``escalated``, ``reconciled``; escalation policy: :mod:`gpuobs.pager.escalation`; reconciliation with
 Alertmanager: :mod:`gpuobs.pager.reconcile`).
 
 The functions here take an open sqlite3 connection inside the caller's transaction
@@ -30,6 +49,12 @@ from typing import Any
 from gpuobs.core.meta_alerts import is_meta
 
 STATES = ("open", "acknowledged", "resolved")
+#: Seconds a replayed firing (see the module docstring) is held before it re-opens a resolved incident,
+#: and how soon after the resolution a firing counts as a replay: the stack's ``group_interval`` (10 s,
+#: alertmanager/alertmanager.yml), within which the replaying member's next flush resolves it again,
+#: plus the longest member wait, (3 members - 1) x ``--cluster.peer-timeout`` 3 s
+#: (gpuobs.stack.ha.HAConfig), plus 4 s for delivery under load.
+REPLAY_HOLD_S = 20.0
 #: Severity labels in the order the console lists them (alert rules use critical/warning/info).
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -48,6 +73,7 @@ CREATE TABLE IF NOT EXISTS incidents (
     common_labels TEXT NOT NULL,
     open_since REAL,
     escalated_at REAL,
+    held_until REAL,
     UNIQUE (channel, group_key)
 );
 CREATE TABLE IF NOT EXISTS incident_alerts (
@@ -97,8 +123,59 @@ def event(db: sqlite3.Connection, incident_id: int, at: float, kind: str, **deta
                (incident_id, at, kind, json.dumps(detail, sort_keys=True)))
 
 
-def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: dict, at: float) -> int | None:
-    """Fold one stored, validated notification into its incident; returns the incident id.
+def migrate(db: sqlite3.Connection) -> None:
+    """Add the columns a database from an older pager lacks (``incidents.held_until``)."""
+    cols = {r[1] for r in db.execute("PRAGMA table_info(incidents)")}
+    if "held_until" not in cols:
+        db.execute("ALTER TABLE incidents ADD COLUMN held_until REAL")
+
+
+def _is_replay(db: sqlite3.Connection, iid: int, payload: dict, at: float, hold_s: float) -> bool:
+    """Whether ``payload`` (a firing notification of resolved incident ``iid``) only replays alerts the
+    incident holds as resolved, same ``startsAt``, within ``hold_s`` seconds of the resolution."""
+    resolved_at = db.execute("SELECT resolved_at FROM incidents WHERE id = ?", (iid,)).fetchone()[0]
+    if resolved_at is None or at - resolved_at > hold_s:
+        return False
+    stored = {fp: (st, sa) for fp, st, sa in db.execute(
+        "SELECT fingerprint, status, starts_at FROM incident_alerts WHERE incident_id = ?", (iid,))}
+    firing = [a for a in payload["alerts"] if a["status"] == "firing"]
+    return bool(firing) and all(stored.get(a["fingerprint"]) == ("resolved", a["startsAt"]) for a in firing)
+
+
+def _reopen(db: sqlite3.Connection, iid: int, at: float, **detail: Any) -> None:
+    db.execute("UPDATE incidents SET state = 'open', resolved_at = NULL, acknowledged_at = NULL,"
+               " acknowledged_by = NULL, open_since = ?, escalated_at = NULL, held_until = NULL WHERE id = ?",
+               (at, iid))
+    event(db, iid, at, "reopened", **detail)
+
+
+def release_held(db: sqlite3.Connection, now: float, present: set[str] | None = None) -> tuple[list[int], list[int]]:
+    """End every hold due by ``now``: an incident with a firing alert whose fingerprint Alertmanager still
+    holds (``present``: the fingerprints it holds now; None: unknown) re-opens at its ``held_until``; one
+    whose firing alerts Alertmanager no longer holds stays resolved and those alerts are marked resolved
+    (``reopen_dropped``). Returns ``(re-opened ids, dropped ids)``."""
+    reopened, dropped = [], []
+    for iid, until in db.execute("SELECT id, held_until FROM incidents WHERE held_until IS NOT NULL"
+                                 " AND held_until <= ? AND state = 'resolved'", (now,)).fetchall():
+        firing = {fp for (fp,) in db.execute(
+            "SELECT fingerprint FROM incident_alerts WHERE incident_id = ? AND status = 'firing'", (iid,))}
+        if firing and (present is None or firing & present):
+            _reopen(db, iid, until, held=True)
+            reopened.append(int(iid))
+            continue
+        db.execute("UPDATE incident_alerts SET status = 'resolved' WHERE incident_id = ? AND status = 'firing'",
+                   (iid,))
+        db.execute("UPDATE incidents SET held_until = NULL WHERE id = ?", (iid,))
+        if firing:
+            event(db, iid, now, "reopen_dropped", reason="Alertmanager no longer holds the replayed alerts")
+            dropped.append(int(iid))
+    return reopened, dropped
+
+
+def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: dict, at: float,
+          hold_s: float = REPLAY_HOLD_S) -> int | None:
+    """Fold one stored, validated notification into its incident; returns the incident id. ``hold_s``:
+    seconds a replayed firing is held before it re-opens a resolved incident (module docstring).
 
     Always-firing state alerts (the Watchdog, :func:`gpuobs.core.meta_alerts.is_meta`) are no incident:
     they are left out, and a notification of nothing else opens none (returns None). Alertmanager
@@ -122,6 +199,10 @@ def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: d
         iid, prev = int(row[0]), row[1]
         db.execute("UPDATE incidents SET updated_at = ?, group_labels = ?, common_labels = ? WHERE id = ?",
                    (at, group_labels, common_labels, iid))
+    replay = prev == "resolved" and _is_replay(db, iid, payload, at, hold_s)
+    # Only a notification that itself lists a firing alert may re-open (a resolved incident whose held
+    # replay left an alert firing in incident_alerts is not re-opened by a later resolved notification).
+    fires_now = any(a["status"] == "firing" for a in payload["alerts"])
     for a in payload["alerts"]:
         db.execute(
             "INSERT INTO incident_alerts VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(incident_id, fingerprint) DO UPDATE"
@@ -140,13 +221,19 @@ def apply(db: sqlite3.Connection, notification_id: int, channel: str, payload: d
         else:  # first heard of it resolved (the pager was down while it fired)
             db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ? WHERE id = ?", (at, iid))
             event(db, iid, at, "resolved")
-    elif firing and prev == "resolved":
-        db.execute("UPDATE incidents SET state = 'open', resolved_at = NULL, acknowledged_at = NULL,"
-                   " acknowledged_by = NULL, open_since = ?, escalated_at = NULL WHERE id = ?", (at, iid))
-        event(db, iid, at, "reopened")
+    elif firing and prev == "resolved" and replay:
+        held = db.execute("SELECT held_until FROM incidents WHERE id = ?", (iid,)).fetchone()[0]
+        if held is None:
+            db.execute("UPDATE incidents SET held_until = ? WHERE id = ?", (at + hold_s, iid))
+            event(db, iid, at, "reopen_held", notification=notification_id, until=at + hold_s)
+    elif firing and prev == "resolved" and fires_now:
+        _reopen(db, iid, at)
     elif not firing and prev != "resolved":
         db.execute("UPDATE incidents SET state = 'resolved', resolved_at = ? WHERE id = ?", (at, iid))
         event(db, iid, at, "resolved")
+    elif not firing and db.execute("SELECT held_until FROM incidents WHERE id = ?", (iid,)).fetchone()[0]:
+        db.execute("UPDATE incidents SET held_until = NULL WHERE id = ?", (iid,))
+        event(db, iid, at, "reopen_dropped", notification=notification_id)
     return iid
 
 
@@ -237,7 +324,7 @@ def _identity(alerts: list[dict], common: dict[str, str], identity_label: str) -
 
 
 _COLS = ("id, channel, group_key, state, opened_at, updated_at, acknowledged_at, acknowledged_by, resolved_at,"
-         " group_labels, common_labels, escalated_at")
+         " group_labels, common_labels, escalated_at, held_until")
 
 
 def escalate_due(db: sqlite3.Connection, now: float, after_s: float, channels: tuple[str, ...]) -> list[int]:
@@ -253,7 +340,7 @@ def escalate_due(db: sqlite3.Connection, now: float, after_s: float, channels: t
 
 
 def _row(db: sqlite3.Connection, r: tuple, identity_label: str) -> dict[str, Any]:
-    (iid, channel, gk, state, opened, updated, ack_at, ack_by, res_at, gl, cl, esc_at) = r
+    (iid, channel, gk, state, opened, updated, ack_at, ack_by, res_at, gl, cl, esc_at, held) = r
     alerts = [{"fingerprint": fp, "status": st, "labels": json.loads(lab), "annotations": json.loads(ann),
                "startsAt": sa, "endsAt": ea}
               for fp, st, lab, ann, sa, ea in db.execute(
@@ -262,7 +349,7 @@ def _row(db: sqlite3.Connection, r: tuple, identity_label: str) -> dict[str, Any
     common = json.loads(cl)
     return {"id": iid, "channel": channel, "groupKey": gk, "state": state, "opened_at": opened,
             "updated_at": updated, "acknowledged_at": ack_at, "acknowledged_by": ack_by, "resolved_at": res_at,
-            "escalated_at": esc_at,
+            "escalated_at": esc_at, "held_until": held,
             "groupLabels": json.loads(gl), "commonLabels": common,
             "firing": sum(a["status"] == "firing" for a in alerts), **_identity(alerts, common, identity_label), "alerts": alerts,
             "impact": impact(db, iid)}

@@ -42,3 +42,36 @@ class Periodic(ABC):
     @abstractmethod
     def check(self, now: float):
         """One check at ``now`` (epoch seconds)."""
+
+
+class HeldReleaser(Periodic):
+    """Every ``every_s`` seconds, end the holds of replayed firings (an Alertmanager member's stale
+    snapshot sent after a resolution, :mod:`gpuobs.pager.incidents`) that are due: re-open the incident
+    when Alertmanager still holds the alert, drop the replay when it does not. ``store``: a
+    :class:`gpuobs.pager.store.PageStore`; ``alerts()``: the fingerprints Alertmanager holds now (e.g.
+    :meth:`gpuobs.promapi.silences.AlertmanagerClient.fingerprints`), None when no Alertmanager is
+    configured; when it raises, the incidents re-open (late, never lost)."""
+
+    failure = "ending held re-openings failed"
+
+    def __init__(self, store, alerts=None, every_s: float = 1.0):
+        super().__init__(every_s, "held-releaser")
+        self.store, self.alerts = store, alerts
+
+    def check(self, now: float) -> tuple[list[int], list[int]]:
+        if not self.store.holds_due(now):
+            return [], []
+        present = None
+        if self.alerts is not None:
+            try:
+                present = set(self.alerts())
+            except Exception:  # noqa: BLE001 (any failure to ask: re-open rather than lose a page)
+                _log.warning("Alertmanager did not answer: held re-openings are released", exc_info=True)
+        reopened, dropped = self.store.release_held(now, present)
+        for iid in reopened:
+            _log.info("held re-opening released: Alertmanager still holds the alert",
+                      extra={"fields": {"incident": iid}})
+        for iid in dropped:
+            _log.info("held re-opening dropped: Alertmanager no longer holds the alert (a stale replay)",
+                      extra={"fields": {"incident": iid}})
+        return reopened, dropped

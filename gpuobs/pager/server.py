@@ -452,6 +452,12 @@ def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None,
         signal.signal(sig, lambda *_: done.set())
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
+    from gpuobs.pager.periodic import HeldReleaser
+    am_alerts = None
+    if alertmanager_url:
+        from gpuobs.promapi.silences import AlertmanagerClient
+        am_alerts = AlertmanagerClient(alertmanager_url).fingerprints
+    releaser = HeldReleaser(store, am_alerts).start()
     escalator = None
     if escalation is not None:
         from gpuobs.pager.escalation import Escalator
@@ -465,6 +471,7 @@ def serve(host: str, port: int, db_path: Path, runbooks_dir: Path | None = None,
         watcher.start()
     _log.info("pager listening", extra={"fields": {"addr": f"{host}:{port}", "db": str(db_path)}})
     done.wait()
+    releaser.stop()
     if escalator is not None:
         escalator.stop()
     if reconciler is not None:

@@ -157,9 +157,14 @@ class PageStore:
     CREATE INDEX IF NOT EXISTS deliveries_by_time ON deliveries(received_at);
     """
 
-    def __init__(self, path: Path, dedupe_window_s: float = DEDUPE_WINDOW_S, identity_label: str | None = None):
+    def __init__(self, path: Path, dedupe_window_s: float = DEDUPE_WINDOW_S, identity_label: str | None = None,
+                 replay_hold_s: float = incidents.REPLAY_HOLD_S):
         if not dedupe_window_s > 0:
             raise ValueError(f"dedupe_window_s must be > 0, got {dedupe_window_s}")
+        if not replay_hold_s >= 0:
+            raise ValueError(f"replay_hold_s must be >= 0, got {replay_hold_s}")
+        #: Seconds a replayed firing is held before it re-opens a resolved incident (gpuobs.pager.incidents).
+        self.replay_hold_s = float(replay_hold_s)
         self.path = path
         self.identity_label = identity_label or shipped_fleet().identity_label
         self.dedupe_window_s = float(dedupe_window_s)
@@ -171,6 +176,7 @@ class PageStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(self.SCHEMA + incidents.SCHEMA)
         with self._db:
+            incidents.migrate(self._db)
             incidents.backfill(self._db)
 
     def add(self, channel: str, payload: dict, received_at: float | None = None) -> int:
@@ -205,10 +211,23 @@ class PageStore:
                   json.dumps(a["annotations"]), a["startsAt"], a["endsAt"]) for a in payload["alerts"]])
             self._db.execute("INSERT INTO deliveries(key, received_at, notification_id) VALUES (?, ?, ?)",
                              (key, ts, nid))
-            incidents.apply(self._db, nid, channel, payload, ts)
+            incidents.apply(self._db, nid, channel, payload, ts, self.replay_hold_s)
             self._db.execute("DELETE FROM deliveries WHERE key IN (SELECT key FROM deliveries ORDER BY received_at"
                              " DESC LIMIT -1 OFFSET ?)", (DEDUPE_MAX_KEYS,))
         return nid, False
+
+    def release_held(self, now: float | None = None, present: set[str] | None = None) -> tuple[list[int], list[int]]:
+        """End the holds due by ``now`` (default: the clock): re-open the incidents whose held alert
+        Alertmanager still holds (``present``: its fingerprints; None: unknown, re-open), drop the rest
+        (:func:`gpuobs.pager.incidents.release_held`); returns ``(re-opened ids, dropped ids)``."""
+        with self._lock, self._db:
+            return incidents.release_held(self._db, time.time() if now is None else now, present)
+
+    def holds_due(self, now: float) -> bool:
+        """Whether a held replay's hold has ended by ``now`` (then Alertmanager is worth asking)."""
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM incidents WHERE held_until IS NOT NULL AND held_until <= ?"
+                                    " LIMIT 1", (now,)).fetchone() is not None
 
     def duplicates(self) -> int:
         """Deliveries answered as duplicates of a notification still in the window."""

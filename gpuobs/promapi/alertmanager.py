@@ -111,6 +111,14 @@ class PagerClient:
         except (KeyError, TypeError) as exc:
             raise AlertApiError(f"{self.base_url}/api/incidents: not a pager answer ({exc})") from None
 
+    def incident(self, incident_id: int) -> dict[str, Any]:
+        """One incident with its ``timeline`` (``GET /api/incidents/<id>``; shape: docs/incidents.md).
+        Raises AlertApiError."""
+        doc = _get_json(f"{self.base_url}/api/incidents/{int(incident_id)}", {}, self.timeout_s)
+        if not isinstance(doc, dict) or "timeline" not in doc:
+            raise AlertApiError(f"{self.base_url}/api/incidents/{incident_id}: not a pager answer")
+        return doc
+
     def measure_impact(self, incident_id: int, timeout_s: float = 60.0) -> dict[str, Any]:
         """Have the pager measure incident ``incident_id``'s impact now (``POST
         /api/incidents/<id>/impact``) and return it (:mod:`gpuobs.pager.impact`'s dict). Raises

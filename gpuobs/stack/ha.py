@@ -170,7 +170,8 @@ def replica_config(base: dict, shard: int, replica: int, cfg: HAConfig, am_targe
     doc["alerting"] = {"alert_relabel_configs": [drop],
                        "alertmanagers": [{"static_configs": [{"targets": list(am_targets)}]}]}
     doc["rule_files"] = [rules_glob]
-    doc["remote_write"] = [{"url": f"{vm_url}/api/v1/write", "write_relabel_configs": [drop]}]
+    doc["remote_write"] = [{"url": f"{vm_url}/api/v1/write", "write_relabel_configs": [drop],
+                            "queue_config": {"batch_send_deadline": format_duration(REMOTE_WRITE_DEADLINE_S)}}]
     for sc in doc["scrape_configs"]:
         if sc["job_name"] == "prometheus":
             sc["static_configs"] = [{"targets": [self_target]}]
@@ -216,10 +217,12 @@ def alertmanager_cluster_flags(peers: list[str], peer_timeout_s: float) -> list[
 
 def render_rules_placed(run: Path, runbook_base: str, profile: str) -> tuple[Path, Path]:
     """Write the profile's rules split by :func:`gpuobs.mixin.placement.place`: node-local ones under
-    ``run/prometheus/rules-shard``, fleet-wide ones under ``run/vmalert/rules``; returns both folders."""
+    ``run/prometheus/rules-shard``, fleet-wide ones under ``run/vmalert/rules`` (each group with
+    :data:`VMALERT_QUERY_PARAMS`, :func:`fresh_queries`); returns both folders."""
     placed = place(profile_rules(runbook_base, profile), shipped_fleet().identity_label)
     shard_dir, fleet_dir = run / "prometheus" / "rules-shard", run / "vmalert" / "rules"
-    for folder, files in ((shard_dir, placed.shard), (fleet_dir, placed.fleet)):
+    fleet_files = {fname: fresh_queries(text) for fname, text in placed.fleet.items()}
+    for folder, files in ((shard_dir, placed.shard), (fleet_dir, fleet_files)):
         folder.mkdir(parents=True, exist_ok=True)
         for old in folder.glob("*.yml"):
             old.unlink()
@@ -227,6 +230,33 @@ def render_rules_placed(run: Path, runbook_base: str, profile: str) -> tuple[Pat
             atomic_write(folder / fname, text)
     atomic_write(run / "placement.json", json.dumps([asdict(r) for r in placed.rules], indent=1))
     return shard_dir, fleet_dir
+
+
+#: Prometheus ``remote_write`` ``queue_config.batch_send_deadline``, seconds: the longest a sample waits
+#: in a replica's queue for its batch to fill (Prometheus v2.42.0 ``storage/remote/queue_manager.go``
+#: ``runShard``: a batch is sent when it holds ``max_samples_per_send`` samples or when the deadline
+#: timer fires; upstream default 5 s). It is part of every fleet-wide alert's latency (docs/ha.md,
+#: "Fault-to-page"); at a large fleet batches fill in milliseconds anyway, at a small one this is at
+#: most a few requests per second per replica.
+REMOTE_WRITE_DEADLINE_S = 1.0
+#: Query parameters vmalert adds to every rule query (``params`` of each vmalert group, vmalert v1.79.5
+#: ``app/vmalert/config/config.go`` ``Group.Params``, applied by ``datasource/vm.go`` ``ApplyParams``):
+#: ``nocache=1`` makes VictoriaMetrics answer an instant query at the time asked instead of moving it
+#: back by ``-search.latencyOffset`` (VictoriaMetrics v1.79.5 ``app/vmselect/prometheus/prometheus.go``
+#: ``QueryHandler``: "Adjust start time only if `nocache` arg isn't set"). The offset (interval + 5 s
+#: here) guards human range queries against an incomplete last point; a rule evaluated at "now" reads
+#: each series' newest sample that has arrived, as a Prometheus rule does while other targets are still
+#: being scraped. It costs no cache: an instant query is cached only when its time is a multiple of its
+#: step (``promql/eval.go`` ``EvalConfig.mayCache``), which vmalert's 5 m step almost never is.
+VMALERT_QUERY_PARAMS = {"nocache": ["1"]}
+
+
+def fresh_queries(rule_file_text: str) -> str:
+    """``rule_file_text`` (a vmalert rule file, YAML) with :data:`VMALERT_QUERY_PARAMS` set on every group."""
+    doc = yaml.safe_load(rule_file_text) or {}
+    for g in doc.get("groups") or []:
+        g["params"] = {**(g.get("params") or {}), **VMALERT_QUERY_PARAMS}
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _cluster_size(url: str) -> int:
@@ -284,13 +314,21 @@ def vmalert_argv(binary: str, fleet_rules: Path | str, vm_url: str, am_urls: lis
     :meth:`~gpuobs.stack.alert_timing.AlertTiming.vmalert_flags`: ``-rule.resendDelay`` equal to
     Prometheus's resend delay, so a firing fleet-wide alert carries ``endsAt = now + 4 x resend delay``
     (vmalert v1.79.5 ``app/vmalert/group.go`` ``getResolveDuration``) and survives a vmalert outage as
-    long as a shard's alert survives a Prometheus outage (docs/alert-delivery.md, docs/ha.md).
+    long as a shard's alert survives a Prometheus outage (docs/alert-delivery.md, docs/ha.md);
+    ``-datasource.queryTimeAlignment=false`` so a rule reads the data of its evaluation time (see
+    :data:`VMALERT_QUERY_PARAMS` for the rest of the fleet-wide alerts' latency).
     ``listen_host``: ``-httpListenAddr`` host (``""``: every interface, the compose container);
     ``external_url``: ``-external.url`` (default ``http://127.0.0.1:<port>``)."""
     url = external_url or f"http://127.0.0.1:{port}"
     return [binary, f"-rule={fleet_rules}/*.yml", f"-datasource.url={vm_url}",
             f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}",
             *[f"-notifier.url={u}" for u in am_urls], f"-evaluationInterval={format_duration(interval_s)}",
+            # Query at the evaluation's own time. With the default (true) vmalert truncates the query time
+            # to a multiple of the evaluation interval (vmalert v1.79.5 app/vmalert/datasource/
+            # vm_prom_api.go setPrometheusInstantReqParams), so a group whose evaluations fall late in
+            # the interval reads data up to one interval old; the alignment only makes several vmalert
+            # replicas agree, and this topology runs one.
+            "-datasource.queryTimeAlignment=false",
             f"-httpListenAddr={listen_host}:{port}", f"-external.url={url}", *timing.vmalert_flags(),
             "-loggerFormat=json"]
 

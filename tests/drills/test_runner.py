@@ -422,3 +422,14 @@ def test_a_ticket_says_ticketed_and_fault_to_ticket():
         runner.AlertOutcome("GpuKernelXidWarning", "ticket", fired_s=2.0, paged_s=6.0, receiver="ticket")])
     text = runner.format_timeline(only_ticket)
     assert "fault-to-ticket: 6.0s" in text and "fault-to-page" not in text
+
+
+def test_the_vmalert_outage_drill_runs_on_the_ha_topology_only(world):
+    """catalogue DrillSpec.topology: on a single stack (no vmalert) it is refused up front, not failed."""
+    with pytest.raises(runner.DrillError, match="ha topology only"):
+        runner.run_drill(STATE, "vmalert-outage", clock=world.time, sleep=world.sleep)
+    from gpuobs.drills.catalogue import DRILLS, FINAL
+
+    spec = DRILLS["vmalert-outage"]
+    assert "vmalert-outage" in FINAL and spec.outage == "vmalert" and spec.topology == "ha"
+    assert [e.alertname for e in spec.outage_expect] == ["FleetRulesBlind"]

@@ -80,7 +80,8 @@ def test_replicas_shard_by_node_with_the_native_relabelling(rendered):
         assert doc["global"]["external_labels"] == {"shard": str(s), "replica": str(r)}
         assert doc["global"]["scrape_interval"] == doc["global"]["evaluation_interval"] == "5s"
         assert doc["remote_write"] == [{"url": "http://victoria-metrics:8428/api/v1/write",
-                                        "write_relabel_configs": [drop]}]
+                                        "write_relabel_configs": [drop],
+                                        "queue_config": {"batch_send_deadline": "1s"}}]
         assert doc["alerting"]["alert_relabel_configs"] == [drop]
         assert doc["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [
             f"alertmanager-{i}:9093" for i in range(3)]

@@ -53,7 +53,7 @@ def test_replica_configs_pass_promtool_and_label_their_place(tmp_path):
     assert doc["global"]["external_labels"] == {"shard": "1", "replica": "0"}
     drop = {"regex": "shard|replica", "action": "labeldrop"}
     assert doc["remote_write"] == [{"url": f"http://127.0.0.1:{ports['victoria-metrics']}/api/v1/write",
-                                    "write_relabel_configs": [drop]}]
+                                    "write_relabel_configs": [drop], "queue_config": {"batch_send_deadline": "1s"}}]
     assert doc["alerting"]["alert_relabel_configs"] == [drop]
     assert doc["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [
         f"127.0.0.1:{ports[f'alertmanager-{i}']}" for i in range(3)]
@@ -138,6 +138,7 @@ def test_vmalert_resends_like_prometheus_so_an_outage_never_resolves_a_fleet_ale
     assert "-rule.resendDelay=3m" in argv and "-rule.maxResolveDuration=0" in argv
     assert [a for a in argv if a.startswith("-notifier.url=")] == [f"-notifier.url={u}" for u in am]
     assert "-evaluationInterval=5s" in argv and f"-rule={tmp_path}/*.yml" in argv
+    assert "-datasource.queryTimeAlignment=false" in argv  # query at the evaluation's time (fault-to-page)
     # vmalert's send schedule is Prometheus's, so the replay of test_alert_timing applies; its restart
     # sends straight to the notifier list (no dropped first send), the Prometheus case is the worse one.
     for outage in (60, 180, 300):
@@ -152,6 +153,9 @@ def test_vmalert_accepts_the_rendered_flags(tmp_path):
     vmalert = shutil.which("vmalert")
     assert vmalert, "vmalert missing: `make binaries` installs Debian's victoria-metrics"
     _shard, fleet = ha.render_rules_placed(tmp_path, "http://127.0.0.1:9097", "drill")
+    # Every fleet-wide group asks VictoriaMetrics for data as of its evaluation (nocache=1: no latency offset).
+    for f in fleet.glob("*.yml"):
+        assert all(g["params"] == {"nocache": ["1"]} for g in yaml.safe_load(f.read_text())["groups"]), f
     argv = ha.vmalert_argv(vmalert, fleet, "http://127.0.0.1:1", ["http://127.0.0.1:2"], 5.0, 5)
     res = subprocess.run([*argv, "-dryRun"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
