@@ -30,7 +30,7 @@ only check by running helm). Bases:
   prometheus-operator ``Prometheus`` (2 x 2) whose shard key is the fleet config's identity label
   (:func:`shard_key`, set in the monitoring base's PodMonitors), an ``Alertmanager`` cluster of 3
   carrying the rendered gpuobs config (a generated Secret), VictoriaMetrics operator ``VMSingle``
-  (replica dedup) and ``VMAlert`` with the fleet-wide ``VMRule``\ s, the node-local rules as
+  (replica dedup) and ``VMAlert`` with the fleet-wide VMRules, the node-local rules as
   PrometheusRules for the shards (:func:`ha_rules`: the native topology's split), the base's unsplit
   PrometheusRules deleted by patches. Objects written against prometheus-operator v0.93.0's and the
   VictoriaMetrics operator v0.74.1's CRDs (tests/data/crds).
@@ -56,7 +56,7 @@ from gpuobs.core import assets
 from gpuobs.core.files import stale_files, write_tree
 from gpuobs.core.fleet import FleetConfig
 from gpuobs.mixin.alertmanager import remediation_route
-from gpuobs.mixin.placement import GLOBAL_JOB, blind_rule, place
+from gpuobs.mixin.placement import GLOBAL_JOB, REMOTE_WRITE_DEADLINE_S, blind_rule, fresh_queries, place
 from gpuobs.mixin.render import render_all
 from gpuobs.mixin.slo_rules import load_config as load_slo_config
 from gpuobs.mixin.slo_rules import parse_period
@@ -734,9 +734,6 @@ PLACEMENT_LABEL = "gpuobs.io/placement"
 #: the derivation.
 HA_RESEND_DELAY_S = 180
 HA_FOR_GRACE_S = SCRAPE_INTERVAL_S
-#: Prometheus's remote-write batch deadline (queue_config batch_send_deadline, default 5 s): samples
-#: reach VictoriaMetrics at most this late, so its -search.latencyOffset is the interval plus this.
-REMOTE_WRITE_DEADLINE_S = 5
 HA_PROMETHEUS_SA = f"{HA_NAME}-prometheus"
 HA_AM_SERVICE = f"{HA_NAME}-alertmanager"
 HA_AM_CONFIG_SECRET = f"{HA_NAME}-alertmanager-config"
@@ -809,7 +806,8 @@ def ha_prometheus() -> list[dict[str, Any]]:
             "alerting": {"alertmanagers": [{"namespace": NAMESPACE, "name": HA_AM_SERVICE, "port": "web",
                                             "apiVersion": "v2"}]},
             "remoteWrite": [{"url": f"{VM_URL}/api/v1/write",
-                             "writeRelabelConfigs": [{"action": "labeldrop", "regex": HA_REPLICA_LABEL}]}],
+                             "writeRelabelConfigs": [{"action": "labeldrop", "regex": HA_REPLICA_LABEL}],
+                             "queueConfig": {"batchSendDeadline": _fmt_duration(REMOTE_WRITE_DEADLINE_S)}}],
             "retention": "1d",
             "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}},
         },
@@ -851,7 +849,7 @@ def ha_victoriametrics(slo_period_s: int) -> list[dict[str, Any]]:
       ``-dedup.minScrapeInterval`` = the scrape interval (VictoriaMetrics docs, "Deduplication": "If
       duplicate data is pushed to VictoriaMetrics from identically configured vmagent instances or
       Prometheus instances, then the -dedup.minScrapeInterval must be set to scrape_interval from scrape
-      configs"), ``-search.latencyOffset`` = interval + :data:`REMOTE_WRITE_DEADLINE_S`, retention the
+      configs"), ``-search.latencyOffset`` = interval + :data:`gpuobs.mixin.placement.REMOTE_WRITE_DEADLINE_S`, retention the
       SLO period (``slo_period_s``, seconds) plus a week: the error-budget rules read a whole period.
     * ``VMAlert``: the fleet-wide rules (the VMRules labelled ``gpuobs.io/placement: fleet``; with
       ``ruleNamespaceSelector`` unset the operator selects VMRules in VMAlert's namespace only,
@@ -877,7 +875,9 @@ def ha_victoriametrics(slo_period_s: int) -> list[dict[str, Any]]:
                         "notifiers": [{"url": u} for u in ha_alertmanager_urls()],
                         "ruleSelector": {"matchLabels": {PLACEMENT_LABEL: "fleet"}},
                         "extraArgs": {"rule.resendDelay": _fmt_duration(HA_RESEND_DELAY_S),
-                                      "rule.maxResolveDuration": "0"},
+                                      "rule.maxResolveDuration": "0",
+                                      # a rule reads the data of its own evaluation time (gpuobs.stack.ha.vmalert_argv)
+                                      "datasource.queryTimeAlignment": "false"},
                         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                                       "limits": {"cpu": "1", "memory": "1Gi"}}}}
     return [single, vmalert]
@@ -915,7 +915,7 @@ def ha_rules(rule_files: dict[str, str], fleet: FleetConfig) -> tuple[list[dict[
              "spec": {"groups": _routed_groups(text)}} for name, text in sorted(shard.items())]
     vm = [{"apiVersion": "operator.victoriametrics.com/v1beta1", "kind": "VMRule",
            "metadata": _meta(f"{HA_NAME}-{Path(name).stem}", **{PLACEMENT_LABEL: "fleet"}),
-           "spec": {"groups": _routed_groups(text)}} for name, text in sorted(placed.fleet.items())]
+           "spec": {"groups": _routed_groups(fresh_queries(text))}} for name, text in sorted(placed.fleet.items())]
     return prom, vm
 
 

@@ -239,6 +239,33 @@ def place(files: dict[str, str], identity_label: str) -> Placement:
     return out
 
 
+#: Prometheus ``remote_write`` ``queue_config.batch_send_deadline``, seconds: the longest a sample waits
+#: in a replica's queue for its batch to fill (Prometheus v2.42.0 ``storage/remote/queue_manager.go``
+#: ``runShard``: a batch is sent when it holds ``max_samples_per_send`` samples or when the deadline
+#: timer fires; upstream default 5 s). It is part of every fleet-wide alert's latency (docs/ha.md,
+#: "Fault-to-page"); at a large fleet batches fill in milliseconds anyway, at a small one this is at
+#: most a few requests per second per replica.
+REMOTE_WRITE_DEADLINE_S = 1.0
+#: Query parameters vmalert adds to every rule query (``params`` of each vmalert group, vmalert v1.79.5
+#: ``app/vmalert/config/config.go`` ``Group.Params``, applied by ``datasource/vm.go`` ``ApplyParams``):
+#: ``nocache=1`` makes VictoriaMetrics answer an instant query at the time asked instead of moving it
+#: back by ``-search.latencyOffset`` (VictoriaMetrics v1.79.5 ``app/vmselect/prometheus/prometheus.go``
+#: ``QueryHandler``: "Adjust start time only if `nocache` arg isn't set"). The offset (interval + 5 s
+#: here) guards human range queries against an incomplete last point; a rule evaluated at "now" reads
+#: each series' newest sample that has arrived, as a Prometheus rule does while other targets are still
+#: being scraped. It costs no cache: an instant query is cached only when its time is a multiple of its
+#: step (``promql/eval.go`` ``EvalConfig.mayCache``), which vmalert's 5 m step almost never is.
+VMALERT_QUERY_PARAMS = {"nocache": ["1"]}
+
+
+def fresh_queries(rule_file_text: str) -> str:
+    """``rule_file_text`` (a vmalert rule file, YAML) with :data:`VMALERT_QUERY_PARAMS` set on every group."""
+    doc = yaml.safe_load(rule_file_text) or {}
+    for g in doc.get("groups") or []:
+        g["params"] = {**(g.get("params") or {}), **VMALERT_QUERY_PARAMS}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
 #: Job name under which every Prometheus replica of the HA topology scrapes VictoriaMetrics and vmalert
 #: (no sharding: each shard must notice for itself that the global view is gone). The native topology
 #: (gpuobs.stack.ha) and the Kubernetes one (gpuobs.mixin.kubernetes, deploy/kubernetes/ha) both use it.

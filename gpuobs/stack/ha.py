@@ -50,7 +50,13 @@ import yaml
 from gpuobs.core.durations import format_duration
 from gpuobs.core.files import atomic_write
 from gpuobs.core.fleet import shipped_fleet
-from gpuobs.mixin.placement import GLOBAL_JOB, blind_rule, place
+from gpuobs.mixin.placement import (
+    GLOBAL_JOB,
+    REMOTE_WRITE_DEADLINE_S,
+    blind_rule,
+    fresh_queries,
+    place,
+)
 from gpuobs.mixin.profile import profile_rules
 from gpuobs.stack import alert_timing
 from gpuobs.stack.ports import free_port_range
@@ -218,7 +224,7 @@ def alertmanager_cluster_flags(peers: list[str], peer_timeout_s: float) -> list[
 def render_rules_placed(run: Path, runbook_base: str, profile: str) -> tuple[Path, Path]:
     """Write the profile's rules split by :func:`gpuobs.mixin.placement.place`: node-local ones under
     ``run/prometheus/rules-shard``, fleet-wide ones under ``run/vmalert/rules`` (each group with
-    :data:`VMALERT_QUERY_PARAMS`, :func:`fresh_queries`); returns both folders."""
+    :data:`gpuobs.mixin.placement.VMALERT_QUERY_PARAMS`, :func:`fresh_queries`); returns both folders."""
     placed = place(profile_rules(runbook_base, profile), shipped_fleet().identity_label)
     shard_dir, fleet_dir = run / "prometheus" / "rules-shard", run / "vmalert" / "rules"
     fleet_files = {fname: fresh_queries(text) for fname, text in placed.fleet.items()}
@@ -232,31 +238,6 @@ def render_rules_placed(run: Path, runbook_base: str, profile: str) -> tuple[Pat
     return shard_dir, fleet_dir
 
 
-#: Prometheus ``remote_write`` ``queue_config.batch_send_deadline``, seconds: the longest a sample waits
-#: in a replica's queue for its batch to fill (Prometheus v2.42.0 ``storage/remote/queue_manager.go``
-#: ``runShard``: a batch is sent when it holds ``max_samples_per_send`` samples or when the deadline
-#: timer fires; upstream default 5 s). It is part of every fleet-wide alert's latency (docs/ha.md,
-#: "Fault-to-page"); at a large fleet batches fill in milliseconds anyway, at a small one this is at
-#: most a few requests per second per replica.
-REMOTE_WRITE_DEADLINE_S = 1.0
-#: Query parameters vmalert adds to every rule query (``params`` of each vmalert group, vmalert v1.79.5
-#: ``app/vmalert/config/config.go`` ``Group.Params``, applied by ``datasource/vm.go`` ``ApplyParams``):
-#: ``nocache=1`` makes VictoriaMetrics answer an instant query at the time asked instead of moving it
-#: back by ``-search.latencyOffset`` (VictoriaMetrics v1.79.5 ``app/vmselect/prometheus/prometheus.go``
-#: ``QueryHandler``: "Adjust start time only if `nocache` arg isn't set"). The offset (interval + 5 s
-#: here) guards human range queries against an incomplete last point; a rule evaluated at "now" reads
-#: each series' newest sample that has arrived, as a Prometheus rule does while other targets are still
-#: being scraped. It costs no cache: an instant query is cached only when its time is a multiple of its
-#: step (``promql/eval.go`` ``EvalConfig.mayCache``), which vmalert's 5 m step almost never is.
-VMALERT_QUERY_PARAMS = {"nocache": ["1"]}
-
-
-def fresh_queries(rule_file_text: str) -> str:
-    """``rule_file_text`` (a vmalert rule file, YAML) with :data:`VMALERT_QUERY_PARAMS` set on every group."""
-    doc = yaml.safe_load(rule_file_text) or {}
-    for g in doc.get("groups") or []:
-        g["params"] = {**(g.get("params") or {}), **VMALERT_QUERY_PARAMS}
-    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _cluster_size(url: str) -> int:
@@ -316,7 +297,7 @@ def vmalert_argv(binary: str, fleet_rules: Path | str, vm_url: str, am_urls: lis
     (vmalert v1.79.5 ``app/vmalert/group.go`` ``getResolveDuration``) and survives a vmalert outage as
     long as a shard's alert survives a Prometheus outage (docs/alert-delivery.md, docs/ha.md);
     ``-datasource.queryTimeAlignment=false`` so a rule reads the data of its evaluation time (see
-    :data:`VMALERT_QUERY_PARAMS` for the rest of the fleet-wide alerts' latency).
+    :data:`gpuobs.mixin.placement.VMALERT_QUERY_PARAMS` for the rest of the fleet-wide alerts' latency).
     ``listen_host``: ``-httpListenAddr`` host (``""``: every interface, the compose container);
     ``external_url``: ``-external.url`` (default ``http://127.0.0.1:<port>``)."""
     url = external_url or f"http://127.0.0.1:{port}"

@@ -175,10 +175,11 @@ def test_topology_and_dedup_settings():
     (rw,) = spec["remoteWrite"]
     assert rw["url"] == f"{k8s.VM_URL}/api/v1/write"
     assert rw["writeRelabelConfigs"] == [{"action": "labeldrop", "regex": spec["replicaExternalLabelName"]}]
+    assert rw["queueConfig"] == {"batchSendDeadline": "1s"}  # as the native topology (placement.REMOTE_WRITE_DEADLINE_S)
     # VictoriaMetrics dedups at the scrape interval of the PodMonitors
     intervals = {ep["interval"] for m in _docs(files, "monitoring/podmonitors.yaml") for ep in m["spec"]["podMetricsEndpoints"]}
     assert intervals == {spec["scrapeInterval"]} == {single["spec"]["extraArgs"]["dedup.minScrapeInterval"]}
-    assert single["spec"]["extraArgs"]["search.latencyOffset"] == "20s"  # 15 s + the 5 s batch deadline
+    assert single["spec"]["extraArgs"]["search.latencyOffset"] == "16s"  # 15 s + the 1 s batch deadline
     assert int(single["spec"]["retentionPeriod"].rstrip("d")) >= 30  # the SLO period (prometheus/slo.yaml)
     # vmalert: against VMSingle, every Alertmanager member, the shards' alert timing
     vs = vmalert["spec"]
@@ -187,7 +188,11 @@ def test_topology_and_dedup_settings():
         f"http://alertmanager-{am['metadata']['name']}-{i}.alertmanager-operated.monitoring.svc:9093" for i in range(3)]
     timing = alert_timing.derive(evaluation_interval_s=k8s.SCRAPE_INTERVAL_S)
     assert (k8s.HA_RESEND_DELAY_S, k8s.HA_FOR_GRACE_S) == (timing.resend_delay_s, timing.for_grace_period_s)
-    assert vs["extraArgs"] == {"rule.resendDelay": "3m", "rule.maxResolveDuration": "0"}
+    assert vs["extraArgs"] == {"rule.resendDelay": "3m", "rule.maxResolveDuration": "0",
+                               "datasource.queryTimeAlignment": "false"}
+    # every fleet-wide rule group asks VictoriaMetrics for fresh data (no latency offset), as natively
+    vmrules = kinds["VMRule"]
+    assert vmrules and all(g["params"] == {"nocache": ["1"]} for r in vmrules for g in r["spec"]["groups"])
     assert spec["rules"]["alert"] == {"resendDelay": "3m", "forGracePeriod": "15s"}
     assert vs["evaluationInterval"] == spec["evaluationInterval"] == "15s"
     # Prometheus alerts every member through a Service selecting the operator's Alertmanager pods
