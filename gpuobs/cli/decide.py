@@ -31,7 +31,7 @@ from typing import Any
 from gpuobs.cli.common import env, fail, fleet_config
 from gpuobs.core import activity
 from gpuobs.core.durations import parse_duration
-from gpuobs.core.errors import ConfigError
+from gpuobs.core.errors import ConfigError, InputError
 from gpuobs.core.fleet import FleetConfig, FleetConfigError, shipped_fleet
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError
@@ -193,13 +193,14 @@ def checked_interval(args: argparse.Namespace) -> float:
     return parse_duration(args.interval, "--interval")
 
 
-def timings(args: argparse.Namespace, interval: float) -> dict[str, Any]:
+def timings(args: argparse.Namespace, interval: float, timeout_flag: str = "--stage-timeout") -> dict[str, Any]:
     """:class:`gpuobs.rollout.model.RolloutSpec`'s timing keywords from the options, seconds:
-    ``interval_s`` (given, from :func:`checked_interval`), ``stage_timeout_s``, ``settle_s`` (may be 0),
+    ``interval_s`` (given, from :func:`checked_interval`), ``stage_timeout_s`` (``args.stage_timeout``,
+    named ``timeout_flag`` in errors: ``upgrade run`` calls it ``--batch-timeout``), ``settle_s`` (may be 0),
     ``bake_s`` (default one interval; may be 0), ``error_limit`` and
     ``override_reason`` (stripped; empty without ``--override-freeze``). Raises ConfigError for a
     malformed duration."""
-    return {"interval_s": interval, "stage_timeout_s": parse_duration(args.stage_timeout, "--stage-timeout"),
+    return {"interval_s": interval, "stage_timeout_s": parse_duration(args.stage_timeout, timeout_flag),
             "settle_s": parse_duration(args.settle, "--settle", allow_zero=True),
             "bake_s": interval if args.bake is None else parse_duration(args.bake, "--bake", allow_zero=True),
             "error_limit": args.error_limit,
@@ -250,7 +251,7 @@ def start(driver: Driver, args: argparse.Namespace, plan: Callable[[argparse.Nam
     catalogue) is said to be about option ``unknown`` (``--version``, ``NAME``)."""
     try:
         spec = plan(args, checked_interval(args))
-    except (UsageError, ConfigError, CatalogueError, FleetError, OSError) as err:
+    except (UsageError, InputError, CatalogueError, FleetError, OSError) as err:  # InputError: ConfigError, FleetConfigError, ...
         return fail(err)
     except KeyError as err:
         return fail(f"{unknown}: {err.args[0]}")

@@ -50,6 +50,7 @@ The last batch (100%) has no node left to compare with and is baked only, like a
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -110,16 +111,36 @@ def stratify(models: dict[str, str]) -> list[str]:
 def parse_batches(text: str, models: dict[str, str]) -> tuple[list[str], list[int]]:
     """``--batches`` over the serving nodes ``models`` (``{host: modelName}``) -> (hosts in upgrade
     order (:func:`stratify`), cumulative node counts). Items as ``--stages`` takes them (node counts,
-    shares ``25%``), plus ``canary``: one node of every GPU model. The last batch is all nodes.
+    shares ``25%``), plus ``canary``: one node of every GPU model; a share after ``canary`` that gives
+    no more nodes than the canary batch collapses into it. The last batch is all nodes.
     Raises UsageError (bad item, no node left for a baseline after the first batch)."""
     hosts = stratify(models)
     n_models = len(set(models.values()))
-    items = [str(n_models) if p.strip() == CANARY_BATCH else p.strip() for p in str(text).split(",")]
+    items: list[str] = []
+    canary = False
+    for p in (p.strip() for p in str(text).split(",")):
+        if p == CANARY_BATCH:
+            canary = True
+        # a share the canary batch already covers (25% of a 4-node fleet with 2 models) collapses into it
+        if p == CANARY_BATCH or (canary and _share_nodes(p, len(hosts)) <= n_models):
+            p = str(n_models)
+        items.append(p)
     try:
         counts = parse_stages(",".join(items), len(hosts))
     except UsageError as err:
         raise UsageError(str(err).replace("--stages", "--batches")) from None
     return hosts, counts
+
+
+def _share_nodes(item: str, serving: int) -> float:
+    """The node count share ``item`` (``25%``) gives of ``serving`` nodes (rounded up, as
+    :func:`parse_stages` does); infinity for anything else (a node count, a malformed item), which
+    :func:`parse_stages` then judges."""
+    try:
+        share = float(item[:-1]) if item.endswith("%") else math.inf
+        return math.ceil(share / 100 * serving) if 0 < share <= 100 else math.inf
+    except (ValueError, OverflowError):
+        return math.inf
 
 
 def driver_spec(version: str, engine: str, cuda: str, hosts: list[str], stages: list[int],
@@ -494,3 +515,14 @@ def check_models(models: dict[str, str]) -> None:
     blank = sorted(h for h, m in models.items() if not m)
     if blank:
         raise UsageError(f"no GPU model known for {', '.join(blank)} (the node's status has no gpu_model)")
+
+
+def check_target(version: str, known: list[str], drivers: dict[str, str]) -> None:
+    """Refuse ``--driver version`` before anything is written: not one of the ``known`` versions (the
+    driver catalogue the nodes install from), or already the driver of every serving node (``drivers``:
+    ``{host: driver it runs}``; nothing to upgrade). Raises UsageError naming ``--driver``."""
+    if version not in known:
+        raise UsageError(f"--driver: unknown driver version {version!r}; known: {', '.join(known)}")
+    if drivers and set(drivers.values()) == {version}:
+        raise UsageError(f"--driver: every serving node already runs driver {version}; nothing to upgrade "
+                         f"(known drivers: {', '.join(v for v in known if v != version)})")
