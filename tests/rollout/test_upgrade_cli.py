@@ -94,3 +94,36 @@ def test_the_driver_is_checked_against_the_stacks_own_driver_catalogue(mixed_run
     (run_dir / "stack.json").write_text(json.dumps({**doc, "drivers_file": str(cat)}))
     rc, out, err = _usage(capsys, run_dir, "--driver", "570.195.03")
     assert rc == 2 and "--driver: unknown driver version '570.195.03'; known: 550.54.15, 570.172.08\n" in err
+
+
+def _driver_fleet(run_dir):
+    from gpuobs.rollout.adapters.drivers import StackDriverFleet
+    from gpuobs.stack.state import StackState
+
+    return StackDriverFleet(StackState.from_dict(json.loads((run_dir / "stack.json").read_text())), reload_s=0.0,
+                            poll_s=0.02, drain_timeout_s=30.0, reload_timeout_s=30.0)
+
+
+@pytest.mark.parametrize("by,reason", [("gpuobs", "remediation: quarantine (Xid 79 on GPU 1)"),
+                                       ("human", "disk check")])
+def test_a_node_held_by_someone_else_mid_procedure_is_not_returned_to_service(mixed_run, by, reason):
+    from gpuobs.rollout.interfaces import FleetError
+
+    run_dir, nodes = mixed_run
+    fleet = _driver_fleet(run_dir)
+    fleet.sleep = lambda s: [n.advance(5.0) for n in nodes]  # simulated time: the drain completes
+    real = fleet._action
+    held = nodes[0]
+
+    def action(host, name, **params):  # the remediation controller (or a person) cordons during the install
+        out = real(host, name, **params)
+        if host == held.hostname and name == "install-driver":
+            held.cordon(by, reason)
+        return out
+
+    fleet._action = action
+    with pytest.raises(FleetError, match=f"{held.hostname} .*not returned to service"):
+        fleet.upgrade([held.hostname, nodes[3].hostname], "570.172.08")
+    assert held.cordons and by in held.cordons and held.cordon_reason == reason  # still held
+    assert held.installed_driver == "570.172.08"
+    assert not nodes[3].cordons and nodes[3].installed_driver == "570.172.08"  # the other node is back
