@@ -127,3 +127,24 @@ def test_a_node_held_by_someone_else_mid_procedure_is_not_returned_to_service(mi
     assert held.cordons and by in held.cordons and held.cordon_reason == reason  # still held
     assert held.installed_driver == "570.172.08"
     assert not nodes[3].cordons and nodes[3].installed_driver == "570.172.08"  # the other node is back
+
+
+@pytest.mark.parametrize("target", ["570.172.08", "575.57.08"])
+def test_a_node_left_mid_reload_by_a_killed_controller_is_completed_without_a_second_install(mixed_run, target):
+    # the killed controller had cordoned, drained and started the install of 570.172.08; its reload is
+    # still running when the procedure is run again: to the same driver (resume) or another (rollback)
+    run_dir, nodes = mixed_run
+    node = nodes[0]  # an H100: 575.57.08 passes its health check
+    node.cordon("gpuobs", "driver upgrade to 570.172.08")
+    node.drain("driver upgrade to 570.172.08")
+    for _ in range(100):
+        node.advance(1.0)
+    node.install_driver("570.172.08", reload_s=20.0)
+    assert node.status()["reloading_driver"]
+    fleet = _driver_fleet(run_dir)
+    fleet.sleep = lambda s: node.advance(5.0)
+    res = fleet.upgrade([node.hostname], target)[node.hostname]
+    assert not res.failures and node.installed_driver == target and not node.cordons
+    loads = [line for line in node.kernel_log if "NVRM: loading" in line]
+    assert [line.split("Module  ")[1].split()[0] for line in loads] == list(dict.fromkeys(["570.172.08", target]))
+    assert res.installed == (target != "570.172.08")  # the killed controller's install is not made again

@@ -22,14 +22,13 @@ import time
 from typing import Any, Callable
 
 from gpuobs.promapi.exporter_admin import AdminClient, AdminError
-from gpuobs.rollout.driver import NodeUpgrade
+from gpuobs.rollout.driver import IN_UPGRADE, NodeUpgrade
 from gpuobs.rollout.interfaces import FleetError
 from gpuobs.stack.state import StackState
 
 #: The cordon reason of a node the upgrade holds; how :meth:`StackDriverFleet.version` tells its own
 #: cordon from the remediation controller's (both are ``gpuobs`` marks).
 REASON_PREFIX = "driver upgrade to "
-IN_UPGRADE = " (in upgrade)"
 
 
 class StackDriverFleet:
@@ -130,7 +129,13 @@ class StackDriverFleet:
         for h in hosts:
             previous = str(before[h].get("driver_version", ""))
             installed = False
-            if previous != version:
+            st = self._status_or_down(h)
+            if st.get("down") and st.get("driver_target") != version:
+                # a reload (or reboot) a killed controller left running: the node takes no install until back
+                self._wait([h], lambda st: not st.get("down"), self.reload_timeout_s, "driver reload")
+                st = self.status(h)
+            # already on it, or reloading into it (installed by a controller killed mid-reload): no install
+            if previous != version and version not in (st.get("installed_driver"), st.get("driver_target")):
                 got = self._action(h, "install-driver", version=version, reload_s=self.reload_s)
                 installed = bool(got.get("changed", True))
             out[h] = NodeUpgrade(previous, installed)
