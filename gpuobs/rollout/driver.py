@@ -77,6 +77,8 @@ from gpuobs.rollout.store import NodeRecord, RolloutRecord, StageRecord
 DRIVER_ENGINE = "NVIDIA driver"
 #: ``--batches`` token for the stratified first batch: one node of every GPU model.
 CANARY_BATCH = "canary"
+#: What :meth:`DriverFleet.version` appends while the upgrade holds a node (an interrupted procedure).
+IN_UPGRADE = " (in upgrade)"
 #: What a batch's verdict is called when a node's health check failed after the install.
 HEALTH_CHECK_ROLLBACK = "ROLLBACK (health check)"
 #: How the reason of a rollback for a failed health check begins.
@@ -365,6 +367,11 @@ class DriverController(Controller):
 
     fleet: DriverFleet
     group, noun = "upgrade", "driver upgrade"
+    stage_word = "batch"
+
+    def plain_version(self, version: str) -> str:
+        """The driver without the ``" (in upgrade)"`` mark."""
+        return version.removesuffix(IN_UPGRADE)
 
     def __init__(self, *args: Any, identity_label: str = "Hostname", **kw: Any):
         super().__init__(*args, **kw)
