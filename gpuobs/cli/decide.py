@@ -279,6 +279,10 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
         client = PromClient(args.prometheus or stack.urls.prometheus)
     except ValueError as exc:  # not an http(s) URL
         return fail(f"--prometheus: {exc}")
+    try:  # before the store exists: a bad --config leaves no empty database behind
+        factory = analyzer_factory(client, args.config)
+    except ConfigError as err:
+        return fail(err)
     lock, store = RunLock(args.run_dir, kind.lock), RolloutStore(Path(args.run_dir) / kind.db)
     tr = tracing.setup(service_name=kind.service)
     try:
@@ -287,7 +291,7 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
                         "`abort`")
         flag = parse_variant(spec.version if spec is not None else store.get(rid).version)[0] if kind.flags else None
         fleet = driver.fleet(stack, flag)
-        ctl = driver.controller(store, fleet, PromSignals(client, fleet_cfg), analyzer_factory(client, args.config),
+        ctl = driver.controller(store, fleet, PromSignals(client, fleet_cfg), factory,
                                 out=lambda line: print(line, flush=True), tracer=tr, **driver.options(fleet_cfg))
         rid = rid if spec is None else ctl.create(spec).id
         note(args, kind, store, rid, flag)

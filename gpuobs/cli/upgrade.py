@@ -18,7 +18,9 @@ from pathlib import Path
 from gpuobs.cli import decide
 from gpuobs.cli.common import fail
 from gpuobs.core.fleet import FleetConfigError
+from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import load
+from gpuobs.rollout.adapters.prometheus import analyzer_factory
 from gpuobs.rollout.adapters.drivers import StackDriverFleet
 from gpuobs.rollout.driver import (
     DriverController,
@@ -91,9 +93,9 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     ``--batches`` stratified by GPU model; the release the fleet runs from the catalogue (the
     compatibility gate re-checks it on the new driver). Every option is checked before the plan is
     printed. Raises UsageError (no running stack, another rollout unfinished, a driver not in the
-    stack's driver catalogue or already on every node, nodes on different releases, bad batches),
-    FleetError, CatalogueError, DriverCatalogueError, FleetConfigError, KeyError (a release not in the
-    catalogue), ConfigError (a bad duration)."""
+    stack's driver catalogue or already on every node, nodes on different releases, bad batches, a
+    bad --prometheus URL), FleetError, CatalogueError, DriverCatalogueError, FleetConfigError, KeyError
+    (a release not in the catalogue), ConfigError (a bad duration or --config)."""
     from gpuobs.reference.compat import CompatInputError, parse_driver
     from gpuobs.reference.drivers import load as load_drivers
 
@@ -104,6 +106,11 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     timing = decide.timings(args, interval, "--batch-timeout")
     decide.fleet_of(args)
     stack = decide.running_stack(args)
+    try:  # what drive() builds from them, checked before anything is printed or written
+        client = PromClient(args.prometheus or stack.urls.prometheus)
+    except ValueError as exc:  # not an http(s) URL
+        raise UsageError(f"--prometheus: {exc}") from None
+    analyzer_factory(client, args.config)
     decide.refuse_if_unfinished(args.run_dir, decide.RELEASE, "release rollout")
     decide.refuse_if_unfinished(args.run_dir, decide.FLAG, "flag rollout")
     fleet = StackDriverFleet(stack)

@@ -60,6 +60,8 @@ def _usage(capsys, run_dir, *argv):
     (["--driver", "570.172.08", "--batch-timeout", "xyz"], "--batch-timeout: 'xyz' is not valid"),
     (["--driver", "570.172.08", "--batches", "inf%"], "--batches: 'inf%' is not a node count"),
     (["--driver", "570.172.08", "--fleet", "/nonexistent/fleet.yaml"], "--fleet"),
+    (["--driver", "570.172.08", "--config", "/nonexistent/metrics.yaml"], "--config: '/nonexistent/metrics.yaml'"),
+    (["--driver", "570.172.08", "--prometheus", "notaurl"], "--prometheus: Prometheus URL must start with http"),
 ])
 def test_run_usage_errors_are_one_line_exit_2_and_write_nothing(mixed_run, capsys, argv, needle):
     run_dir, nodes = mixed_run
