@@ -399,8 +399,12 @@ def open_store(run_dir: str | Path, kind: Kind) -> Iterator[RolloutStore]:
 
 
 def pick(args: argparse.Namespace, store: RolloutStore, kind: Kind = RELEASE) -> Any:
-    """The record ``--id`` names, else the latest. Raises UsageError on an empty store, KeyError on an unknown id."""
-    rec = store.get(args.id) if args.id else store.latest()
+    """The record ``--id`` names, else the latest. Raises UsageError on an empty store or an unknown
+    ``--id`` (``--id: no <kind> 'x' in <store>``)."""
+    try:
+        rec = store.get(args.id) if args.id else store.latest()
+    except KeyError:
+        raise UsageError(f"--id: no {kind.noun} {args.id!r} in {store.path}") from None
     if rec is None:
         raise UsageError(f"no {kind.noun} recorded in {store.path}")
     return rec

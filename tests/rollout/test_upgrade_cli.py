@@ -150,3 +150,15 @@ def test_a_node_left_mid_reload_by_a_killed_controller_is_completed_without_a_se
     loads = [line for line in node.kernel_log if "NVRM: loading" in line]
     assert [line.split("Module  ")[1].split()[0] for line in loads] == list(dict.fromkeys(["570.172.08", target]))
     assert res.installed == (target != "570.172.08")  # the killed controller's install is not made again
+
+
+@pytest.mark.parametrize("cmd", [["status"], ["abort"], ["resume"], ["pause", "--reason", "x"],
+                                 ["promote", "--reason", "x"]])
+def test_an_unknown_id_names_the_flag_and_the_kind(tmp_path, capsys, cmd):
+    from gpuobs.rollout.store import RolloutStore
+
+    RolloutStore(tmp_path / "upgrade.sqlite").close()
+    rc = run(["upgrade", *cmd, "--run-dir", str(tmp_path), "--id", "nope"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip().splitlines() == [
+        f"gpuobs upgrade: error: --id: no driver upgrade 'nope' in {tmp_path / 'upgrade.sqlite'}"], err
