@@ -447,8 +447,8 @@ class DriverController(Controller):
                 if node is not None and node.status == "deployed":
                     continue
                 current = self.fleet.version(host)
-                if node is None:
-                    node = NodeRecord(host, current, "deploying", st.idx)
+                if node is None:  # its plain driver: a node down or held now reports "<driver> (in upgrade)"
+                    node = NodeRecord(host, self.plain_version(current), "deploying", st.idx)
                     if current == spec.version:  # already on it before the upgrade: nothing to do or undo
                         self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"))
                         continue
