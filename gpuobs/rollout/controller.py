@@ -451,7 +451,13 @@ class Controller:
                             self.store.set_node(rec.id, node, deploy=(
                                 rec.version, node.previous,
                                 f"{self.stage_word} {node.stage + 1} (recorded after a restart)"))
-                        if current != node.previous:
+                        if self.plain_version(current) == node.previous != current:
+                            # on its previous version, its procedure unfinished (a killed controller): complete
+                            # it (no install); a revert is logged only if a killed rollback made one
+                            self.fleet.deploy(node.hostname, node.previous)
+                            if node.status == "reverting":
+                                call = (node.previous, rec.version, "rollback (recorded after a restart)")
+                        elif current != node.previous:
                             if node.status != "reverting":  # write-ahead: a resumed rollback logs it once
                                 node = dataclasses.replace(node, status="reverting")
                                 self.store.set_node(rec.id, node)
