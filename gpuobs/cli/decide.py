@@ -251,7 +251,8 @@ def start(driver: Driver, args: argparse.Namespace, plan: Callable[[argparse.Nam
     catalogue) is said to be about option ``unknown`` (``--version``, ``NAME``)."""
     try:
         spec = plan(args, checked_interval(args))
-    except (UsageError, InputError, CatalogueError, FleetError, OSError) as err:  # InputError: ConfigError, FleetConfigError, ...
+    # InputError: ConfigError, FleetConfigError, DriverCatalogueError
+    except (UsageError, InputError, CatalogueError, FleetError, OSError) as err:
         return fail(err)
     except KeyError as err:
         return fail(f"{unknown}: {err.args[0]}")
