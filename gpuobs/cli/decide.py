@@ -31,7 +31,7 @@ from typing import Any
 from gpuobs.cli.common import env, fail, fleet_config
 from gpuobs.core import activity
 from gpuobs.core.durations import parse_duration
-from gpuobs.core.errors import ConfigError
+from gpuobs.core.errors import ConfigError, InputError
 from gpuobs.core.fleet import FleetConfig, FleetConfigError, shipped_fleet
 from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import CatalogueError
@@ -193,13 +193,14 @@ def checked_interval(args: argparse.Namespace) -> float:
     return parse_duration(args.interval, "--interval")
 
 
-def timings(args: argparse.Namespace, interval: float) -> dict[str, Any]:
+def timings(args: argparse.Namespace, interval: float, timeout_flag: str = "--stage-timeout") -> dict[str, Any]:
     """:class:`gpuobs.rollout.model.RolloutSpec`'s timing keywords from the options, seconds:
-    ``interval_s`` (given, from :func:`checked_interval`), ``stage_timeout_s``, ``settle_s`` (may be 0),
+    ``interval_s`` (given, from :func:`checked_interval`), ``stage_timeout_s`` (``args.stage_timeout``,
+    named ``timeout_flag`` in errors: ``upgrade run`` calls it ``--batch-timeout``), ``settle_s`` (may be 0),
     ``bake_s`` (default one interval; may be 0), ``error_limit`` and
     ``override_reason`` (stripped; empty without ``--override-freeze``). Raises ConfigError for a
     malformed duration."""
-    return {"interval_s": interval, "stage_timeout_s": parse_duration(args.stage_timeout, "--stage-timeout"),
+    return {"interval_s": interval, "stage_timeout_s": parse_duration(args.stage_timeout, timeout_flag),
             "settle_s": parse_duration(args.settle, "--settle", allow_zero=True),
             "bake_s": interval if args.bake is None else parse_duration(args.bake, "--bake", allow_zero=True),
             "error_limit": args.error_limit,
@@ -250,7 +251,8 @@ def start(driver: Driver, args: argparse.Namespace, plan: Callable[[argparse.Nam
     catalogue) is said to be about option ``unknown`` (``--version``, ``NAME``)."""
     try:
         spec = plan(args, checked_interval(args))
-    except (UsageError, ConfigError, CatalogueError, FleetError, OSError) as err:
+    # InputError: ConfigError, FleetConfigError, DriverCatalogueError
+    except (UsageError, InputError, CatalogueError, FleetError, OSError) as err:
         return fail(err)
     except KeyError as err:
         return fail(f"{unknown}: {err.args[0]}")
@@ -278,6 +280,10 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
         client = PromClient(args.prometheus or stack.urls.prometheus)
     except ValueError as exc:  # not an http(s) URL
         return fail(f"--prometheus: {exc}")
+    try:  # before the store exists: a bad --config leaves no empty database behind
+        factory = analyzer_factory(client, args.config)
+    except ConfigError as err:
+        return fail(err)
     lock, store = RunLock(args.run_dir, kind.lock), RolloutStore(Path(args.run_dir) / kind.db)
     tr = tracing.setup(service_name=kind.service)
     try:
@@ -286,7 +292,7 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
                         "`abort`")
         flag = parse_variant(spec.version if spec is not None else store.get(rid).version)[0] if kind.flags else None
         fleet = driver.fleet(stack, flag)
-        ctl = driver.controller(store, fleet, PromSignals(client, fleet_cfg), analyzer_factory(client, args.config),
+        ctl = driver.controller(store, fleet, PromSignals(client, fleet_cfg), factory,
                                 out=lambda line: print(line, flush=True), tracer=tr, **driver.options(fleet_cfg))
         rid = rid if spec is None else ctl.create(spec).id
         note(args, kind, store, rid, flag)
@@ -394,8 +400,12 @@ def open_store(run_dir: str | Path, kind: Kind) -> Iterator[RolloutStore]:
 
 
 def pick(args: argparse.Namespace, store: RolloutStore, kind: Kind = RELEASE) -> Any:
-    """The record ``--id`` names, else the latest. Raises UsageError on an empty store, KeyError on an unknown id."""
-    rec = store.get(args.id) if args.id else store.latest()
+    """The record ``--id`` names, else the latest. Raises UsageError on an empty store or an unknown
+    ``--id`` (``--id: no <kind> 'x' in <store>``)."""
+    try:
+        rec = store.get(args.id) if args.id else store.latest()
+    except KeyError:
+        raise UsageError(f"--id: no {kind.noun} {args.id!r} in {store.path}") from None
     if rec is None:
         raise UsageError(f"no {kind.noun} recorded in {store.path}")
     return rec

@@ -18,9 +18,18 @@ from pathlib import Path
 from gpuobs.cli import decide
 from gpuobs.cli.common import fail
 from gpuobs.core.fleet import FleetConfigError
+from gpuobs.promapi.prometheus import PromClient
 from gpuobs.reference.releases import load
+from gpuobs.rollout.adapters.prometheus import analyzer_factory
 from gpuobs.rollout.adapters.drivers import StackDriverFleet
-from gpuobs.rollout.driver import DriverController, check_models, driver_spec, parse_batches, short_model
+from gpuobs.rollout.driver import (
+    DriverController,
+    check_models,
+    check_target,
+    driver_spec,
+    parse_batches,
+    short_model,
+)
 from gpuobs.rollout.interfaces import FleetError
 from gpuobs.rollout.model import RolloutSpec, UsageError
 from gpuobs.rollout.report import report
@@ -82,32 +91,46 @@ def run_upgrade(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     """``upgrade run``'s spec: driver ``--driver`` over the running stack's serving nodes, in
     ``--batches`` stratified by GPU model; the release the fleet runs from the catalogue (the
-    compatibility gate re-checks it on the new driver). Raises UsageError (no running stack, another
-    rollout unfinished, nodes on different releases, bad batches), FleetError, CatalogueError,
-    KeyError (a release not in the catalogue), ConfigError (a bad duration)."""
+    compatibility gate re-checks it on the new driver). Every option is checked before the plan is
+    printed. Raises UsageError (no running stack, another rollout unfinished, a driver not in the
+    stack's driver catalogue or already on every node, nodes on different releases, bad batches, a
+    bad --prometheus URL), FleetError, CatalogueError, DriverCatalogueError, FleetConfigError, KeyError
+    (a release not in the catalogue), ConfigError (a bad duration or --config)."""
     from gpuobs.reference.compat import CompatInputError, parse_driver
+    from gpuobs.reference.drivers import load as load_drivers
 
     try:
         parse_driver(args.driver)
     except CompatInputError as err:
         raise UsageError(f"--driver: {err}") from None
+    timing = decide.timings(args, interval, "--batch-timeout")
+    decide.fleet_of(args)
     stack = decide.running_stack(args)
+    try:  # what drive() builds from them, checked before anything is printed or written
+        client = PromClient(args.prometheus or stack.urls.prometheus)
+    except ValueError as exc:  # not an http(s) URL
+        raise UsageError(f"--prometheus: {exc}") from None
+    analyzer_factory(client, args.config)
     decide.refuse_if_unfinished(args.run_dir, decide.RELEASE, "release rollout")
     decide.refuse_if_unfinished(args.run_dir, decide.FLAG, "flag rollout")
     fleet = StackDriverFleet(stack)
+    catalogue = load_drivers(Path(stack.drivers_file) if stack.drivers_file else None)
+    check_target(args.driver, list(catalogue.drivers), {h: fleet.version(h) for h in fleet.hosts})
     models = {h: fleet.model(h) for h in fleet.hosts}
     check_models(models)
     versions = {h: fleet_release(stack, h) for h in fleet.hosts}
     if len(set(versions.values())) != 1:
         raise UsageError("the serving nodes run different releases (" + ", ".join(
             f"{h} {v}" for h, v in versions.items()) + "): finish that release rollout before a driver upgrade")
-    release = load(Path(args.releases) if args.releases else None).get(next(iter(versions.values())))
+    try:
+        release = load(Path(args.releases) if args.releases else None).get(next(iter(versions.values())))
+    except KeyError as err:  # the fleet's release, not --driver, is missing from the release catalogue
+        raise UsageError(f"--releases: the fleet's release: {err.args[0]}") from None
     hosts, counts = parse_batches(args.batches, models)
     print("upgrade plan: " + "; ".join(
         f"batch {i + 1}: " + ", ".join(f"{h} ({short_model(models[h])})" for h in hosts[lo:hi])
         for i, (lo, hi) in enumerate(zip([0, *counts[:-1]], counts))), flush=True)
-    return driver_spec(args.driver, release.engine, release.cuda, hosts, counts, release=release.version,
-                       **decide.timings(args, interval))
+    return driver_spec(args.driver, release.engine, release.cuda, hosts, counts, release=release.version, **timing)
 
 
 def fleet_release(stack: StackState, host: str) -> str:

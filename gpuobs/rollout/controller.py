@@ -117,6 +117,14 @@ class Controller:
         cohort is told apart by its ``track`` labels)."""
         return self.analyzers(spec.stage_timeout_s, spec.interval_s)
 
+    #: What the deploy log calls a stage (a driver upgrade: ``batch``).
+    stage_word = "stage"
+
+    def plain_version(self, version: str) -> str:
+        """``version`` as the deploy log records it (:meth:`Fleet.version` may decorate it: a driver
+        upgrade's ``" (in upgrade)"``)."""
+        return version
+
     def nodes_to_revert(self, rec: RolloutRecord) -> list[NodeRecord]:
         """The nodes a rollback sets back: every touched node not reverted yet."""
         return [n for n in self.store.nodes(rec.id) if n.status != "reverted"]
@@ -437,13 +445,25 @@ class Controller:
                     try:
                         current = self.fleet.version(node.hostname)
                         call = None
-                        if current != node.previous:
+                        if (node.status == "deploying" and self.plain_version(current) == rec.version
+                                and node.previous != rec.version):  # deployed by a killed controller, unrecorded
+                            node = dataclasses.replace(node, status="deployed")
+                            self.store.set_node(rec.id, node, deploy=(
+                                rec.version, node.previous,
+                                f"{self.stage_word} {node.stage + 1} (recorded after a restart)"))
+                        if self.plain_version(current) == node.previous != current:
+                            # on its previous version, its procedure unfinished (a killed controller): complete
+                            # it (no install); a revert is logged only if a killed rollback made one
+                            self.fleet.deploy(node.hostname, node.previous)
+                            if node.status == "reverting":
+                                call = (node.previous, rec.version, "rollback (recorded after a restart)")
+                        elif current != node.previous:
                             if node.status != "reverting":  # write-ahead: a resumed rollback logs it once
                                 node = dataclasses.replace(node, status="reverting")
                                 self.store.set_node(rec.id, node)
                             self.fleet.deploy(node.hostname, node.previous)
-                            call = (node.previous, current, "rollback")
-                            reverted.append(f"{node.hostname} ({current} -> {node.previous})")
+                            call = (node.previous, self.plain_version(current), "rollback")
+                            reverted.append(f"{node.hostname} ({self.plain_version(current)} -> {node.previous})")
                         elif node.status == "reverting":  # reverted by a controller killed before recording it
                             call = (node.previous, rec.version, "rollback (recorded after a restart)")
                         self.store.set_node(rec.id, dataclasses.replace(node, status="reverted"), deploy=call)

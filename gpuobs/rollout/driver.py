@@ -50,6 +50,7 @@ The last batch (100%) has no node left to compare with and is baked only, like a
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -76,6 +77,8 @@ from gpuobs.rollout.store import NodeRecord, RolloutRecord, StageRecord
 DRIVER_ENGINE = "NVIDIA driver"
 #: ``--batches`` token for the stratified first batch: one node of every GPU model.
 CANARY_BATCH = "canary"
+#: What :meth:`DriverFleet.version` appends while the upgrade holds a node (an interrupted procedure).
+IN_UPGRADE = " (in upgrade)"
 #: What a batch's verdict is called when a node's health check failed after the install.
 HEALTH_CHECK_ROLLBACK = "ROLLBACK (health check)"
 #: How the reason of a rollback for a failed health check begins.
@@ -110,16 +113,36 @@ def stratify(models: dict[str, str]) -> list[str]:
 def parse_batches(text: str, models: dict[str, str]) -> tuple[list[str], list[int]]:
     """``--batches`` over the serving nodes ``models`` (``{host: modelName}``) -> (hosts in upgrade
     order (:func:`stratify`), cumulative node counts). Items as ``--stages`` takes them (node counts,
-    shares ``25%``), plus ``canary``: one node of every GPU model. The last batch is all nodes.
+    shares ``25%``), plus ``canary``: one node of every GPU model; a share after ``canary`` that gives
+    no more nodes than the canary batch collapses into it. The last batch is all nodes.
     Raises UsageError (bad item, no node left for a baseline after the first batch)."""
     hosts = stratify(models)
     n_models = len(set(models.values()))
-    items = [str(n_models) if p.strip() == CANARY_BATCH else p.strip() for p in str(text).split(",")]
+    items: list[str] = []
+    canary = False
+    for p in (p.strip() for p in str(text).split(",")):
+        if p == CANARY_BATCH:
+            canary = True
+        # a share the canary batch already covers (25% of a 4-node fleet with 2 models) collapses into it
+        if p == CANARY_BATCH or (canary and _share_nodes(p, len(hosts)) <= n_models):
+            p = str(n_models)
+        items.append(p)
     try:
         counts = parse_stages(",".join(items), len(hosts))
     except UsageError as err:
         raise UsageError(str(err).replace("--stages", "--batches")) from None
     return hosts, counts
+
+
+def _share_nodes(item: str, serving: int) -> float:
+    """The node count share ``item`` (``25%``) gives of ``serving`` nodes (rounded up, as
+    :func:`parse_stages` does); infinity for anything else (a node count, a malformed item), which
+    :func:`parse_stages` then judges."""
+    try:
+        share = float(item[:-1]) if item.endswith("%") else math.inf
+        return math.ceil(share / 100 * serving) if 0 < share <= 100 else math.inf
+    except (ValueError, OverflowError):
+        return math.inf
 
 
 def driver_spec(version: str, engine: str, cuda: str, hosts: list[str], stages: list[int],
@@ -344,6 +367,11 @@ class DriverController(Controller):
 
     fleet: DriverFleet
     group, noun = "upgrade", "driver upgrade"
+    stage_word = "batch"
+
+    def plain_version(self, version: str) -> str:
+        """The driver without the ``" (in upgrade)"`` mark."""
+        return version.removesuffix(IN_UPGRADE)
 
     def __init__(self, *args: Any, identity_label: str = "Hostname", **kw: Any):
         super().__init__(*args, **kw)
@@ -419,8 +447,8 @@ class DriverController(Controller):
                 if node is not None and node.status == "deployed":
                     continue
                 current = self.fleet.version(host)
-                if node is None:
-                    node = NodeRecord(host, current, "deploying", st.idx)
+                if node is None:  # its plain driver: a node down or held now reports "<driver> (in upgrade)"
+                    node = NodeRecord(host, self.plain_version(current), "deploying", st.idx)
                     if current == spec.version:  # already on it before the upgrade: nothing to do or undo
                         self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"))
                         continue
@@ -494,3 +522,14 @@ def check_models(models: dict[str, str]) -> None:
     blank = sorted(h for h, m in models.items() if not m)
     if blank:
         raise UsageError(f"no GPU model known for {', '.join(blank)} (the node's status has no gpu_model)")
+
+
+def check_target(version: str, known: list[str], drivers: dict[str, str]) -> None:
+    """Refuse ``--driver version`` before anything is written: not one of the ``known`` versions (the
+    driver catalogue the nodes install from), or already the driver of every serving node (``drivers``:
+    ``{host: driver it runs}``; nothing to upgrade). Raises UsageError naming ``--driver``."""
+    if version not in known:
+        raise UsageError(f"--driver: unknown driver version {version!r}; known: {', '.join(known)}")
+    if drivers and set(drivers.values()) == {version}:
+        raise UsageError(f"--driver: every serving node already runs driver {version}; nothing to upgrade "
+                         f"(known drivers: {', '.join(v for v in known if v != version)})")

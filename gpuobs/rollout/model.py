@@ -101,7 +101,7 @@ def parse_stages(text: str, serving: int) -> list[int]:
     for item in (p.strip() for p in str(text).split(",")):
         try:
             n = math.ceil(float(item[:-1]) / 100 * serving) if item.endswith("%") else int(item)
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: an infinite share (inf%, 1e400%)
             raise UsageError(f"--stages: {item!r} is not a node count (1) or a share (25%)") from None
         if not 1 <= n <= serving or (item.endswith("%") and not 0 < float(item[:-1]) <= 100):
             raise UsageError(f"--stages: {item!r} gives {n} node(s); expected 1..{serving} "

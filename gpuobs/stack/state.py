@@ -10,7 +10,8 @@ that acts on a running stack (fault, drill, rollout, report). The JSON shape is:
      "urls": {"prometheus": "http://127.0.0.1:9090", "alertmanager": ..., "pager": ..., "grafana": null,
               "nodes": ["http://127.0.0.1:9400/metrics", ...], "engines": [...]},
      "components": {"exporter": {"pid": 123, "argv": [...], "log": "/abs/.run/logs/exporter.log"}, ...},
-     "topology": "single", "members": {}, "gpu_models": {"gpu-node-00": "NVIDIA H100 80GB HBM3", ...}}
+     "topology": "single", "members": {}, "gpu_models": {"gpu-node-00": "NVIDIA H100 80GB HBM3", ...},
+     "drivers_file": ""}
 
 The HA topology (gpuobs.stack.ha) records ``"topology": "ha"`` and ``members``, the base URL of each
 Prometheus replica, Alertmanager member, VictoriaMetrics and vmalert by component name.
@@ -106,6 +107,9 @@ class StackState:
     #: Hostname -> GPU model name (dcgm-exporter's ``modelName``) of every node (``--gpu-models``). Empty in
     #: a stack.json written before mixed fleets: every node was an H100 (:meth:`gpu_model`).
     gpu_models: dict[str, str] = field(default_factory=dict)
+    #: The driver catalogue the nodes' ``install-driver`` accepts (``--drivers``, an absolute path); ``""``:
+    #: the packaged one (:mod:`gpuobs.reference.drivers`).
+    drivers_file: str = ""
 
     @property
     def running(self) -> bool:
@@ -171,7 +175,8 @@ class StackState:
                        topology=str(doc.get("topology", "single")),
                        members={str(k): str(v) for k, v in (doc.get("members") or {}).items()},
                        runbook_base=str(doc.get("runbook_base", "")),
-                       gpu_models={str(k): str(v) for k, v in (doc.get("gpu_models") or {}).items()})
+                       gpu_models={str(k): str(v) for k, v in (doc.get("gpu_models") or {}).items()},
+                       drivers_file=str(doc.get("drivers_file") or ""))
         except KeyError as exc:
             raise StateError(f"missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:

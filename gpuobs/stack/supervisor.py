@@ -450,7 +450,8 @@ def _up(cfg: StackConfig, out) -> StackState:
                        exporter_profile=cfg.exporter_profile, host_label_mode=cfg.host_label_mode,
                        scrape_mode=cfg.scrape_mode,
                        hostnames=[h for h, _ in nodes], token_file=str(run / "admin-token"), urls=urls,
-                       logwatch=cfg.logwatch, runbook_base=fleet.runbook_base, gpu_models=host_models(cfg))
+                       logwatch=cfg.logwatch, runbook_base=fleet.runbook_base, gpu_models=host_models(cfg),
+                       drivers_file=str(Path(cfg.drivers_file).resolve()) if cfg.drivers_file is not None else "")
     deadline = time.monotonic() + cfg.timeout_s
     lw_own = {f"logwatch-{i}": u for i, u in enumerate(lw_urls)}
     drop_notification_log(run / "alertmanager" / "data", out)

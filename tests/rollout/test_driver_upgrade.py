@@ -196,6 +196,7 @@ def test_kill_in_every_phase_then_resume_upgrades_and_rolls_back_each_node_once(
     # the deploy log has every install exactly once, also one the killed controller did not record
     logged = collections.Counter((d["hostname"], d["version"]) for d in store.deploys(rid))
     assert logged == counts, (logged, counts)
+    assert all(d["previous"] != d["version"] for d in store.deploys(rid)), store.deploys(rid)  # no X -> X
     assert not fleet.cordoned
     if outcome == "good":
         assert set(fleet.drivers.values()) == {NEW}
@@ -240,3 +241,30 @@ def test_the_report_plots_the_regressed_model_against_the_nodes_it_was_compared_
     assert doc["canary_selector"] == 'node=~"gpu-node-05"'
     assert doc["baseline_selector"].startswith('node=~"gpu-node-01|')
     assert report_doc(store, rec.id)["canary_selector"] == 'track="canary"'  # no identity label: as before
+
+
+def test_the_install_log_names_plain_drivers_when_a_rollback_meets_a_node_left_in_the_procedure(tmp_path):
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, {H100: ["PROMOTE"], L40S: ["PROMOTE"]})
+    rid = controller().create(spec).id
+    fleet.crash_in = {(spec.hosts[0], "reload")}  # killed in the first batch, the node still held
+    with pytest.raises(Crash):
+        controller().run(rid)
+    rec = controller().abort(rid, "operator")
+    assert rec.state == ABORTED and not fleet.cordoned
+    logged = [(d["hostname"], d["previous"], d["version"]) for d in store.deploys(rid)]
+    assert logged and all("(in upgrade)" not in f"{p} {v}" for _, p, v in logged), logged
+    assert not any("(in upgrade)" in line for line in lines if "rolled back" in line), lines
+    # the killed controller's installs are logged once, before their rollback
+    assert collections.Counter((h, v) for h, _, v in logged) == collections.Counter(fleet.installs), logged
+
+
+@pytest.mark.parametrize("phase", ["cordon", "drain"])
+def test_an_abort_after_a_kill_before_the_install_logs_no_rollback(tmp_path, phase):
+    store, fleet, factory, controller, spec, lines = _rig(tmp_path, {H100: ["PROMOTE"], L40S: ["PROMOTE"]})
+    rid = controller().create(spec).id
+    fleet.crash_in = {(spec.hosts[0], phase)}
+    with pytest.raises(Crash):
+        controller().run(rid)
+    rec = controller().abort(rid, "operator")
+    assert rec.state == ABORTED and not fleet.cordoned and not fleet.installs
+    assert store.deploys(rid) == [] and not any("rolled back" in line for line in lines), lines

@@ -22,14 +22,13 @@ import time
 from typing import Any, Callable
 
 from gpuobs.promapi.exporter_admin import AdminClient, AdminError
-from gpuobs.rollout.driver import NodeUpgrade
+from gpuobs.rollout.driver import IN_UPGRADE, NodeUpgrade
 from gpuobs.rollout.interfaces import FleetError
 from gpuobs.stack.state import StackState
 
 #: The cordon reason of a node the upgrade holds; how :meth:`StackDriverFleet.version` tells its own
 #: cordon from the remediation controller's (both are ``gpuobs`` marks).
 REASON_PREFIX = "driver upgrade to "
-IN_UPGRADE = " (in upgrade)"
 
 
 class StackDriverFleet:
@@ -111,7 +110,9 @@ class StackDriverFleet:
         """Cordon, drain, install, health-check and uncordon ``hosts`` (see the module doc), phase by
         phase; idempotent (a node already on ``version`` is not reinstalled, an interrupted procedure
         is completed). Returns ``{host: NodeUpgrade}``. Raises FleetError: a node held by someone
-        else, an admin call failing, a drain or reload past its timeout."""
+        else, before the procedure or by its end (an operator's cordon, a remediation quarantine put on
+        while the upgrade held it: that node is not uncordoned, the batch's other nodes are), an admin
+        call failing, a drain or reload past its timeout."""
         before = {h: self.status(h) for h in hosts}
         for h, st in before.items():
             if st.get("cordoned_by") == "human":
@@ -128,12 +129,19 @@ class StackDriverFleet:
         for h in hosts:
             previous = str(before[h].get("driver_version", ""))
             installed = False
-            if previous != version:
+            st = self._status_or_down(h)
+            if st.get("down") and st.get("driver_target") != version:
+                # a reload (or reboot) a killed controller left running: the node takes no install until back
+                self._wait([h], lambda st: not st.get("down"), self.reload_timeout_s, "driver reload")
+                st = self.status(h)
+            # already on it, or reloading into it (installed by a controller killed mid-reload): no install
+            if previous != version and version not in (st.get("installed_driver"), st.get("driver_target")):
                 got = self._action(h, "install-driver", version=version, reload_s=self.reload_s)
                 installed = bool(got.get("changed", True))
             out[h] = NodeUpgrade(previous, installed)
         self._wait(hosts, lambda st: not st.get("down") and not st.get("rebooting"), self.reload_timeout_s,
                    "driver reload")
+        held: list[str] = []
         for h in hosts:
             st = self.status(h)
             if st.get("driver_version") != version:
@@ -141,8 +149,16 @@ class StackDriverFleet:
             diag = self._action(h, "diag")
             failures = tuple(str(f) for f in diag.get("failures", [])) if not diag.get("passed") else ()
             if not failures:
-                self._action(h, "uncordon", by="gpuobs")
+                st = self.status(h)  # a person or the remediation controller may have cordoned it meanwhile
+                if self.ours(st):
+                    self._action(h, "uncordon", by="gpuobs")
+                else:
+                    held.append(f"{h} (cordoned by {st.get('cordoned_by') or 'nobody'}: "
+                                f"{st.get('cordon_reason') or 'no reason'})")
             out[h] = NodeUpgrade(out[h].previous, out[h].installed, failures)
+        if held:
+            raise FleetError(f"{'; '.join(held)}: held by someone else during the procedure, not returned to "
+                             f"service; the other nodes of the batch are back in service")
         return out
 
     def _wait(self, hosts: list[str], ok: Callable[[dict[str, Any]], bool], timeout_s: float, what: str) -> None:
