@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuobs.core.fleet import DEFAULT_DCGM_SELECTOR as DCGM_SELECTOR
 from gpuobs.core.fleet import DEFAULT_VLLM_SELECTOR as VLLM_SELECTOR
+from gpuobs.mixin.placement import GLOBAL_JOB
 from gpuobs.reference import xid as xidcat
 
 
@@ -314,6 +315,11 @@ PANELS: dict[str, tuple[Panel, ...]] = {
            ("versions", "count(count by (DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP))")),
         _p("GPUs per driver version", "GPUs",
            ("{DCGM_FI_DRIVER_VERSION}", "count by (DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP)"))),
+    "vmalert-outage": (
+        _p("Driver versions in the fleet (the fleet-wide alert vmalert evaluates)", "versions",
+           ("versions", "count(count by (DCGM_FI_DRIVER_VERSION) (DCGM_FI_DEV_GPU_TEMP))")),
+        _p("vmalert and VictoriaMetrics scrape health (FleetRulesBlind reads it)", "up",
+           ("{instance}", f'up{{job="{GLOBAL_JOB}"}}'))),
     "node-down": (
         _p("Scrape health of the node", "up", ("dcgm exporter", f'up{{{DCGM_SELECTOR},$host}}'),
            ("vLLM engine", f'up{{{VLLM_SELECTOR},$host}}')),),
