@@ -17,12 +17,11 @@ reads it, so release tooling never sees it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
-import yaml
 
 from gpuobs.core.errors import InputError
+from gpuobs.reference import read_yaml
 from gpuobs.reference.compat import CompatInputError, cuda_releases, parse_cuda, parse_driver
 
 DRIVER_KEYS = ("cuda", "build")
@@ -81,13 +80,9 @@ def load(path: Path | None = None) -> DriverCatalogue:
     a ``default`` not in ``drivers``."""
     where = "packaged driver catalogue" if path is None else f"driver catalogue {path}"
     try:
-        if path is None:
-            text = resources.files("gpuobs.reference").joinpath("data/drivers.yaml").read_text(encoding="utf-8")
-        else:
-            text = Path(path).read_text(encoding="utf-8")
-        doc = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise DriverCatalogueError(f"{where}: cannot read it as YAML ({str(exc).splitlines()[0]})") from None
+        doc = read_yaml(path, "drivers.yaml")
+    except ValueError as exc:
+        raise DriverCatalogueError(f"{where}: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("drivers"), dict) or not doc["drivers"]:
         raise DriverCatalogueError(f"{where}: needs a non-empty 'drivers' mapping of version -> {{cuda, build}}")
     drivers: dict[str, Driver] = {}

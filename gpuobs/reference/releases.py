@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
-import yaml
 
 from gpuobs.core.errors import InputError
+from gpuobs.reference import read_yaml
 
 
 class CatalogueError(InputError):
@@ -78,13 +77,9 @@ def load(path: Path | None = None) -> Catalogue:
     """Parse a catalogue file (default: packaged). Raises CatalogueError naming the bad field."""
     where = "packaged catalogue" if path is None else str(path)
     try:
-        if path is None:
-            text = resources.files("gpuobs.reference").joinpath("data/releases.yaml").read_text(encoding="utf-8")
-        else:
-            text = Path(path).read_text(encoding="utf-8")
-        doc = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise CatalogueError(f"release catalogue {where}: cannot read it as YAML ({str(exc).splitlines()[0]})") from None
+        doc = read_yaml(path, "releases.yaml")
+    except ValueError as exc:
+        raise CatalogueError(f"release catalogue {where}: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("releases"), dict) or not doc["releases"]:
         raise CatalogueError("release catalogue needs a non-empty 'releases' mapping")
     releases = {}

@@ -179,16 +179,25 @@ class Controller:
                 sp.set_attribute("gate.outcome", "error")
                 self._begin_rollback(rec, ABORTED, f"compatibility gate: cannot read the inventory: {err}")
                 return
-            report = judge_fleet(rows, spec.release, list(spec.hosts))
+            rows, release, what = self.compat_subject(spec, rows)
+            report = judge_fleet(rows, release, list(spec.hosts))
             outcome = "rejected" if report.exit_code else "passed"
             sp.set_attributes({"gate.outcome": outcome, "gate.detail": report.verdict})
         self.store.log_gate(rec.id, "compat", 0, outcome, {**report.to_dict(), "table": report.table()})
         for line in report.table().splitlines():
             self._say(rec, f"compat | {line}")
         if report.exit_code:
-            self.store.transition(rec.id, REJECTED, reason="compatibility gate: " + "; ".join(report.blockers()))
+            self.store.transition(rec.id, REJECTED, reason=f"compatibility gate{f' ({what})' if what else ''}: "
+                                                           + "; ".join(report.blockers()))
         else:
-            self.store.transition(rec.id, COMPAT_CHECKED, reason=f"{report.verdict} on {len(spec.hosts)} node(s)")
+            self.store.transition(rec.id, COMPAT_CHECKED, reason=f"{report.verdict} on {len(spec.hosts)} node(s)"
+                                                                 + (f" with {what}" if what else ""))
+
+    def compat_subject(self, spec: RolloutSpec, rows: list[Any]) -> tuple[list[Any], Any, str]:
+        """What the compatibility gate judges: ``(inventory rows, release, what)``; a release rollout
+        judges its release on the rows as they are (``what`` empty; a driver upgrade: the fleet's
+        release with the new driver)."""
+        return rows, spec.release, ""
 
     def _start_gate(self, rec: RolloutRecord) -> None:
         outcome, why = self._budget_gate(rec, 0)
@@ -399,18 +408,8 @@ class Controller:
         done: list[str] = []
         try:
             for host in st.hosts:
-                node = self.store.node(rec.id, host)
-                if node is not None and node.status == "deployed":
-                    continue
-                current = self.fleet.version(host)
+                node = self._claim(rec, spec, st, host)
                 if node is None:
-                    node = NodeRecord(host, current, "deploying", st.idx)
-                    if current == spec.version:  # already there before the rollout: nothing to do or undo
-                        self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"))
-                        continue
-                    self.store.set_node(rec.id, node)
-                elif current == spec.version:  # killed after the call, before recording it
-                    self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"))
                     continue
                 previous = self.fleet.deploy(host, spec.version)
                 self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"),
@@ -425,6 +424,33 @@ class Controller:
         self._say(rec, f"{name}: {len(st.hosts)}/{len(spec.hosts)} node(s) on {spec.version}"
                        + (f", deployed {', '.join(done)}" if done else "") + "; canary labels applied")
         return True
+
+    def _claim(self, rec: RolloutRecord, spec: RolloutSpec, st: StageRecord, host: str) -> NodeRecord | None:
+        """The write-ahead step before ``host``'s deploy in stage ``st``: its node record, written as
+        ``deploying`` with the version it runs (:meth:`plain_version` of what the fleet says), or None
+        when there is nothing to deploy: recorded deployed already; on the version before the rollout
+        (recorded deployed, nothing to undo); or deployed by a controller killed before recording it
+        (recorded now, with :meth:`late_deploy`'s log entry). Raises FleetError."""
+        node = self.store.node(rec.id, host)
+        if node is not None and node.status == "deployed":
+            return None
+        current = self.fleet.version(host)
+        if node is None:
+            node = NodeRecord(host, self.plain_version(current), "deploying", st.idx)
+            if current == spec.version:  # already there before the rollout: nothing to do or undo
+                self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"))
+                return None
+            self.store.set_node(rec.id, node)
+        elif current == spec.version:  # killed after the call, before recording it
+            self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"),
+                                deploy=self.late_deploy(spec, st, node))
+            return None
+        return node
+
+    def late_deploy(self, spec: RolloutSpec, st: StageRecord, node: NodeRecord) -> tuple[str, str, str] | None:
+        """The deploy log entry of a deploy a killed controller made but did not record (none for a
+        release: its admin call is the deploy, logged by the node)."""
+        return None
 
     def _begin_rollback(self, rec: RolloutRecord, target: str, reason: str, st: StageRecord | None = None,
                         stage_status: str = "") -> None:

@@ -58,14 +58,11 @@ from opentelemetry import trace
 
 from gpuobs.canary.analyzer import AnalysisState
 from gpuobs.canary.verdict import MetricResult, Verdict
-from gpuobs.compat.inventory import judge_fleet
 from gpuobs.rollout.controller import Controller
-from gpuobs.rollout.interfaces import Fleet, FleetError, SignalsUnavailable
+from gpuobs.rollout.interfaces import Fleet, FleetError
 from gpuobs.rollout.model import (
     ABORTED,
     CANARY_ROLLBACK,
-    COMPAT_CHECKED,
-    REJECTED,
     ROLLED_BACK,
     RolloutSpec,
     UsageError,
@@ -370,8 +367,13 @@ class DriverController(Controller):
     stage_word = "batch"
 
     def plain_version(self, version: str) -> str:
-        """The driver without the ``" (in upgrade)"`` mark."""
+        """The driver without the ``" (in upgrade)"`` mark (a node down or held reports it)."""
         return version.removesuffix(IN_UPGRADE)
+
+    def late_deploy(self, spec: RolloutSpec, st: StageRecord, node: NodeRecord) -> tuple[str, str, str] | None:
+        """An install a killed controller made but did not record is logged once, when found."""
+        return ((spec.version, node.previous, f"batch {st.idx + 1} (recorded after a restart)")
+                if node.previous != spec.version else None)
 
     def __init__(self, *args: Any, identity_label: str = "Hostname", **kw: Any):
         super().__init__(*args, **kw)
@@ -393,33 +395,12 @@ class DriverController(Controller):
         return dict(rec.spec.get("gpu_models") or {})
 
     # ---- gates ---------------------------------------------------------------------------------
-    def _compat(self, rec: RolloutRecord) -> None:
+    def compat_subject(self, spec: RolloutSpec, rows: list[Any]) -> tuple[list[Any], Any, str]:
         """The driver's compatibility gate: the fleet's release on every node's GPU with the new driver."""
-        spec = RolloutSpec.from_dict(rec.spec)
-        with self.tracer.start_as_current_span("rollout.gate", attributes={"gate.name": "compat",
-                                                                           "gate.stage": 0}) as sp:
-            try:
-                rows = self._retry(rec, self.signals.inventory)
-            except SignalsUnavailable as err:
-                sp.set_attribute("gate.outcome", "error")
-                self._begin_rollback(rec, ABORTED, f"compatibility gate: cannot read the inventory: {err}")
-                return
-            rows = [dataclasses.replace(r, driver=spec.version) for r in rows]
-            version, engine = release_of(spec)
-            release = dataclasses.replace(spec.release, version=f"{version or 'the fleet'} on driver {spec.version}",
-                                          engine=engine)
-            report = judge_fleet(rows, release, list(spec.hosts))
-            outcome = "rejected" if report.exit_code else "passed"
-            sp.set_attributes({"gate.outcome": outcome, "gate.detail": report.verdict})
-        self.store.log_gate(rec.id, "compat", 0, outcome, {**report.to_dict(), "table": report.table()})
-        for line in report.table().splitlines():
-            self._say(rec, f"compat | {line}")
-        if report.exit_code:
-            self.store.transition(rec.id, REJECTED, reason=f"compatibility gate (driver {spec.version}): "
-                                                           + "; ".join(report.blockers()))
-        else:
-            self.store.transition(rec.id, COMPAT_CHECKED, reason=f"{report.verdict} on {len(spec.hosts)} node(s) "
-                                                                 f"with driver {spec.version}")
+        version, engine = release_of(spec)
+        release = dataclasses.replace(spec.release, version=f"{version or 'the fleet'} on driver {spec.version}",
+                                      engine=engine)
+        return [dataclasses.replace(r, driver=spec.version) for r in rows], release, f"driver {spec.version}"
 
     # ---- batches -------------------------------------------------------------------------------
     def batch(self, spec: RolloutSpec, idx: int) -> tuple[list[str], list[str]]:
@@ -443,23 +424,9 @@ class DriverController(Controller):
         todo: list[NodeRecord] = []
         try:
             for host in st.hosts:
-                node = self.store.node(rec.id, host)
-                if node is not None and node.status == "deployed":
-                    continue
-                current = self.fleet.version(host)
-                if node is None:  # its plain driver: a node down or held now reports "<driver> (in upgrade)"
-                    node = NodeRecord(host, self.plain_version(current), "deploying", st.idx)
-                    if current == spec.version:  # already on it before the upgrade: nothing to do or undo
-                        self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"))
-                        continue
-                    self.store.set_node(rec.id, node)
-                elif current == spec.version:  # killed after the procedure, before recording it
-                    self.store.set_node(rec.id, dataclasses.replace(node, status="deployed"),
-                                        deploy=(spec.version, node.previous,
-                                                f"batch {st.idx + 1} (recorded after a restart)")
-                                        if node.previous != spec.version else None)
-                    continue
-                todo.append(node)
+                node = self._claim(rec, spec, st, host)
+                if node is not None:
+                    todo.append(node)
             done = self.fleet.upgrade([n.hostname for n in todo], spec.version) if todo else {}
         except FleetError as err:
             self._begin_rollback(rec, ABORTED, f"{name}: upgrade failed: {err}", st, "aborted")
