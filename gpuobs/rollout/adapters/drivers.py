@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable
 
 from gpuobs.promapi.exporter_admin import AdminClient, AdminError
+from gpuobs.rollout.adapters.native import admin_clients
 from gpuobs.rollout.driver import IN_UPGRADE, NodeUpgrade
 from gpuobs.rollout.interfaces import FleetError
 from gpuobs.stack.state import StackState
@@ -43,12 +44,7 @@ class StackDriverFleet:
                  poll_s: float = 1.0, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic):
         self.hosts: list[str] = list(stack.serving_hosts)
-        try:
-            token = token or stack.token()
-        except OSError as exc:
-            raise FleetError(f"admin token: {exc}") from None
-        self._admin = {h: AdminClient(u.removesuffix("/metrics"), token, timeout_s)
-                       for h, u in zip(stack.hostnames, stack.urls.nodes)}
+        self._admin = admin_clients(stack, token, timeout_s)
         self.drain_timeout_s, self.reload_timeout_s, self.reload_s = drain_timeout_s, reload_timeout_s, reload_s
         self.poll_s, self.sleep, self.clock = poll_s, sleep, clock
 

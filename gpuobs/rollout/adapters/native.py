@@ -24,6 +24,18 @@ JOBS = ("dcgm", "vllm")
 _HOST_LABELS = ("Hostname", "track")  # written by write_targets itself (with the identity label), or by us
 
 
+def admin_clients(stack: StackState, token: str | None = None, timeout_s: float = 5.0) -> dict[str, AdminClient]:
+    """``{hostname: AdminClient}`` for every node of ``stack`` (its admin API is its metrics URL without
+    ``/metrics``), with ``token`` or the run directory's admin token. Raises FleetError when the token
+    cannot be read."""
+    try:
+        token = token or stack.token()
+    except OSError as exc:
+        raise FleetError(f"admin token: {exc}") from None
+    return {h: AdminClient(u.removesuffix("/metrics"), token, timeout_s)
+            for h, u in zip(stack.hostnames, stack.urls.nodes)}
+
+
 class StackFleet:
     """The serving fleet of the native stack described by ``stack`` (a loaded stack.json).
 
@@ -34,12 +46,7 @@ class StackFleet:
     def __init__(self, stack: StackState, token: str | None = None, timeout_s: float = 5.0):
         self.run = Path(stack.run_dir)
         self.hosts: list[str] = list(stack.serving_hosts)
-        try:
-            token = token or stack.token()
-        except OSError as exc:
-            raise FleetError(f"admin token: {exc}") from None
-        self._admin = {h: AdminClient(u.removesuffix("/metrics"), token, timeout_s)
-                       for h, u in zip(stack.hostnames, stack.urls.nodes)}
+        self._admin = admin_clients(stack, token, timeout_s)
 
     def _client(self, host: str) -> AdminClient:
         try:
