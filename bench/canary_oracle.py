@@ -16,6 +16,7 @@ estimated from 200,000 draws under the alternative (the critical value from 400,
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Callable
@@ -25,7 +26,7 @@ from scipy.stats import norm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_canary import Q90, TAIL_K  # noqa: E402
+from bench.bench_canary import Q90, TAIL_K, Z90, Z99  # noqa: E402
 from gpuobs.exporter.sim.latency import TTFT_MEDIAN_S, TTFT_SIGMA  # noqa: E402
 from gpuobs.reference.buckets import TTFT_BUCKETS  # noqa: E402
 
@@ -38,8 +39,22 @@ def healthy_cdf(x: np.ndarray) -> np.ndarray:
 
 def tail_cdf(x: np.ndarray) -> np.ndarray:
     """Above Q90 a healthy latency y becomes Q90 (y/Q90)^TAIL_K; invert for the CDF."""
-    x = np.asarray(x, float)
-    return healthy_cdf(np.where(x > Q90, Q90 * (x / Q90) ** (1.0 / TAIL_K), x))
+    return tail_stretch_cdf(TAIL_K)(x)
+
+
+def tail_stretch_cdf(k: float) -> Callable[[np.ndarray], np.ndarray]:
+    """The bench's tail shape with exponent ``k``: above Q90 a healthy latency y becomes
+    Q90 (y/Q90)^k (median and p90 unchanged; in log latency the tail above p90 stays normal with its
+    sd times ``k``, so the shape is inside the judge's binormal tail model)."""
+    def cdf(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, float)
+        return healthy_cdf(np.where(x > Q90, Q90 * (x / Q90) ** (1.0 / k), x))
+    return cdf
+
+
+def tail_k_for_p99(ratio: float) -> float:
+    """Exponent of :func:`tail_stretch_cdf` that moves the healthy p99 by ``ratio`` (1.25 = +25%)."""
+    return 1 + math.log(ratio) / (TTFT_SIGMA * (Z99 - Z90))
 
 
 def uniform_cdf(factor: float) -> Callable[[np.ndarray], np.ndarray]:
@@ -161,4 +176,79 @@ def joint_oracle(cdfs: dict[str, Callable[[np.ndarray], np.ndarray]], runs: int 
     for name, cdf in cdfs.items():
         stats = _oracle_stats(cdf, runs, looks, canary_per_look, baseline_ratio, rng)
         out[name] = _oracle_reject(stats, lo, looks, canary_per_look)
+    return out
+
+
+def pass_oracle(runs: int = 20_000, looks: int = 20, canary_per_look: float = 60.0, baseline_ratio: float = 19.0,
+                seed: int = 1, calibration_runs: int = 20_000) -> dict[str, np.ndarray]:
+    """The pass side's limit (issue 26): the share of healthy canaries any judge with the packaged
+    config's PROMOTE rule could promote by each look, ``{"promote": (looks,), "location": (looks,),
+    "p99": (looks,)}`` (cumulative shares of healthy runs; the last two each test alone).
+
+    PROMOTE needs every test's passing end within its allowed effect (docs/canary.md, section 5; an
+    intersection-union test, each test at the stage's alpha with ``pass_spending``). Two of those
+    margins bind: the location test's (the canary at ``allowed_effect`` = +10%, every latency x1.1)
+    and the p99 test's (``quantile_allowed_effect`` = +25% on p99 with the median and p90 unchanged:
+    :func:`tail_stretch_cdf`, a member of the judge's binormal tail model). For each margin the
+    oracle knows the margin distribution exactly and runs the Neyman-Pearson test of it against the
+    healthy one (the likelihood ratio on the canary's raw bucket counts from the stage's start,
+    standardised under the margin distribution against a finite baseline of ``baseline_ratio`` x the
+    canary's requests, as :func:`joint_oracle`), rejecting the margin (passing) when
+    ``T <= -c_k`` with the pass spending's boundary on the judge's looks; each test's alpha is
+    calibrated by bisection on ``calibration_runs`` canaries drawn at its margin so that its own
+    chance of ever passing there is the stage alpha (its statistic is skewed, as the harm side's
+    tail statistic is). A healthy run passes at the first look where both tests pass at that look.
+    Testing one fully known margin shape is easier than testing every distribution at the margin,
+    so no judge with these margins and this alpha promotes more often: the bar for "healthy
+    promoted". What it does not require (p50, p90, spread and error ratio margins) only lowers a
+    judge's rate further."""
+    from gpuobs.canary.config import load_config
+    from gpuobs.canary.sequential import group_sequential_boundaries
+
+    cfg = load_config().select(["ttft", "error_ratio"])
+    ttft = next(m for m in cfg.metrics if m.name == "ttft")
+    margins = {"location": uniform_cdf(1 + ttft.allowed_effect),
+               "p99": tail_stretch_cdf(tail_k_for_p99(1 + ttft.quantile_allowed_effect))}
+    rng = np.random.default_rng(seed)
+    p = bucket_probs(healthy_cdf)
+    times = [(k + 1) / looks for k in range(looks)]
+    infos = [canary_per_look * (k + 1) for k in range(looks)]
+
+    def stats(canary_cdf, q: np.ndarray, n_runs: int) -> np.ndarray:
+        qc = bucket_probs(canary_cdf)
+        n_c = rng.poisson(canary_per_look, size=(n_runs, looks))
+        c = np.cumsum(np.stack([rng.multinomial(n, qc) for n in n_c.ravel()]).reshape(n_runs, looks, -1), 1)
+        n_b = rng.poisson(canary_per_look * baseline_ratio, size=(n_runs, looks))
+        b = np.cumsum(np.stack([rng.multinomial(n, p) for n in n_b.ravel()]).reshape(n_runs, looks, -1), 1)
+        nc, nb = c.sum(-1), np.maximum(b.sum(-1), 1)
+        ok = (p > 0) & (q > 0)
+        w = np.zeros_like(p)
+        w[ok] = np.log(q[ok] / p[ok])
+        shift = (q * w).sum() - (p * w).sum()  # E_q[w] - E_p[w]: known to the oracle
+        mean_b = ((b / nb[..., None]) * w).sum(-1)
+        var_q = (q * w * w).sum() - (q * w).sum() ** 2
+        var_p = (p * w * w).sum() - (p * w).sum() ** 2
+        sd = np.sqrt(np.maximum(nc, 1) * var_q + nc ** 2 / nb * var_p)
+        return ((c * w).sum(-1) - nc * (mean_b + shift)) / sd
+
+    def passed(t: np.ndarray, alpha: float) -> np.ndarray:
+        bound = group_sequential_boundaries(cfg.pass_spending.with_alpha(alpha), times, infos)
+        return t <= -bound[None, :]
+
+    out: dict[str, np.ndarray] = {}
+    each = []
+    for name, margin in margins.items():
+        q = bucket_probs(margin)
+        at_margin = stats(margin, q, calibration_runs)
+        lo, hi = cfg.alpha / 8, min(2 * cfg.alpha, 0.49)
+        for _ in range(14):
+            mid = (lo * hi) ** 0.5
+            if np.cumsum(passed(at_margin, mid), 1).astype(bool).mean(0)[-1] > cfg.alpha:
+                hi = mid
+            else:
+                lo = mid
+        ok = passed(stats(healthy_cdf, q, runs), lo)
+        out[name] = np.cumsum(ok, 1).astype(bool).mean(0)
+        each.append(ok)
+    out["promote"] = np.cumsum(np.logical_and(*each), 1).astype(bool).mean(0)
     return out

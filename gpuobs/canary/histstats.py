@@ -224,6 +224,23 @@ def node_spread_assumption(ctx: "HistContext", unit: str, spread: float, prior_d
             f"node sd {used:.1%} used (the node_spread assumption carries {weight:.0%} of the weight)")
 
 
+def score_upper(p: float, n: float, extra_var: float, c: float) -> float:
+    """Upper end of the score (Wilson 1927, JASA 22) interval for a share ``p`` observed on ``n``
+    (effective) requests, with ``extra_var`` added to the binomial variance (the baseline's share and
+    the node term): the root ``u >= p`` of ``(u - p)^2 = c^2 (u (1 - u) / n + extra_var)``. The Wald
+    end ``p + c sqrt(p (1 - p) / n)`` takes the variance at the observed share, so when a handful of
+    requests lies above a bound and the count comes out low it is too short: at ~13 of 1,200 requests
+    above the p99 bound and c = 2.33, Wald says 1.78%, the score bound 2.03%; a tail stretched to
+    p99 +25% (share 2.07%) was PROMOTED 3% of the time instead of the 1% the pass side allows
+    (bench/README.md, issue 26). Shape: floats in, float out (a share, at most 1)."""
+    if not (n > 0 and c > 0):
+        return 1.0
+    a = c * c / n
+    b = 2.0 * p + a
+    disc = b * b - 4.0 * (1.0 + a) * (p * p - c * c * max(extra_var, 0.0))
+    return min(1.0, (b + math.sqrt(max(disc, 0.0))) / (2.0 * (1.0 + a)))
+
+
 def errors_needed(p_b: float, allowed: float, alpha: float) -> float:
     """Canary requests at which a canary erring at the baseline's ratio ``p_b`` passes (its anytime
     upper bound <= p_b + allowed); inf beyond 1e8 requests, NaN when p_b is unknown. ``p_b`` is
@@ -802,11 +819,12 @@ class HistContext:
             return (1.0 + mapping(p)) / node - 1.0
 
         def interval(c: float) -> tuple[float, float]:
-            # score-type: the lower end with the null variance (the test's), the upper end with the
-            # larger of the observed and null shares (never narrower than the test's own variance)
-            pm = max(pc, p0)
-            se_up = math.sqrt(pm * (1 - pm) / self.Ec + v_b + cl.tau2 * self.g)
-            lo, hi = mapping.interval(pc - c * cl.se, pc + c * se_up, c)
+            # the lower end with the null variance (the test's); the upper end is the score (Wilson)
+            # bound, the share p_u whose own binomial variance puts pc at c sd below it, never
+            # narrower than the test's variance (score_upper)
+            extra_var = v_b + cl.tau2 * self.g
+            hi_share = max(score_upper(pc, self.Ec, extra_var, c), pc + c * math.sqrt(max(p0 * (1 - p0) / self.Ec + extra_var, 0.0)))
+            lo, hi = mapping.interval(pc - c * cl.se, hi_share, c)
             return (1.0 + lo) / node - 1.0, (1.0 + hi) / node - 1.0
 
         def need(c1: float, allowed: float) -> float:

@@ -216,6 +216,27 @@ def test_p99_effect_reads_the_p99_change_not_the_share_above_one_bound(shape, tr
     assert lo < p99["effect"] < hi
 
 
+@pytest.mark.parametrize("n, share", [(600, 0.0207), (1200, 0.0207), (3000, 0.0207), (1200, 0.05)])
+def test_pnn_passing_end_is_the_score_bound_and_holds_its_level(n, share):
+    """The pNN tests' passing end (PROMOTE needs it inside the allowed effect) is the upper end of the
+    share above the bound. Exact binomial sums at the bench's p99 margin (a tail stretched to p99 +25%
+    puts 2.07% above the 1.0 s bound) with c = 2.326 (one-sided 1%): the Wald end, variance at the
+    observed share, lies below the true share in 1.7-3.5% of canaries (the bench PROMOTED 3% of such
+    canaries: 6 of 200); the score bound at most 1%."""
+    from scipy.stats import binom
+
+    from gpuobs.canary.histstats import score_upper
+    c = 2.3263478740408408
+    xs = np.arange(0, int(n * share * 4) + 20)
+    pmf = binom.pmf(xs, n, share)
+    score_miss = sum(pr for x, pr in zip(xs, pmf) if score_upper(x / n, n, 0.0, c) < share)
+    wald_miss = sum(pr for x, pr in zip(xs, pmf) if x / n + c * math.sqrt(x / n * (1 - x / n) / n) < share)
+    assert score_miss <= 0.01 < wald_miss
+    # extra variance (baseline share, node term) only widens it; a share of 0 still has a positive end
+    assert score_upper(0.01, n, 1e-5, c) > score_upper(0.01, n, 0.0, c) > 0.01
+    assert 0 < score_upper(0.0, n, 0.0, c) < 0.01 and score_upper(0.5, 0.0, 0.0, c) == 1.0
+
+
 def test_quantile_test_without_a_bound_near_its_quantile_is_not_applicable():
     """Buckets 0.1, 0.5, 2.5, 10 s: the p99 test's nearest bound is the p90 test's (0.5 s, 12% above)
     and the p50 test's is 0.1 s (94% above); both are n/a, the p90 test runs."""

@@ -65,3 +65,75 @@ def test_fake_session_answers_the_analyzer_queries():
     assert fs.evaluate('sum(increase(e{track="baseline",finished_reason="error"}[60s]))', 100.0)[0][1] > 0
     with pytest.raises(AssertionError):
         fs.evaluate("rate(m[1m])", 100.0)
+
+
+VM_CASES = {**CASES,
+            "big_start": "_ _ _ _ _ 5000 5003 5009 5012 5020 5031 5040",  # a counter older than its first sample
+            "partial_reset": "800 810 820 790 800 815 830 835 840 850 860 870",  # a drop under 1/8: partial reset
+            "gap": "100 110 _ _ _ _ _ _ _ 170 180 190"}  # a window after a gap: realPrevValue
+
+
+def test_fake_increase_vm_matches_victoriametrics(tmp_path):
+    """The fake's MetricsQL ``increase()`` (``increase_vm``) agrees with the real VictoriaMetrics
+    (Debian's v1.79 binary, started here on a free loopback port with its own storage, stopped after):
+    the same samples imported through ``/api/v1/import``, every case at every window, ``nocache=1``."""
+    import json
+    import time
+
+    import requests
+
+    from gpuobs.stack.ports import free_port_range
+    from tests.fakes.prom_fleet import increase_vm
+
+    binary = shutil.which("victoria-metrics")
+    if not binary:
+        pytest.skip("victoria-metrics is not installed (make binaries)")
+    port = free_port_range(1)
+    base_ms = (int(time.time()) - 3 * 3600) // 60 * 60 * 1000  # 3 h old: past -search.latencyOffset
+    proc = subprocess.Popen([binary, f"-storageDataPath={tmp_path / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
+                             "-retentionPeriod=1", "-search.disableCache"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if requests.get(url + "/health", timeout=1).ok:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < deadline, "victoria-metrics did not start"
+            time.sleep(0.2)
+        lines = []
+        for name, text in VM_CASES.items():
+            t, v = _values(text)
+            lines.append(json.dumps({"metric": {"__name__": "c", "case": name}, "values": [float(x) for x in v],
+                                     "timestamps": [base_ms + int(x * 1000) for x in t]}))
+        assert requests.post(url + "/api/v1/import", data="\n".join(lines), timeout=10).status_code == 204
+        requests.get(url + "/internal/force_flush", timeout=10)
+        checked = 0
+        for name, text in VM_CASES.items():
+            t, v = _values(text)
+            for at, rng in WINDOWS + [(165, 80), (75, 30)]:
+                want = increase_vm(t, v, at - rng, at)
+                got = None
+                for _ in range(50):  # imported rows become searchable within a second or so
+                    r = requests.get(url + "/api/v1/query", params={
+                        "query": f'increase(c{{case="{name}"}}[{rng}s])', "time": (base_ms / 1000) + at,
+                        "nocache": "1"}, timeout=10).json()["data"]["result"]
+                    got = float(r[0]["value"][1]) if r else None
+                    if got is not None or want is None:
+                        break
+                    time.sleep(0.1)
+                assert (got is None) == (want is None), (name, at, rng, got, want)
+                if want is not None:
+                    assert got == pytest.approx(float(want), abs=1e-9), (name, at, rng, got, want)
+                checked += 1
+        assert checked == len(VM_CASES) * (len(WINDOWS) + 2)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

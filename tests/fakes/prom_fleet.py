@@ -79,6 +79,66 @@ def increase(t: np.ndarray, v: np.ndarray, start: float, end: float, left_open: 
     return result * (ext / sampled)  # the factor first, as Prometheus multiplies
 
 
+def _vm_scrape_interval(ts: np.ndarray, default: float) -> float:
+    """VictoriaMetrics v1.79.5 ``getScrapeInterval``: the 0.6 quantile of the first 20 sample gaps."""
+    if ts.size < 2:
+        return default
+    gaps = np.diff(ts[:21])
+    out = float(np.quantile(gaps, 0.6))
+    return out if out > 0 else default
+
+
+def _vm_max_prev_interval(scrape: float) -> float:
+    """VictoriaMetrics v1.79.5 ``getMaxPrevInterval`` (seconds): how far before a window's start the
+    previous sample may lie to serve as the window's starting value."""
+    for limit, extra in ((2.0, 4.0), (4.0, 2.0), (8.0, 1.0), (16.0, 0.5), (32.0, 0.25)):
+        if scrape <= limit:
+            return scrape + extra * scrape
+    return scrape + scrape / 8
+
+
+def increase_vm(t: np.ndarray, v: np.ndarray, start: float, end: float) -> np.ndarray | None:
+    """VictoriaMetrics (MetricsQL) ``increase()`` of samples at ``t`` (S,) with values ``v`` (S, ...)
+    over the window ``(start, end]``, vectorised over the trailing axes; None where it returns NaN.
+    Source: VictoriaMetrics v1.79.5 app/vmselect/promql (the version Debian ships here). eval.go
+    fetches samples from ``start - maxSilenceInterval`` (5 min) on; rollup.go ``removeCounterResets``
+    adds the value before each decrease to every later value (``correction += prevValue``, or only the
+    drop when it is under an eighth of the value: a partial reset); ``doInternal`` takes the samples
+    with ``start < t <= end``, ``prevValue`` = the last sample at or before ``start`` when it is newer
+    than ``start - getMaxPrevInterval(scrape interval)`` and a sample follows ``start``, and
+    ``realPrevValue`` = that sample at any age; ``rollupDelta``: without ``prevValue``, ``last -
+    realPrevValue`` when there is one, else the counter is assumed to start at 0 when its first value is
+    below ``10 x (|second - first| + 1)``, otherwise the first sample is the start; no extrapolation.
+    An instant query's ``realNextValue`` (a sample after ``end``) is absent."""
+    fetched = (t > start - LOOKBACK_S) & (t <= end)
+    ts = t[fetched]
+    if ts.size == 0:
+        return None
+    vs = np.array(v[fetched], dtype=float, copy=True)
+    correction = np.zeros(vs.shape[1:])
+    prev = vs[0].copy()
+    for k in range(vs.shape[0]):
+        cur = vs[k].copy()
+        drop = prev - cur
+        correction = correction + np.where(drop > 0, np.where(drop * 8 < prev, drop, prev), 0.0)
+        prev = cur
+        vs[k] = cur + correction
+    i = int(np.searchsorted(ts, start, side="right"))
+    window = vs[i:]
+    max_prev = _vm_max_prev_interval(_vm_scrape_interval(ts, 300.0))
+    if 0 < i < ts.size and ts[i - 1] > start - max_prev:
+        return window[-1] - vs[i - 1]
+    if window.shape[0] == 0:
+        return None
+    if i > 0:  # realPrevValue: the value did not change during the gap
+        return window[-1] - vs[i - 1]
+    d = window[1] - window[0] if window.shape[0] > 1 else np.zeros(window.shape[1:])
+    from_zero = np.abs(window[0]) < 10 * (np.abs(d) + 1)
+    if window.shape[0] == 1:
+        return np.where(from_zero, window[0], 0.0)
+    return np.where(from_zero, window[-1], window[-1] - window[0])
+
+
 @dataclass
 class Pod:
     """One pod's scrapes in one run: ``t`` (S,), ``buckets`` (S, B+1) cumulative per ``le`` (last =
@@ -120,7 +180,9 @@ class FakeSession:
     (a scrape or remote-read outage); ``gap_at``: times at which the ``finished_reason="error"``
     series of ``gap_track`` is absent. ``missing``: set by each look, True when a query of the look
     came back empty because of a gap (the benchmark checks no PROMOTE happens on such a look).
-    ``left_open``: answer range selectors as Prometheus 3.x does (left-open windows)."""
+    ``left_open``: answer range selectors as Prometheus 3.x does (left-open windows).
+    ``victoriametrics``: answer ``increase()`` as VictoriaMetrics does (:func:`increase_vm`) and the
+    other range selectors left-open, as MetricsQL's windows are."""
 
     pods: list[Pod] = field(default_factory=list)
     metric: str = "vllm:time_to_first_token_seconds"
@@ -132,6 +194,7 @@ class FakeSession:
     missing: bool = False
     calls: int = 0
     left_open: bool = False  # Prometheus 3.x range selectors, (t - range, t] (see increase())
+    victoriametrics: bool = False  # MetricsQL's increase() (increase_vm); windows (t - range, t]
 
     def post(self, url: str, data: dict[str, Any], **_: Any) -> FakeResponse:
         return self._answer(url, data)
@@ -146,6 +209,12 @@ class FakeSession:
         result = self.evaluate(params["query"], at)
         data = {"resultType": "vector", "result": [{"metric": m, "value": [at, repr(float(v))]} for m, v in result]}
         return FakeResponse(200, {"status": "success", "data": data})
+
+    def _increase(self, t: np.ndarray, v: np.ndarray, start: float, end: float) -> np.ndarray | None:
+        if self.victoriametrics:
+            out = increase_vm(t, v, start, end)
+            return None if out is None else np.asarray(out, dtype=float)
+        return increase(t, v, start, end, self.left_open)
 
     def _select(self, matchers: str, at: float) -> tuple[list[Pod], dict[str, str]]:
         want = dict(_MATCHER.findall(matchers))
@@ -170,7 +239,7 @@ class FakeSession:
                     continue
                 bounds, buckets = h
                 if name.endswith("_bucket"):
-                    inc = increase(p.t, buckets, at - w, at, self.left_open)
+                    inc = self._increase(p.t, buckets, at - w, at)
                     if inc is None:
                         continue
                     les = [repr(float(b)) for b in bounds] + ["+Inf"]
@@ -178,7 +247,7 @@ class FakeSession:
                         key = tuple((k, le if k == "le" else p.labels.get(k, "")) for k in by)
                         acc[key] = acc.get(key, 0.0) + float(val)
                 elif name.endswith("_count"):
-                    inc = increase(p.t, buckets[:, -1], at - w, at, self.left_open)
+                    inc = self._increase(p.t, buckets[:, -1], at - w, at)
                     if inc is not None:
                         key = tuple((k, p.labels.get(k, "")) for k in by)
                         acc[key] = acc.get(key, 0.0) + float(inc)
@@ -196,7 +265,7 @@ class FakeSession:
             total, found = 0.0, False
             for p in pods:
                 for c in cols:
-                    inc = increase(p.t, p.reasons[:, c], at - w, at, self.left_open)
+                    inc = self._increase(p.t, p.reasons[:, c], at - w, at)
                     if inc is not None:
                         total, found = total + float(inc), True
             return [({}, total)] if found else []
@@ -204,7 +273,7 @@ class FakeSession:
         if m:
             name, matchers, w = m.group(1), m.group(2), float(m.group(3))
             pods, _ = self._select(matchers, at)
-            counts = [float(np.sum(((p.t > at - w) if self.left_open else (p.t >= at - w)) & (p.t <= at)))
+            counts = [float(np.sum(((p.t > at - w) if self.left_open or self.victoriametrics else (p.t >= at - w)) & (p.t <= at)))
                       for p in pods]
             counts = [c for c in counts if c > 0]
             return [({}, min(counts))] if counts else []
