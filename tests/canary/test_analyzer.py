@@ -121,7 +121,8 @@ def test_queries_carry_selectors_window_and_evaluation_time():
     queries = [r["params"]["query"][0] for r in requests]
     assert all(CANARY in q or BASELINE in q for q in queries)
     ttft_q = [q for q in queries if "time_to_first_token" in q]
-    assert ttft_q[0] == ('min(min_over_time(timestamp(vllm:time_to_first_token_seconds_bucket{job=~"vllm|.*vllm.*",'
+    # a histogram's first sample is read from its _count: one series per node, not one per bucket
+    assert ttft_q[0] == ('min(min_over_time(timestamp(vllm:time_to_first_token_seconds_count{job=~"vllm|.*vllm.*",'
                          'track="canary"})[315s:15s]))')
     assert ttft_q[2] == ('sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job=~"vllm|.*vllm.*",'
                          'track="canary"}[300s]))')
@@ -207,7 +208,7 @@ def test_a_canary_first_scraped_too_recently_is_hold_naming_the_side():
     v, reqs = analyze(data)
     assert v.verdict == "HOLD" and not _increase_windows(reqs)
     reason = row(v, "ttft").reason
-    assert "canary's first vllm:time_to_first_token_seconds_bucket sample" in reason and "just after it" in reason
+    assert "canary's first vllm:time_to_first_token_seconds_count sample" in reason and "just after it" in reason
     assert "canary's first vllm:request_success_total sample" in row(v, "error_ratio").reason
 
 
