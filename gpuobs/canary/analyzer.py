@@ -60,6 +60,17 @@ own zero point, so the buckets are stretched unequally: early looks' z had an sd
 stage's time fraction (alpha spending) still counts from ``start``; each metric reports its
 ``data_start``.
 
+**Every instant query is answered at the time it names** (``params=``
+:data:`~gpuobs.promapi.prometheus.AT_TIME_PARAMS`, ``nocache=1``; Prometheus ignores it).
+VictoriaMetrics otherwise evaluates an instant query within ``-search.latencyOffset`` of now (20 s in
+gpuobs's stacks) at now minus the offset, so a look ending now read every window 20 s earlier than
+the one cut after the first samples, the first sample fell back inside it and fresh series were
+counted from zero: one look at the same moment, 90 s after an HA stack started (128 nodes, shard 0),
+through VictoriaMetrics TTFT -39.7 % on 478 canary requests, through the shard replica -4.0 % on
+321; with the parameter -5.6 % on 338 against -3.1 % on 341 (bench/README.md, "Scale bench"). The
+``series`` metrics' range queries do without it: VictoriaMetrics holds their last points back either
+way (``adjustLastPoints``), and both sides are paired step by step.
+
 Errors: :class:`~gpuobs.promapi.prometheus.PrometheusUnavailable` and the other PrometheusError types are
 raised, never turned into a verdict; empty results, NaN, vanished series, a missing error series and
 too few samples give NoData, and a critical NoData metric makes the look HOLD (never PROMOTE).
@@ -86,7 +97,7 @@ from gpuobs.canary.stats import (CLASS_NAMES, Clustered, Shift, bin_log_centres,
                                  unit_moments)
 from gpuobs.canary.verdict import MetricResult, Verdict, assumptions, combine, deciding_tests, design_line
 from gpuobs.core import log
-from gpuobs.promapi.prometheus import PromClient, QueryResult
+from gpuobs.promapi.prometheus import AT_TIME_PARAMS, PromClient, QueryResult
 
 LOG = log.get("canary")
 # Tests that can roll back but need not pass for PROMOTE. The tail test estimates the p99 change through
@@ -229,7 +240,7 @@ class Analyzer:
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _instant(self, expr: str, end: float, what: str) -> QueryResult:
-        res = self.client.query(expr, at=end)
+        res = self.client.query(expr, at=end, params=AT_TIME_PARAMS)
         if res.has_nan:
             raise NoData(f"NaN in the {what} result")
         return res
@@ -296,7 +307,7 @@ class Analyzer:
         step = max(1, round(self.config.step_s))
         rng = max(1, round(end - start)) + step
         q = f"min(min_over_time(timestamp({series}{{{spec.selector(selector)}}})[{rng}s:{step}s]))"
-        value = self.client.query(q, at=end).scalar()
+        value = self.client.query(q, at=end, params=AT_TIME_PARAMS).scalar()
         return value if value is not None and math.isfinite(value) else None
 
     def _data_window(self, spec: MetricSpec, res: MetricResult, series: str, start: float, end: float) -> str:

@@ -128,6 +128,10 @@ def test_queries_carry_selectors_window_and_evaluation_time():
                          'track="canary"}[300s]))')
     assert any('finished_reason="error"' in q for q in queries)
     instant = [r for r in requests if r["endpoint"] == "query"]
+    # every instant query is answered at the time asked: VictoriaMetrics would otherwise move a look
+    # ending now back by its -search.latencyOffset, past the windows cut at the first samples
+    assert instant and all(r["params"].get("nocache") == ["1"] for r in instant)
+    assert all("nocache" not in r["params"] for r in requests if r["endpoint"] == "query_range")
     # the look's queries at its end; the pre-stage ones (within-node design) at the stage's start
     pre = [r["params"]["query"][0] for r in instant if r["params"]["time"] == ["10000.000"]]
     assert all(r["params"]["time"] == ["10300.000"] for r in instant if r["params"]["query"][0] not in pre)
