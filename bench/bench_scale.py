@@ -19,7 +19,8 @@ the head series (``prometheus_tsdb_head_series``; VictoriaMetrics ``vm_cache_ent
 "storage/hour_metric_ids"}``, the series active this hour), and CPU (utime+stime from /proc, in
 cores) and RSS of every process. Then the canary's full look (gpuobs.canary.analyzer.Analyzer with
 the shipped metrics config, canary ``node="gpu-node-00"`` vs the other serving nodes, last 5 min)
-``--looks`` times against VictoriaMetrics (HA) and against the single Prometheus, median wall time;
+``--looks`` times against VictoriaMetrics (HA) and against the single Prometheus, median wall time
+and the median look's HTTP query time per kind of query (first-sample, increase, sample-count, range);
 then Xid 48 on GPU 0 of ``--xid-nodes`` nodes at once, fault-to-page seconds per path (pager
 ``received_at`` minus the wall-clock time just before the fault was injected), split at the first scrape
 of the node after the fault (the raw ``up`` sample's timestamp: the scrape wait is the fault's random
