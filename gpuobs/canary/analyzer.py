@@ -63,8 +63,9 @@ stage's time fraction (alpha spending) still counts from ``start``; each metric 
 **Every instant query is answered at the time it names** (``params=``
 :data:`~gpuobs.promapi.prometheus.AT_TIME_PARAMS`, ``nocache=1``; Prometheus ignores it).
 VictoriaMetrics otherwise evaluates an instant query within ``-search.latencyOffset`` of now (20 s in
-gpuobs's stacks) at now minus the offset, so a look ending now read every window 20 s earlier than
-the one cut after the first samples, the first sample fell back inside it and fresh series were
+the native HA stack, 16 s in the Kubernetes render) at now minus the offset, so a look ending now
+read every window that much earlier than the one cut after the first samples (14 s after the first
+sample at 15 s scrapes), the first sample fell back inside it and fresh series were
 counted from zero: one look at the same moment, 90 s after an HA stack started (128 nodes, shard 0),
 through VictoriaMetrics TTFT -39.7 % on 478 canary requests, through the shard replica -4.0 % on
 321; with the parameter -5.6 % on 338 against -3.1 % on 341 (bench/README.md, "Scale bench"). The
