@@ -19,7 +19,8 @@ the head series (``prometheus_tsdb_head_series``; VictoriaMetrics ``vm_cache_ent
 "storage/hour_metric_ids"}``, the series active this hour), and CPU (utime+stime from /proc, in
 cores) and RSS of every process. Then the canary's full look (gpuobs.canary.analyzer.Analyzer with
 the shipped metrics config, canary ``node="gpu-node-00"`` vs the other serving nodes, last 5 min)
-``--looks`` times against VictoriaMetrics (HA) and against the single Prometheus, median wall time;
+``--looks`` times against VictoriaMetrics (HA) and against the single Prometheus, median wall time
+and the median look's HTTP query time per kind of query (first-sample, increase, sample-count, range);
 then Xid 48 on GPU 0 of ``--xid-nodes`` nodes at once, fault-to-page seconds per path (pager
 ``received_at`` minus the wall-clock time just before the fault was injected), split at the first scrape
 of the node after the fault (the raw ``up`` sample's timestamp: the scrape wait is the fault's random
@@ -122,21 +123,50 @@ def measure(state, urls: dict[str, str], window_s: float) -> dict:
     return {"window_s": dt, "members": rows, "usage": usage}
 
 
+class TimedSession(requests.Session):
+    """A requests.Session that records every request's wall time (request sent to body received; the
+    client's JSON decoding and the analyzer's statistics are not in it) and its query's kind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, float]] = []
+
+    def request(self, method, url, *args, **kwargs):
+        t0 = time.monotonic()
+        try:
+            return super().request(method, url, *args, **kwargs)
+        finally:
+            q = (kwargs.get("data") or kwargs.get("params") or {}).get("query", "")
+            kind = ("range" if url.endswith("query_range") else "first-sample" if "timestamp(" in q
+                    else "increase" if "increase(" in q else "sample-count" if "count_over_time(" in q else "other")
+            self.calls.append((kind, time.monotonic() - t0))
+
+
 def canary_looks(url: str, looks: int, serving_hosts: list[str], end: float | None = None) -> dict:
     """Median wall time of ``looks`` full canary looks against ``url`` (canary: the first of
     ``serving_hosts``, baseline: the others; window: the 5 min before ``end``, default now) and the
-    last verdict with its per-metric classification, effect and sample counts."""
+    last verdict with its per-metric classification, effect and sample counts; for the median look
+    also its HTTP query time (``query_s``, per kind of query in ``query_s_by_kind``; the rest of the
+    look is the client's decoding and the statistics)."""
     cfg = load_config()
-    times, verdict = [], None
+    times, calls, verdict = [], [], None
     fixed_end = end
     for _ in range(looks):
         end = fixed_end or time.time()
+        session = TimedSession()
         t0 = time.monotonic()
-        v = Analyzer(PromClient(url, timeout=60), cfg, f'node="{serving_hosts[0]}"',
+        v = Analyzer(PromClient(url, timeout=60, session=session), cfg, f'node="{serving_hosts[0]}"',
                      f'node=~"{"|".join(serving_hosts[1:])}"').analyze(end - 300, end)
         times.append(time.monotonic() - t0)
+        calls.append(session.calls)
         verdict = v
-    return {"median_s": statistics.median(times), "max_s": max(times), "verdict": verdict.verdict,
+    median = sorted(range(looks), key=times.__getitem__)[(looks - 1) // 2]
+    by_kind: dict[str, list[float]] = {}
+    for kind, s in calls[median]:
+        by_kind.setdefault(kind, []).append(s)
+    return {"median_s": statistics.median(times), "max_s": max(times), "times_s": times, "verdict": verdict.verdict,
+            "queries": len(calls[median]), "query_s": sum(s for _, s in calls[median]),
+            "query_s_by_kind": {k: {"n": len(v), "s": sum(v), "max_s": max(v)} for k, v in sorted(by_kind.items())},
             "metrics": {m.name: {"class": m.classification, "effect": m.effect, "n_canary": m.n_canary,
                                  "n_baseline": m.n_baseline, "baseline": m.baseline} for m in verdict.metrics}}
 
@@ -261,7 +291,7 @@ def phase(kind: str, args) -> dict:
                 # Same data, same moment: the look over one shard's serving nodes, through VictoriaMetrics
                 # (MetricsQL) and through that shard's replica (PromQL).
                 shard_hosts = [h for h in state.serving_hosts if h in shard_nodes(state, "prometheus-s0-r0")]
-                at = time.time() - 30  # behind VictoriaMetrics's latency offset
+                at = time.time() - 30  # every replica's samples of the window have reached VictoriaMetrics
                 m["canary_same_data"] = {
                     "hosts": len(shard_hosts),
                     "victoria-metrics": canary_looks(state.urls.prometheus, 1, shard_hosts, at),
@@ -315,6 +345,15 @@ def report(args, res: dict) -> str:
         for what, a, b in rows:
             out.append(f"| {what} | {a:,.2f} | {b:,.2f} | {a / b if b else float('nan'):.2f} |")
         out.append(f"| canary verdict (VM / single) | {h['canary']['verdict']} | {s['canary']['verdict']} | |")
+        out += ["", "Canary look, the median look's HTTP query time (the rest of the look is decoding and statistics):",
+                "", "| queries | VM: n | VM: s | single: n | single: s |", "|---|---:|---:|---:|---:|"]
+        hq, sq = h["canary"].get("query_s_by_kind", {}), s["canary"].get("query_s_by_kind", {})
+        for kind in sorted(set(hq) | set(sq)):
+            a_, b_ = hq.get(kind, {}), sq.get(kind, {})
+            out.append(f"| {kind} | {a_.get('n', 0)} | {a_.get('s', 0):.3f} | {b_.get('n', 0)} | {b_.get('s', 0):.3f} |")
+        out.append(f"| **all** (of a {h['canary']['median_s']:.2f} s / {s['canary']['median_s']:.2f} s look) | "
+                   f"{h['canary'].get('queries', 0)} | {h['canary'].get('query_s', 0):.3f} | "
+                   f"{s['canary'].get('queries', 0)} | {s['canary'].get('query_s', 0):.3f} |")
         out += ["", f"Sizing (single Prometheus, this fleet): {sp['head_series'] / gpus:.1f} head series and "
                 f"{sp['samples_per_s'] / gpus:.2f} samples/s per GPU at a {args.interval}s interval. VictoriaMetrics "
                 f"received {vm.get('samples_per_s', 0) / gpus:.2f} samples/s per GPU (both replicas) and dropped "

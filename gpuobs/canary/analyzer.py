@@ -31,8 +31,13 @@ from ``max(start, first canary sample + step - 1 s, first baseline sample + step
 sample is ``min(min_over_time(timestamp(<series>{<side>})[<window + step>s:<step>s]))`` at ``end``
 (a subquery over ``timestamp()`` of a bare selector: the raw sample's time in Prometheus 2.42 and
 in VictoriaMetrics 1.79, where ``timestamp`` is the ``rollupTlast`` rollup; accurate to one step,
-never earlier than the true first sample). Why: ``increase()`` over a window holding a series' first sample
-differs between engines. PromQL starts at the first sample inside the window. MetricsQL
+never earlier than the true first sample). For a histogram ``<series>`` is its ``_count``
+(:func:`first_sample_series`): a histogram's buckets and count are exposed together from the
+child's creation and stamped by the same scrape, so the count's first sample is the buckets', read
+from one series per node instead of one per bucket (a subquery costs per series and step: one
+look's 14 first-sample queries at 128 nodes took 0.27 s through VictoriaMetrics 1.79 and 1.31 s
+through Prometheus 2.42 on the buckets, 0.04 s and 0.10 s on the counts; bench/README.md, "Scale
+bench"). Why: ``increase()`` over a window holding a series' first sample differs between engines. PromQL starts at the first sample inside the window. MetricsQL
 (VictoriaMetrics v1.79.5, ``app/vmselect/promql/rollup.go``, ``rollupDelta``), when no sample
 precedes the window, assumes the counter was 0 before the first sample if
 ``abs(first) < 10 * (abs(second - first) + 1)`` and starts at the first sample otherwise; the rule
@@ -54,6 +59,18 @@ own zero point, so the buckets are stretched unequally: early looks' z had an sd
 0.96 and healthy canaries were rolled back 1.2% of the time (bench/README.md). The
 stage's time fraction (alpha spending) still counts from ``start``; each metric reports its
 ``data_start``.
+
+**Every instant query is answered at the time it names** (``params=``
+:data:`~gpuobs.promapi.prometheus.AT_TIME_PARAMS`, ``nocache=1``; Prometheus ignores it).
+VictoriaMetrics otherwise evaluates an instant query within ``-search.latencyOffset`` of now (20 s in
+the native HA stack, 16 s in the Kubernetes render) at now minus the offset, so a look ending now
+read every window that much earlier than the one cut after the first samples (14 s after the first
+sample at 15 s scrapes), the first sample fell back inside it and fresh series were
+counted from zero: one look at the same moment, 90 s after an HA stack started (128 nodes, shard 0),
+through VictoriaMetrics TTFT -39.7 % on 478 canary requests, through the shard replica -4.0 % on
+321; with the parameter -5.6 % on 338 against -3.1 % on 341 (bench/README.md, "Scale bench"). The
+``series`` metrics' range queries do without it: VictoriaMetrics holds their last points back either
+way (``adjustLastPoints``), and both sides are paired step by step.
 
 Errors: :class:`~gpuobs.promapi.prometheus.PrometheusUnavailable` and the other PrometheusError types are
 raised, never turned into a verdict; empty results, NaN, vanished series, a missing error series and
@@ -81,7 +98,7 @@ from gpuobs.canary.stats import (CLASS_NAMES, Clustered, Shift, bin_log_centres,
                                  unit_moments)
 from gpuobs.canary.verdict import MetricResult, Verdict, assumptions, combine, deciding_tests, design_line
 from gpuobs.core import log
-from gpuobs.promapi.prometheus import PromClient, QueryResult
+from gpuobs.promapi.prometheus import AT_TIME_PARAMS, PromClient, QueryResult
 
 LOG = log.get("canary")
 # Tests that can roll back but need not pass for PROMOTE. The tail test estimates the p99 change through
@@ -93,6 +110,12 @@ HARM_ONLY_TESTS = frozenset({"tail"})
 # (module docstring): the first sample is outside the window in every engine, the second inside it.
 FIRST_SAMPLE_MARGIN_S = 1.0
 OUTLOOK_MARGIN = 1.5  # "out of reach" = the horizon brings less than 1/1.5 of the requests needed
+
+
+def first_sample_series(spec: MetricSpec) -> str:
+    """The series whose first sample dates ``spec``'s counters (module docstring): a histogram's
+    ``_count`` (born with its buckets, one series per node instead of one per bucket), else the metric."""
+    return f"{spec.metric}_count" if spec.kind == "histogram" else spec.metric
 
 
 @dataclass
@@ -218,7 +241,7 @@ class Analyzer:
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _instant(self, expr: str, end: float, what: str) -> QueryResult:
-        res = self.client.query(expr, at=end)
+        res = self.client.query(expr, at=end, params=AT_TIME_PARAMS)
         if res.has_nan:
             raise NoData(f"NaN in the {what} result")
         return res
@@ -285,7 +308,7 @@ class Analyzer:
         step = max(1, round(self.config.step_s))
         rng = max(1, round(end - start)) + step
         q = f"min(min_over_time(timestamp({series}{{{spec.selector(selector)}}})[{rng}s:{step}s]))"
-        value = self.client.query(q, at=end).scalar()
+        value = self.client.query(q, at=end, params=AT_TIME_PARAMS).scalar()
         return value if value is not None and math.isfinite(value) else None
 
     def _data_window(self, spec: MetricSpec, res: MetricResult, series: str, start: float, end: float) -> str:
@@ -344,7 +367,7 @@ class Analyzer:
         cfg = self.config
         series = f"{spec.metric}_bucket"
         selector = selector or self.baseline
-        first = self.first_sample(series, spec, selector, lo, at)
+        first = self.first_sample(first_sample_series(spec), spec, selector, lo, at)
         if first is not None and first + cfg.step_s > lo:
             lo = first + cfg.step_s
         if lo >= keep_before - cfg.step_s:
@@ -426,7 +449,7 @@ class Analyzer:
         it form one unit.
         """
         cfg = self.config
-        window = self._data_window(spec, res, f"{spec.metric}_bucket", start, end)
+        window = self._data_window(spec, res, first_sample_series(spec), start, end)
         unit = cfg.node_label
         sides: dict[str, dict[str, Any]] = {}
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
@@ -597,7 +620,7 @@ class Analyzer:
         A missing error series is missing evidence, not zero errors: vLLM creates every
         ``finished_reason`` child at start-up, so an absent ``finished_reason="error"`` series means
         a scrape, relabelling or exporter problem, and the metric is NoData (HOLD)."""
-        window = self._data_window(spec, res, spec.metric, start, end)
+        window = self._data_window(spec, res, first_sample_series(spec), start, end)
         counts = {}
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
             s = spec.selector(sel)

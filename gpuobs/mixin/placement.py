@@ -34,6 +34,7 @@ import promql_parser as pp
 import yaml
 
 from gpuobs.core.durations import parse_duration
+from gpuobs.promapi.prometheus import AT_TIME_PARAMS
 
 #: Besides the fleet config's identity label (the node, which file_sd and ServiceMonitor targets both
 #: carry, docs/real-fleet.md step 3), the label that identifies where a series comes from: the scrape target itself.
@@ -248,14 +249,12 @@ def place(files: dict[str, str], identity_label: str) -> Placement:
 REMOTE_WRITE_DEADLINE_S = 1.0
 #: Query parameters vmalert adds to every rule query (``params`` of each vmalert group, vmalert v1.79.5
 #: ``app/vmalert/config/config.go`` ``Group.Params``, applied by ``datasource/vm.go`` ``ApplyParams``):
-#: ``nocache=1`` makes VictoriaMetrics answer an instant query at the time asked instead of moving it
-#: back by ``-search.latencyOffset`` (VictoriaMetrics v1.79.5 ``app/vmselect/prometheus/prometheus.go``
-#: ``QueryHandler``: "Adjust start time only if `nocache` arg isn't set"). The offset (interval + 5 s
-#: here) guards human range queries against an incomplete last point; a rule evaluated at "now" reads
+#: :data:`gpuobs.promapi.prometheus.AT_TIME_PARAMS` (``nocache=1``), so VictoriaMetrics answers an instant
+#: query at the time asked instead of moving it back by ``-search.latencyOffset``. The offset (interval +
+#: 5 s here) guards human range queries against an incomplete last point; a rule evaluated at "now" reads
 #: each series' newest sample that has arrived, as a Prometheus rule does while other targets are still
-#: being scraped. It costs no cache: an instant query is cached only when its time is a multiple of its
-#: step (``promql/eval.go`` ``EvalConfig.mayCache``), which vmalert's 5 m step almost never is.
-VMALERT_QUERY_PARAMS = {"nocache": ["1"]}
+#: being scraped. No cache is lost: vmalert's 5 m step almost never divides an evaluation time.
+VMALERT_QUERY_PARAMS = {k: [v] for k, v in AT_TIME_PARAMS.items()}
 
 
 def fresh_queries(rule_file_text: str) -> str:

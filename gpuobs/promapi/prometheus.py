@@ -36,6 +36,16 @@ from gpuobs.core.reach import unreachable
 
 RETRY_STATUS = frozenset(range(500, 600))
 QUERY_ERROR_STATUS = frozenset({400, 422})
+#: Extra parameters of an instant query that must be answered at exactly the ``time`` asked.
+#: VictoriaMetrics moves an instant query whose time lies within ``-search.latencyOffset`` of now back
+#: to now minus the offset (and stamps the answer with the time asked) unless ``nocache`` is set
+#: (v1.79.5 ``app/vmselect/prometheus/prometheus.go`` ``QueryHandler``: "Adjust start time only if
+#: `nocache` arg isn't set"); ``nocache`` also turns off its rollup-result cache, which an instant query
+#: uses only at a time that is a multiple of its 5 m step (``promql/eval.go`` ``EvalConfig.mayCache``),
+#: so it costs nothing here. Prometheus reads only the form values it knows and ignores it.
+#: Owner of the parameter for every gpuobs reader that needs it (the canary analyzer; vmalert's rule
+#: groups: :data:`gpuobs.mixin.placement.VMALERT_QUERY_PARAMS`).
+AT_TIME_PARAMS: Mapping[str, str] = {"nocache": "1"}
 
 
 class PrometheusError(Failure):
@@ -163,9 +173,11 @@ class PromClient:
             raise ValueError("use either a bearer token or basic auth, not both")
 
     # ---- public API ---------------------------------------------------------------------------
-    def query(self, expr: str, at: float | None = None) -> QueryResult:
-        """Evaluate ``expr`` at unix time ``at`` (default: now). Returns a vector/scalar result."""
-        params: dict[str, Any] = {"query": expr, "timeout": f"{self.timeout:g}s"}
+    def query(self, expr: str, at: float | None = None, params: Mapping[str, str] | None = None) -> QueryResult:
+        """Evaluate ``expr`` at unix time ``at`` (default: now). Returns a vector/scalar result.
+        ``params``: extra request parameters (e.g. :data:`AT_TIME_PARAMS`); they cannot replace
+        ``query``, ``time`` or ``timeout``."""
+        params = {**(params or {}), "query": expr, "timeout": f"{self.timeout:g}s"}
         if at is not None:
             params["time"] = f"{at:.3f}"
         return self._parse_result(*self._call("query", params, expr), expr)

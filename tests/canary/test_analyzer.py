@@ -121,12 +121,17 @@ def test_queries_carry_selectors_window_and_evaluation_time():
     queries = [r["params"]["query"][0] for r in requests]
     assert all(CANARY in q or BASELINE in q for q in queries)
     ttft_q = [q for q in queries if "time_to_first_token" in q]
-    assert ttft_q[0] == ('min(min_over_time(timestamp(vllm:time_to_first_token_seconds_bucket{job=~"vllm|.*vllm.*",'
+    # a histogram's first sample is read from its _count: one series per node, not one per bucket
+    assert ttft_q[0] == ('min(min_over_time(timestamp(vllm:time_to_first_token_seconds_count{job=~"vllm|.*vllm.*",'
                          'track="canary"})[315s:15s]))')
     assert ttft_q[2] == ('sum by (le, instance) (increase(vllm:time_to_first_token_seconds_bucket{job=~"vllm|.*vllm.*",'
                          'track="canary"}[300s]))')
     assert any('finished_reason="error"' in q for q in queries)
     instant = [r for r in requests if r["endpoint"] == "query"]
+    # every instant query is answered at the time asked: VictoriaMetrics would otherwise move a look
+    # ending now back by its -search.latencyOffset, past the windows cut at the first samples
+    assert instant and all(r["params"].get("nocache") == ["1"] for r in instant)
+    assert all("nocache" not in r["params"] for r in requests if r["endpoint"] == "query_range")
     # the look's queries at its end; the pre-stage ones (within-node design) at the stage's start
     pre = [r["params"]["query"][0] for r in instant if r["params"]["time"] == ["10000.000"]]
     assert all(r["params"]["time"] == ["10300.000"] for r in instant if r["params"]["query"][0] not in pre)
@@ -207,7 +212,7 @@ def test_a_canary_first_scraped_too_recently_is_hold_naming_the_side():
     v, reqs = analyze(data)
     assert v.verdict == "HOLD" and not _increase_windows(reqs)
     reason = row(v, "ttft").reason
-    assert "canary's first vllm:time_to_first_token_seconds_bucket sample" in reason and "just after it" in reason
+    assert "canary's first vllm:time_to_first_token_seconds_count sample" in reason and "just after it" in reason
     assert "canary's first vllm:request_success_total sample" in row(v, "error_ratio").reason
 
 

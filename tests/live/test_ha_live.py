@@ -24,7 +24,9 @@ import pytest
 import requests
 
 from gpuobs import cli
+from gpuobs.core.durations import parse_duration
 from gpuobs.promapi.exporter_admin import AdminClient
+from gpuobs.promapi.prometheus import AT_TIME_PARAMS, PromClient
 from gpuobs.pager import incidents
 from gpuobs.stack import ha, supervisor
 from gpuobs.stack.ports import free_port_range
@@ -246,7 +248,9 @@ def test_a_canary_look_gives_the_same_verdict_through_victoriametrics_and_a_shar
     sel_c, sel_b = f'node="{canary}"', f'node="{baseline}"'
 
     def judged():  # the same look through both, until both have enough requests to judge TTFT
-        end = time.time() - 20  # older than VictoriaMetrics's latency offset (interval + 5 s)
+        # now, as a rollout looks: the analyzer's instant queries are answered at this time, not one
+        # -search.latencyOffset earlier (test_victoriametrics_answers_the_canarys_instant_queries_at_the_time_asked)
+        end = time.time()
         docs = [_look(u, sel_c, sel_b, end - 300, end) for u in (stack.urls.prometheus, prom)]
         return (end, *docs) if all(_metric(d, "ttft")["classification"] != "NoData" for d in docs) else None
     end, vm_doc, shard_doc = _poll(judged, 60, "enough canary requests for a TTFT judgement through both")
@@ -275,6 +279,24 @@ def test_a_canary_look_gives_the_same_verdict_through_victoriametrics_and_a_shar
             # whichever is wider (a fixed 0.1 failed once at 0.12 with both Inconclusive)
             lo, hi = pr_m["interval"] if pr_m.get("interval") else (0.0, 0.0)
             assert abs(vm_m["effect"] - pr_m["effect"]) <= max(0.1, (hi - lo) / 2), what
+
+
+def test_victoriametrics_answers_the_canarys_instant_queries_at_the_time_asked(stack):
+    """AT_TIME_PARAMS (nocache=1, sent with every instant query of a canary look): VictoriaMetrics
+    evaluates the query at the time asked; without it at that time minus -search.latencyOffset
+    (v1.79.5 QueryHandler), where a look's windows, cut one step after the first samples, would start
+    before them once the offset exceeds a step less 1 s (the native stack's 15 s interval: 20 s)."""
+    interval = ha.HAConfig().scrape_interval_s
+    offset = next(parse_duration(f.split("=", 1)[1]) for f in ha.victoria_metrics_flags(interval)
+                  if f.startswith("-search.latencyOffset="))
+    client = PromClient(stack.urls.prometheus)
+    q = 'max(timestamp(up{job="dcgm"}))'  # the newest scrape of any node's exporter VictoriaMetrics holds
+    now = time.time()
+    asked, moved = client.query(q, at=now, params=AT_TIME_PARAMS), client.query(q, at=now)
+    assert asked.samples[0].timestamp == moved.samples[0].timestamp == pytest.approx(now, abs=0.001)
+    # moved back: nothing newer than the offset; at the time asked: the scrapes of the last offset,
+    # which covers a scrape interval and a remote-write batch (gpuobs.stack.ha.victoria_metrics_flags)
+    assert moved.scalar() <= now - offset + 0.01 < asked.scalar() <= now, (now, offset, moved, asked)
 
 
 def _metric(doc: dict, name: str) -> dict:

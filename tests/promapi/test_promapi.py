@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from gpuobs.promapi.prometheus import (
+    AT_TIME_PARAMS,
     PromClient,
     PrometheusQueryError,
     PrometheusResponseError,
@@ -40,6 +41,20 @@ def test_query_parses_vector_with_nan_and_inf_and_sends_time():
     assert req["params"]["query"] == ['sum by (le) (rate(x_bucket{track="canary"}[5m]))']
     assert req["params"]["time"] == ["1717243200.500"]
     assert req["params"]["timeout"] == ["10s"]
+
+
+def test_query_sends_extra_params_which_cannot_replace_its_own():
+    """AT_TIME_PARAMS (nocache=1: VictoriaMetrics answers at the time asked, not one latency offset
+    earlier) travel with the query, by POST and by GET; query, time and timeout stay the caller's."""
+    assert AT_TIME_PARAMS == {"nocache": "1"}
+    for method in ("POST", "GET"):
+        with FakePrometheus(lambda ep, p: ok(vector([]))) as fp:
+            c, _ = client(fp.url, method=method)
+            c.query("up", at=100.0, params={**AT_TIME_PARAMS, "query": "down", "time": "1", "timeout": "1s"})
+            c.query("up", at=100.0)
+        first, plain = (r["params"] for r in fp.requests)
+        assert first == {"nocache": ["1"], "query": ["up"], "time": ["100.000"], "timeout": ["10s"]}, method
+        assert "nocache" not in plain
 
 
 def test_empty_result_is_not_an_error_and_scalar_helpers():
