@@ -56,7 +56,7 @@ from gpuobs.core import assets
 from gpuobs.core.files import stale_files, write_tree
 from gpuobs.core.fleet import FleetConfig
 from gpuobs.mixin.alertmanager import remediation_route
-from gpuobs.mixin.placement import GLOBAL_JOB, REMOTE_WRITE_DEADLINE_S, blind_rule, fresh_queries, place
+from gpuobs.mixin.placement import GLOBAL_JOB, REMOTE_WRITE_DEADLINE_S, blind_rule, fresh_queries, place, vm_latency_offset_s
 from gpuobs.mixin.render import render_all
 from gpuobs.mixin.slo_rules import load_config as load_slo_config
 from gpuobs.mixin.slo_rules import parse_period
@@ -849,7 +849,7 @@ def ha_victoriametrics(slo_period_s: int) -> list[dict[str, Any]]:
       ``-dedup.minScrapeInterval`` = the scrape interval (VictoriaMetrics docs, "Deduplication": "If
       duplicate data is pushed to VictoriaMetrics from identically configured vmagent instances or
       Prometheus instances, then the -dedup.minScrapeInterval must be set to scrape_interval from scrape
-      configs"), ``-search.latencyOffset`` = interval + :data:`gpuobs.mixin.placement.REMOTE_WRITE_DEADLINE_S`, retention the
+      configs"), ``-search.latencyOffset`` = :func:`gpuobs.mixin.placement.vm_latency_offset_s`, retention the
       SLO period (``slo_period_s``, seconds) plus a week: the error-budget rules read a whole period.
     * ``VMAlert``: the fleet-wide rules (the VMRules labelled ``gpuobs.io/placement: fleet``; with
       ``ruleNamespaceSelector`` unset the operator selects VMRules in VMAlert's namespace only,
@@ -865,7 +865,7 @@ def ha_victoriametrics(slo_period_s: int) -> list[dict[str, Any]]:
     single = {"apiVersion": "operator.victoriametrics.com/v1beta1", "kind": "VMSingle", "metadata": _meta(HA_NAME),
               "spec": {"retentionPeriod": f"{retention_days}d",
                        "extraArgs": {"dedup.minScrapeInterval": interval,
-                                     "search.latencyOffset": _fmt_duration(SCRAPE_INTERVAL_S + REMOTE_WRITE_DEADLINE_S)},
+                                     "search.latencyOffset": _fmt_duration(vm_latency_offset_s(SCRAPE_INTERVAL_S))},
                        "storage": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "100Gi"}}},
                        "resources": {"requests": {"cpu": "500m", "memory": "2Gi"},
                                      "limits": {"cpu": "4", "memory": "8Gi"}}}}

@@ -247,11 +247,19 @@ def place(files: dict[str, str], identity_label: str) -> Placement:
 #: "Fault-to-page"); at a large fleet batches fill in milliseconds anyway, at a small one this is at
 #: most a few requests per second per replica.
 REMOTE_WRITE_DEADLINE_S = 1.0
+
+
+def vm_latency_offset_s(interval_s: float) -> float:
+    """VictoriaMetrics's ``-search.latencyOffset`` in seconds for a scrape interval of ``interval_s``
+    (both topologies, native and Kubernetes): one interval plus :data:`REMOTE_WRITE_DEADLINE_S`, the
+    longest a sample takes to arrive (the 1.79 default is 30 s, its ``-help``). A query near "now"
+    without ``nocache=1`` is answered this much earlier, so a range query's last point is complete."""
+    return float(interval_s) + REMOTE_WRITE_DEADLINE_S
 #: Query parameters vmalert adds to every rule query (``params`` of each vmalert group, vmalert v1.79.5
 #: ``app/vmalert/config/config.go`` ``Group.Params``, applied by ``datasource/vm.go`` ``ApplyParams``):
 #: :data:`gpuobs.promapi.prometheus.AT_TIME_PARAMS` (``nocache=1``), so VictoriaMetrics answers an instant
-#: query at the time asked instead of moving it back by ``-search.latencyOffset``. The offset (interval +
-#: 5 s here) guards human range queries against an incomplete last point; a rule evaluated at "now" reads
+#: query at the time asked instead of moving it back by ``-search.latencyOffset``. The offset
+#: (:func:`vm_latency_offset_s`) guards human range queries against an incomplete last point; a rule evaluated at "now" reads
 #: each series' newest sample that has arrived, as a Prometheus rule does while other targets are still
 #: being scraped. No cache is lost: vmalert's 5 m step almost never divides an evaluation time.
 VMALERT_QUERY_PARAMS = {k: [v] for k, v in AT_TIME_PARAMS.items()}

@@ -53,6 +53,7 @@ from gpuobs.core.fleet import shipped_fleet
 from gpuobs.mixin.placement import (
     GLOBAL_JOB,
     REMOTE_WRITE_DEADLINE_S,
+    vm_latency_offset_s,
     blind_rule,
     fresh_queries,
     place,
@@ -205,11 +206,10 @@ def victoria_metrics_flags(interval_s: float) -> list[str]:
     """VictoriaMetrics's dedup and freshness flags for a scrape interval of ``interval_s`` seconds
     (both topologies): ``-dedup.minScrapeInterval`` = the interval (one sample per series and interval:
     the replica pairs' copies collapse into one; VictoriaMetrics 1.79 docs, "Deduplication") and
-    ``-search.latencyOffset`` = interval + 5 s (remote write arrives in batches of at most
-    ``batch_send_deadline`` = 5 s, Prometheus 2.42 ``config/config.go`` ``DefaultQueueConfig``; the
-    1.79 default offset is 30 s, its ``-help``), so vmalert sees fresh data."""
+    ``-search.latencyOffset`` = :func:`gpuobs.mixin.placement.vm_latency_offset_s` (interval + the
+    remote-write batch deadline), so vmalert and the canary see fresh data."""
     return [f"-dedup.minScrapeInterval={format_duration(interval_s)}",
-            f"-search.latencyOffset={format_duration(interval_s + 5)}"]
+            f"-search.latencyOffset={format_duration(vm_latency_offset_s(interval_s))}"]
 
 
 def alertmanager_cluster_flags(peers: list[str], peer_timeout_s: float) -> list[str]:
@@ -400,7 +400,7 @@ def _up(cfg: HAConfig, out) -> StackState:
               lambda: all(_cluster_size(u) == cfg.alertmanagers for u in am_urls), deadline)
         # urls.prometheus is VictoriaMetrics: whoever reads it next (the rollout's compatibility gate,
         # the canary, doctor) must find the fleet there, not only on the shards. It sees a sample after
-        # remote write (up to 5 s) and its -search.latencyOffset (interval + 5 s).
+        # remote write (up to REMOTE_WRITE_DEADLINE_S) and its -search.latencyOffset (vm_latency_offset_s).
         _wait("VictoriaMetrics to hold every node target's samples",
               lambda: _vm_targets_up(vm_url, expected, pools), deadline)
     except BaseException:

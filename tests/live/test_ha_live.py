@@ -285,7 +285,7 @@ def test_victoriametrics_answers_the_canarys_instant_queries_at_the_time_asked(s
     """AT_TIME_PARAMS (nocache=1, sent with every instant query of a canary look): VictoriaMetrics
     evaluates the query at the time asked; without it at that time minus -search.latencyOffset
     (v1.79.5 QueryHandler), where a look's windows, cut one step after the first samples, would start
-    before them once the offset exceeds a step less 1 s (the native stack's 15 s interval: 20 s)."""
+    before them once the offset exceeds a step less 1 s (vm_latency_offset_s: the interval + 1 s)."""
     interval = ha.HAConfig().scrape_interval_s
     offset = next(parse_duration(f.split("=", 1)[1]) for f in ha.victoria_metrics_flags(interval)
                   if f.startswith("-search.latencyOffset="))
