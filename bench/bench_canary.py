@@ -531,8 +531,9 @@ def main(argv: list[str] | None = None) -> int:
         args.runs, args.aa_runs = 200, 400
     shapes = [s for s in SHAPES if not args.shape or any(s.name == x[1:] if x.startswith("=") else x in s.name
                                                          for x in args.shape)]
-    # the small-fleet promote goals are CI-reliability claims (>= 99-99.5%): measured on the A/A run count
-    work = [(s, args.aa_runs if s.aa or s.goal in ("devpromote", "livepromote") else args.runs, args.pods,
+    # the small-fleet promote goals are CI-reliability claims (>= 99-99.5%) and the margin shape measures a
+    # 1% PROMOTE rate: measured on the A/A run count
+    work = [(s, args.aa_runs if s.aa or s.goal in ("devpromote", "livepromote", "pe") else args.runs, args.pods,
              args.seed + i, args.config)
             for i, s in enumerate(SHAPES)
             if s in shapes]
