@@ -95,17 +95,24 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
+def _draw_counts(q: np.ndarray, p: np.ndarray, runs: int, looks: int, canary_per_look: float, baseline_ratio: float,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Cumulative bucket counts by look of a canary drawn from bucket probabilities ``q`` (Poisson
+    ``canary_per_look`` requests per look) and of a baseline drawn from ``p`` (``baseline_ratio`` x
+    as many): ``(c, b, nc, nb)``, counts (runs, looks, buckets) and totals (runs, looks), ``nb`` >= 1."""
+    n_c = rng.poisson(canary_per_look, size=(runs, looks))
+    c = np.cumsum(np.stack([rng.multinomial(n, q) for n in n_c.ravel()]).reshape(runs, looks, -1), 1)
+    n_b = rng.poisson(canary_per_look * baseline_ratio, size=(runs, looks))
+    b = np.cumsum(np.stack([rng.multinomial(n, p) for n in n_b.ravel()]).reshape(runs, looks, -1), 1)
+    return c, b, c.sum(-1), np.maximum(b.sum(-1), 1)
+
+
 def _oracle_stats(cdf: Callable[[np.ndarray], np.ndarray], runs: int, looks: int, canary_per_look: float,
                   baseline_ratio: float, rng: np.random.Generator) -> list[np.ndarray]:
     """The two likelihood-ratio statistics (+10% uniform, tail stretch) per run and look, (runs, looks)
     each, under the canary distribution ``cdf`` (see :func:`joint_oracle`)."""
     p = bucket_probs(healthy_cdf)
-    q = bucket_probs(cdf)
-    n_c = rng.poisson(canary_per_look, size=(runs, looks))
-    c = np.cumsum(np.stack([rng.multinomial(n, q) for n in n_c.ravel()]).reshape(runs, looks, -1), 1)
-    n_b = rng.poisson(canary_per_look * baseline_ratio, size=(runs, looks))
-    b = np.cumsum(np.stack([rng.multinomial(n, p) for n in n_b.ravel()]).reshape(runs, looks, -1), 1)
-    nc, nb = c.sum(-1), np.maximum(b.sum(-1), 1)
+    c, b, nc, nb = _draw_counts(bucket_probs(cdf), p, runs, looks, canary_per_look, baseline_ratio, rng)
     p_hat = b / nb[..., None]
     out = []
     for alt in (uniform_cdf(1.10), tail_cdf):
@@ -215,12 +222,7 @@ def pass_oracle(runs: int = 20_000, looks: int = 20, canary_per_look: float = 60
     infos = [canary_per_look * (k + 1) for k in range(looks)]
 
     def stats(canary_cdf, q: np.ndarray, n_runs: int) -> np.ndarray:
-        qc = bucket_probs(canary_cdf)
-        n_c = rng.poisson(canary_per_look, size=(n_runs, looks))
-        c = np.cumsum(np.stack([rng.multinomial(n, qc) for n in n_c.ravel()]).reshape(n_runs, looks, -1), 1)
-        n_b = rng.poisson(canary_per_look * baseline_ratio, size=(n_runs, looks))
-        b = np.cumsum(np.stack([rng.multinomial(n, p) for n in n_b.ravel()]).reshape(n_runs, looks, -1), 1)
-        nc, nb = c.sum(-1), np.maximum(b.sum(-1), 1)
+        c, b, nc, nb = _draw_counts(bucket_probs(canary_cdf), p, n_runs, looks, canary_per_look, baseline_ratio, rng)
         ok = (p > 0) & (q > 0)
         w = np.zeros_like(p)
         w[ok] = np.log(q[ok] / p[ok])
