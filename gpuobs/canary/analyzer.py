@@ -62,8 +62,9 @@ stage's time fraction (alpha spending) still counts from ``start``; each metric 
 
 **Every instant query is answered at the time it names** (``params=``
 :data:`~gpuobs.promapi.prometheus.AT_TIME_PARAMS`, ``nocache=1``; Prometheus ignores it).
-VictoriaMetrics otherwise evaluates an instant query within ``-search.latencyOffset`` of now (20 s in
-the native HA stack, 16 s in the Kubernetes render) at now minus the offset, so a look ending now
+VictoriaMetrics otherwise evaluates an instant query within ``-search.latencyOffset`` of now
+(:func:`gpuobs.mixin.placement.vm_latency_offset_s`: 16 s at 15 s scrapes; 20 s in the native HA
+stack when this was found) at now minus the offset, so a look ending now
 read every window that much earlier than the one cut after the first samples (14 s after the first
 sample at 15 s scrapes), the first sample fell back inside it and fresh series were
 counted from zero: one look at the same moment, 90 s after an HA stack started (128 nodes, shard 0),
