@@ -26,8 +26,9 @@ tail test (log-rank on the requests above the baseline's p90 bound, exact null) 
 whether a PROMOTE is reachable within the horizon (``Verdict.promote_reachable``).
 
 **A look never reaches back before the first scrape.** The counter metrics (histograms, errors) are read
-from ``max(start, first canary sample + step - 1 s, first baseline sample + step - 1 s)``
-(``FIRST_SAMPLE_MARGIN_S``), where a side's first
+from ``max(start, first canary sample + m, first baseline sample + m)``, ``m`` = -1 s on Prometheus's
+own engine and one step less 1 s elsewhere (``FIRST_SAMPLE_MARGIN_S``; the engine from
+``/api/v1/status/buildinfo``, :func:`~gpuobs.promapi.prometheus.prometheus_engine`), where a side's first
 sample is ``min(min_over_time(timestamp(<series>{<side>})[<window + step>s:<step>s]))`` at ``end``
 (a subquery over ``timestamp()`` of a bare selector: the raw sample's time in Prometheus 2.42 and
 in VictoriaMetrics 1.79, where ``timestamp`` is the ``rollupTlast`` rollup; accurate to one step,
@@ -56,7 +57,15 @@ second and left it out) and VictoriaMetrics (whose ``prevValue`` is then the fir
 starting 1 s after the first sample (tried, issue 26) keeps the first step's requests but has
 Prometheus extrapolate each ``le`` series 14 s back to the window's start, clipped at each series'
 own zero point, so the buckets are stretched unequally: early looks' z had an sd of 1.04 instead of
-0.96 and healthy canaries were rolled back 1.2% of the time (bench/README.md). The
+0.96 and healthy canaries were rolled back 1.2% of the time (bench/README.md). On Prometheus's
+engine (Prometheus 2.x and 3.x, Thanos, Mimir: PromQL never counts a series from zero) the window
+starts 1 s *before* the first sample instead: ``increase()`` then starts at that sample and
+extrapolates at most 1 s back (clipped at each series' zero point), so the first scrape step's
+requests count, as VictoriaMetrics counts them from its ``prevValue``. That step is about 5% of a
+fresh canary's requests at look 10; on the bench's Prometheus fake it was worth 4.7 points of power
+against a +10% regression by look 10 (71.5% -> 76.2%, the VictoriaMetrics fake's figure with the
+same data; bench/README.md, issue 26). A backend that does not say it is Prometheus keeps the
+margin that is right on every engine. The
 stage's time fraction (alpha spending) still counts from ``start``; each metric reports its
 ``data_start``.
 
@@ -99,7 +108,7 @@ from gpuobs.canary.stats import (CLASS_NAMES, Clustered, Shift, bin_log_centres,
                                  unit_moments)
 from gpuobs.canary.verdict import MetricResult, Verdict, assumptions, combine, deciding_tests, design_line
 from gpuobs.core import log
-from gpuobs.promapi.prometheus import AT_TIME_PARAMS, PromClient, QueryResult
+from gpuobs.promapi.prometheus import AT_TIME_PARAMS, PromClient, QueryResult, prometheus_engine
 
 LOG = log.get("canary")
 # Tests that can roll back but need not pass for PROMOTE. The tail test estimates the p99 change through
@@ -107,8 +116,9 @@ LOG = log.get("canary")
 # directly; requiring both to pass held healthy canaries: with Prometheus' default buckets 26% of
 # healthy canaries were still HOLD at the deadline (79 of 88 blocked by the tail test), 15% before it.
 HARM_ONLY_TESTS = frozenset({"tail"})
-# A look of a series born inside its window starts one step less this after the series' first sample
-# (module docstring): the first sample is outside the window in every engine, the second inside it.
+# A look of a series born inside its window starts this much before the series' first sample on
+# Prometheus's engine, one step less this after it elsewhere (module docstring): PromQL then counts from
+# the first sample; MetricsQL takes the first sample, before the window, as the start.
 FIRST_SAMPLE_MARGIN_S = 1.0
 OUTLOOK_MARGIN = 1.5  # "out of reach" = the horizon brings less than 1/1.5 of the requests needed
 
@@ -166,6 +176,9 @@ class Analyzer:
         self.history = parse_selector(history, "--history") if history else self.baseline
         self.pre_stage_end = pre_stage_end
         self.within_only = within_only
+        # whether the backend evaluates PromQL with Prometheus's engine (prometheus_engine), asked once
+        # per Analyzer at its first counter window
+        self._promql_engine: bool | None = None
 
     def analyze(self, start: float, end: float | None = None, state: AnalysisState | None = None) -> Verdict:
         """Analyse the window [start, end] (unix seconds; ``end`` defaults to now).
@@ -314,13 +327,18 @@ class Analyzer:
 
     def _data_window(self, spec: MetricSpec, res: MetricResult, series: str, start: float, end: float) -> str:
         """The ``increase()`` range for a counter metric: from ``start`` or, when either side's ``series``
-        begins inside the window, from one step less ``FIRST_SAMPLE_MARGIN_S`` after that side's first
-        sample (module docstring).
+        begins inside the window, from ``FIRST_SAMPLE_MARGIN_S`` before that side's first sample on
+        Prometheus's engine, one step less that after it elsewhere (module docstring).
         Sets ``res.data_start``. Raises NoData when that leaves no window before ``end``."""
         data_start = start
+        if self._promql_engine is None:
+            self._promql_engine = prometheus_engine(self.client.build_info())
+        # PromQL counts from the first sample inside the window: start just before it. Elsewhere (MetricsQL
+        # would count a young le series from 0) keep the first sample before the window: it is the start.
+        margin = -FIRST_SAMPLE_MARGIN_S if self._promql_engine else max(self.config.step_s - FIRST_SAMPLE_MARGIN_S,
+                                                                        FIRST_SAMPLE_MARGIN_S)
         for side, sel in (("canary", self.canary), ("baseline", self.baseline)):
             first = self.first_sample(series, spec, sel, start, end)
-            margin = max(self.config.step_s - FIRST_SAMPLE_MARGIN_S, FIRST_SAMPLE_MARGIN_S)
             if first is not None and first + margin > data_start:
                 data_start = first + margin
                 if data_start >= end - 1:

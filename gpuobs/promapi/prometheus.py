@@ -48,6 +48,14 @@ QUERY_ERROR_STATUS = frozenset({400, 422})
 AT_TIME_PARAMS: Mapping[str, str] = {"nocache": "1"}
 
 
+def prometheus_engine(build_info: Mapping[str, str] | None) -> bool:
+    """Whether a backend's build info (:meth:`PromClient.build_info`) is Prometheus's own, i.e. its
+    PromQL engine evaluates the queries (Prometheus, Thanos, Mimir: ``revision`` and ``goVersion``
+    present). False for VictoriaMetrics (no ``revision``) and for a backend that answered nothing:
+    callers whose query depends on the engine take the choice that is right on every engine then."""
+    return bool(build_info) and "revision" in build_info and "goVersion" in build_info
+
+
 class PrometheusError(Failure):
     """Base class of every error raised by :class:`PromClient`."""
 
@@ -207,6 +215,21 @@ class PromClient:
         if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
             raise PrometheusResponseError("series: expected a list of label sets")
         return [dict(d) for d in data]
+
+    def build_info(self) -> dict[str, str] | None:
+        """The backend's ``GET /api/v1/status/buildinfo`` data (``{"version": ..., "revision": ...}``),
+        or None when it does not answer one (any HTTP or transport error, a 404, an answer without a
+        ``data`` object): never raises. Prometheus (v2.42.0 ``web/api/v1/api.go`` ``serveBuildInfo``,
+        GET only) answers version, revision, branch, buildUser, buildDate, goVersion, and so do the
+        services built on its engine (Thanos, Mimir); VictoriaMetrics answers ``{}`` (v1.79.5
+        ``app/vmselect/main.go``) or, later, only ``{"version": "2.24.0"}`` for Grafana's sake."""
+        try:
+            resp = self.session.get(f"{self.url}/api/v1/status/buildinfo", headers=self._request_headers(),
+                                    timeout=self.timeout, auth=self.basic_auth)
+            data, _ = self._decode(resp, "buildinfo")
+        except (requests.RequestException, PrometheusError, ValueError):
+            return None
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else None
 
     # ---- transport ----------------------------------------------------------------------------
     def _request_headers(self) -> dict[str, str]:

@@ -199,11 +199,15 @@ class FakeSession:
     def post(self, url: str, data: dict[str, Any], **_: Any) -> FakeResponse:
         return self._answer(url, data)
 
-    def get(self, url: str, params: dict[str, Any], **_: Any) -> FakeResponse:
-        return self._answer(url, params)
+    def get(self, url: str, params: dict[str, Any] | None = None, **_: Any) -> FakeResponse:
+        return self._answer(url, params or {})
 
     def _answer(self, url: str, params: dict[str, Any]) -> FakeResponse:
         self.calls += 1
+        if url.endswith("/api/v1/status/buildinfo"):  # Prometheus's fields; VictoriaMetrics 1.79's empty data
+            data = {} if self.victoriametrics else {"version": "3.0.0" if self.left_open else "2.42.0",
+                                                     "revision": "fake", "branch": "HEAD", "goVersion": "go1.19"}
+            return FakeResponse(200, {"status": "success", "data": data}, url)
         assert url.endswith("/api/v1/query"), url
         at = float(params["time"])
         result = self.evaluate(params["query"], at)

@@ -62,9 +62,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, params: dict[str, list[str]]) -> None:
         url = urlsplit(self.path)
         endpoint = url.path.removeprefix("/api/v1/")
-        self.server.requests.append({"method": self.command, "endpoint": endpoint, "params": params,
-                                     "headers": dict(self.headers)})
-        status, body = self.server.responder(endpoint, params)
+        if endpoint == "status/buildinfo" and self.server.build_info is None:
+            # a backend that does not say which engine it runs (the analyzer then cuts its windows the way
+            # that is right on every engine); not recorded: ``requests`` holds the queries
+            status, body = 404, {"status": "error", "errorType": "not_found", "error": "fake: no buildinfo"}
+        elif endpoint == "status/buildinfo":
+            status, body = 200, {"status": "success", "data": self.server.build_info}
+        else:
+            self.server.requests.append({"method": self.command, "endpoint": endpoint, "params": params,
+                                         "headers": dict(self.headers)})
+            status, body = self.server.responder(endpoint, params)
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -88,6 +95,8 @@ class FakePrometheus(ThreadingHTTPServer):
     def __init__(self, responder: Responder):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.responder = responder
+        # GET /api/v1/status/buildinfo's data; None: answered 404 (the engine unknown to the client)
+        self.build_info: dict[str, str] | None = None
         self.requests: list[dict[str, Any]] = []
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 

@@ -225,3 +225,36 @@ def test_union_alerts_client_lists_each_alert_once_and_survives_a_dead_member():
         assert r0.requests[0]["endpoint"] == "alerts"
     with pytest.raises(AlertApiError, match="no evaluator answered"):
         UnionAlertsClient([dead], timeout_s=2).alerts()
+
+
+@pytest.mark.parametrize("status, body, engine", [
+    (200, {"status": "success", "data": {"version": "2.42.0", "revision": "225c61122d88b01d1f0eaaee0e05b6f3e0567ac0",
+                                          "branch": "HEAD", "buildUser": "root@x", "buildDate": "20230131-13:15:06",
+                                          "goVersion": "go1.19.5"}}, True),
+    (200, {"status": "success", "data": {}}, False),  # VictoriaMetrics v1.79.5
+    (200, {"status": "success", "data": {"version": "2.24.0"}}, False),  # later VictoriaMetrics, for Grafana
+    (404, {"status": "error", "error": "not found"}, False),  # a proxy without the endpoint
+    (200, {"status": "success", "data": ["odd"]}, False),
+])
+def test_build_info_tells_prometheus_engine_from_others(status, body, engine):
+    from gpuobs.promapi.prometheus import prometheus_engine
+    from tests.fakes.prom_fleet import FakeResponse
+
+    class Session:
+        def get(self, url, **_):
+            assert url == "http://prom:9090/api/v1/status/buildinfo"
+            return FakeResponse(status, body, url)
+
+    info = PromClient("http://prom:9090", retries=0, session=Session()).build_info()
+    assert prometheus_engine(info) is engine
+    assert (info is None) == (status != 200 or not isinstance(body["data"], dict))
+
+
+def test_build_info_never_raises_on_a_dead_backend():
+    import requests as rq
+
+    class Session:
+        def get(self, url, **_):
+            raise rq.ConnectionError("refused")
+
+    assert PromClient("http://prom:9090", retries=0, session=Session()).build_info() is None
