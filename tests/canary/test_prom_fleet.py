@@ -86,8 +86,7 @@ def test_fake_increase_vm_matches_victoriametrics(tmp_path):
     from tests.fakes.prom_fleet import increase_vm
 
     binary = shutil.which("victoria-metrics")
-    if not binary:
-        pytest.skip("victoria-metrics is not installed (make binaries)")
+    assert binary, "victoria-metrics is required (make binaries)"
     port = free_port_range(1)
     base_ms = (int(time.time()) - 3 * 3600) // 60 * 60 * 1000  # 3 h old: past -search.latencyOffset
     proc = subprocess.Popen([binary, f"-storageDataPath={tmp_path / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
