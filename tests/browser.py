@@ -22,6 +22,14 @@ import requests
 
 from gpuobs.stack.ports import free_port_range
 
+# CDP's answers to an evaluation while the page is navigating (chromium's
+# "Inspected target navigated or closed", "Execution context was destroyed", "Cannot find context").
+NAVIGATING = ("navigated or closed", "context was destroyed", "Cannot find context")
+
+
+class CDPError(AssertionError):
+    """A CDP command answered with an error (its method and the error object in the message)."""
+
 
 class Browser:
     """One page in a fresh headless Chromium ``width`` x ``height`` CSS pixels (a context manager)."""
@@ -84,7 +92,7 @@ class Browser:
             msg = json.loads(self._ws.recv())
             if msg.get("id") == mid:
                 if "error" in msg:
-                    raise AssertionError(f"{method}: {msg['error']}")
+                    raise CDPError(f"{method}: {msg['error']}")
                 return msg.get("result", {})
 
     def eval(self, expr: str):
@@ -100,11 +108,25 @@ class Browser:
         self.wait(ready, timeout_s)
 
     def wait(self, cond: str, timeout_s: float = 20) -> None:
+        """Poll ``cond`` (a JS expression) every 0.1 s until true; AssertionError after ``timeout_s``.
+
+        A page in the middle of a navigation (a form submit, a link) answers an evaluation with
+        "Inspected target navigated or closed" or "Execution context was destroyed"; those count as
+        "not yet", any other CDP error is raised.
+        """
         deadline = time.monotonic() + timeout_s
-        while not self.eval(f"!!({cond})"):
+        while not self._eval_during_navigation(f"!!({cond})"):
             if time.monotonic() > deadline:
                 raise AssertionError(f"page never satisfied {cond!r} within {timeout_s} s")
             time.sleep(0.1)
+
+    def _eval_during_navigation(self, expr: str):
+        try:
+            return self.eval(expr)
+        except CDPError as e:
+            if any(m in str(e) for m in NAVIGATING):
+                return False
+            raise
 
     def screenshot(self, path: Path, full_page: bool = True) -> Path:
         """A PNG of the page (the whole page, at the viewport's width) to ``path``."""
