@@ -23,9 +23,10 @@ The tests, each at its share of the metric's alpha (:meth:`HistContext.test`):
 * **pNN quantiles**: the share of canary requests above the baseline's pNN bucket bound, exact
   binomial tail (:func:`~gpuobs.canary.stats.exceedance_z`), read as the quantile's change through
   binormal tails (Dorfman & Alf 1969; Metz 1978; :meth:`HistContext._quantile_mapping`).
-* **tail**: a grouped log-rank (Savage 1956; Prentice & Gloeckler 1978) test on the requests above
-  the baseline's p90 bound, its null exact by FFT convolution (:func:`score_sum_z`), reported as the
-  p99 change it implies (:meth:`HistContext._tail`).
+* **tail**: a grouped two-sample log-rank (Savage 1956; Prentice & Gloeckler 1978) test on the
+  requests above the baseline's p90 bound, every bucket scored from the pooled sample, its null
+  exact by FFT convolution (:func:`score_sum_z`), reported as the p99 change it implies
+  (:meth:`HistContext._tail`).
 
 Also: :func:`node_spread_assumption` (the node-spread assumption in words, when it carries weight) and
 :func:`errors_needed` (the canary requests an error-ratio metric needs to pass, for the analyzer's
