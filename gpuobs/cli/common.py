@@ -224,3 +224,18 @@ def fleet_config(value: str | None):
         return FleetConfig()
     flag = "--fleet (or GPUOBS_FLEET_CONFIG)" if env("FLEET_CONFIG") else "--fleet"
     return load_fleet(Path(value), flag)
+
+
+def add_fleet_hardware_flags(p: argparse.ArgumentParser, gpu_models_note: str = "") -> None:
+    """``--gpu-models`` and ``--drivers``, the simulated fleet's hardware, defined once for every command
+    that builds a fleet (``exporter``, ``stack``); ``gpu_models_note`` adds what that command does with
+    the models. The short names come from :data:`gpuobs.exporter.sim.gpu.GPU_MODELS`."""
+    from gpuobs.exporter.sim.gpu import GPU_MODELS
+
+    p.add_argument("--gpu-models", default=env("GPU_MODELS", ""), metavar="MODEL:COUNT,...",
+                   help="GPU models of the serving nodes in node order, e.g. H100:19,L40S:1 (counts sum to --nodes "
+                        f"minus --training-nodes; models: {', '.join(GPU_MODELS)}); training nodes are H100; "
+                        f"{gpu_models_note}default every node H100 (env GPUOBS_GPU_MODELS)")
+    p.add_argument("--drivers", default=env("DRIVERS"), metavar="FILE",
+                   help="driver catalogue YAML the nodes' install-driver action accepts (default: packaged "
+                        "gpuobs/reference/data/drivers.yaml; env GPUOBS_DRIVERS)")

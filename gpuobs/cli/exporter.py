@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from gpuobs.cli.common import (
+    add_fleet_hardware_flags,
     PORT,
     env,
     fail,
@@ -150,11 +151,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--flags", default=env("FLAGS_FILE"), metavar="FILE",
                    help="flagd-format feature-flag file the engines evaluate through OpenFeature (env "
                         "GPUOBS_FLAGS_FILE; default: none, every flag off)")
-    e.add_argument("--gpu-models", default=env("GPU_MODELS", ""), metavar="MODEL:COUNT,...",
-                   help="GPU models of the serving nodes in node order, e.g. H100:19,L40S:1 (counts sum to --nodes "
-                        "minus --training-nodes; models: H100, L40S); training nodes are H100; default every node "
-                        "H100 (env GPUOBS_GPU_MODELS)")
-    e.add_argument("--drivers", default=env("DRIVERS"), metavar="FILE",
-                   help="driver catalogue YAML the install-driver node action accepts (default: packaged "
-                        "gpuobs/reference/data/drivers.yaml; env GPUOBS_DRIVERS)")
+    add_fleet_hardware_flags(e)
     e.set_defaults(func=cmd_exporter)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from gpuobs.cli.common import (
+    add_fleet_hardware_flags,
     PORT,
     HelpFormatter,
     env,
@@ -185,13 +186,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="first serving-engine port (env GPUOBS_ENGINE_BASE_PORT)")
     s.add_argument("--training-nodes", type=int_range(0, 255), default=env("TRAINING_NODES", "1"),
                    help="the last N nodes run training instead of serving (env GPUOBS_TRAINING_NODES)")
-    s.add_argument("--gpu-models", default=env("GPU_MODELS", ""), metavar="MODEL:COUNT,...",
-                   help="GPU models of the serving nodes in node order, e.g. H100:19,L40S:1 (counts sum to --nodes "
-                        "minus --training-nodes; models: H100, L40S); training nodes are H100; recorded per host "
-                        "in stack.json (gpu_models); default every node H100 (env GPUOBS_GPU_MODELS)")
-    s.add_argument("--drivers", default=env("DRIVERS"), metavar="FILE",
-                   help="driver catalogue YAML the nodes' install-driver action accepts (default: packaged "
-                        "gpuobs/reference/data/drivers.yaml; env GPUOBS_DRIVERS)")
+    add_fleet_hardware_flags(s, "recorded per host in stack.json (gpu_models); ")
     s.add_argument("--xid-window-ms", type=int_range(1000, 86_400_000), default=15_000,
                    help="exporter Xid window for the local stack, short so drills resolve in ~1.5 min")
     s.add_argument("--runbook-base", default=env("RUNBOOK_BASE"),
