@@ -224,6 +224,22 @@ def refuse_if_unfinished(run_dir: str | Path, kind: Kind, noun: str) -> None:
                          f"finish or abort it first (`gpuobs {kind.group} status`)")
 
 
+#: What each kind is called where another kind refuses to start beside it.
+OTHER_NOUN = {"rollout": "release rollout", "flag": "flag rollout", "upgrade": "driver upgrade"}
+
+#: The lock every ``start`` holds from its final cross-kind check to its rollout's creation (``<run>/start.lock``).
+START_LOCK = "start.lock"
+
+
+def refuse_other_unfinished(run_dir: str | Path, kind: Kind) -> None:
+    """Raise UsageError when a rollout of another kind than ``kind`` (release, flag, driver upgrade) is
+    unfinished in ``run_dir``: a release and a flag rollout own the canary labels, a driver upgrade's
+    judge reads the whole fleet, so no two run at once (:func:`refuse_if_unfinished` per kind)."""
+    for other in (RELEASE, FLAG, UPGRADE):
+        if other.group != kind.group:
+            refuse_if_unfinished(run_dir, other, OTHER_NOUN[other.group])
+
+
 def default_operator() -> str:
     """Who decides when ``--operator`` is not given: env GPUOBS_OPERATOR, else the login name, else ``unknown``."""
     try:
@@ -294,7 +310,14 @@ def drive(driver: Driver, args: argparse.Namespace, fn: Callable[[Any, str], Any
         fleet = driver.fleet(stack, flag)
         ctl = driver.controller(store, fleet, PromSignals(client, fleet_cfg), factory,
                                 out=lambda line: print(line, flush=True), tracer=tr, **driver.options(fleet_cfg))
-        rid = rid if spec is None else ctl.create(spec).id
+        if spec is not None:
+            # each kind has its own run lock, so two starts of different kinds (a `rollout start` and an
+            # `upgrade run` at the same instant) could both pass plan()'s checks: the last check and the
+            # creation run under one lock shared by every kind
+            with RunLock(args.run_dir, START_LOCK) as start_lock:
+                start_lock.acquire(wait=True)
+                refuse_other_unfinished(args.run_dir, kind)
+                rid = ctl.create(spec).id
         note(args, kind, store, rid, flag)
         runbook_base = stack.runbook_base or fleet_cfg.runbook_base
         if kind.group == UPGRADE.group:  # GpuDriverSkew is inhibited while the upgrade runs

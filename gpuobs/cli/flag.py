@@ -75,8 +75,7 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     KeyError (no such flag), ConfigError (a bad duration), FleetError, OSError (the flag file)."""
     flag = load(Path(args.releases) if args.releases else None).flag(args.name).name
     stack = decide.running_stack(args)
-    decide.refuse_if_unfinished(args.run_dir, decide.RELEASE, "release rollout")  # it owns the canary labels
-    decide.refuse_if_unfinished(args.run_dir, decide.UPGRADE, "driver upgrade")  # its judge reads the fleet
+    decide.refuse_other_unfinished(args.run_dir, decide.FLAG)  # again under the start lock in drive()
     fleet = StackFlagFleet(stack, flag)
     on = [h for h in fleet.hosts if fleet.version(h).endswith("=on")]
     hosts = on + [h for h in fleet.hosts if h not in on]  # nodes already on form the first canary

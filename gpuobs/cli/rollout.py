@@ -71,8 +71,7 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     bad stages), CatalogueError, KeyError (no such version), ConfigError (a bad duration)."""
     release = load(Path(args.releases) if args.releases else None).get(args.version)
     stack = decide.running_stack(args)
-    decide.refuse_if_unfinished(args.run_dir, decide.FLAG, "flag rollout")  # it owns the canary labels
-    decide.refuse_if_unfinished(args.run_dir, decide.UPGRADE, "driver upgrade")  # its judge reads the fleet
+    decide.refuse_other_unfinished(args.run_dir, decide.RELEASE)  # again under the start lock in drive()
     hosts = StackFleet(stack).hosts
     return RolloutSpec(release.version, release.engine, release.cuda, tuple(hosts),
                        tuple(parse_stages(args.stages, len(hosts))), **decide.timings(args, interval))

@@ -111,8 +111,7 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     except ValueError as exc:  # not an http(s) URL
         raise UsageError(f"--prometheus: {exc}") from None
     analyzer_factory(client, args.config)
-    decide.refuse_if_unfinished(args.run_dir, decide.RELEASE, "release rollout")
-    decide.refuse_if_unfinished(args.run_dir, decide.FLAG, "flag rollout")
+    decide.refuse_other_unfinished(args.run_dir, decide.UPGRADE)  # again under the start lock in drive()
     fleet = StackDriverFleet(stack)
     catalogue = load_drivers(Path(stack.drivers_file) if stack.drivers_file else None)
     check_target(args.driver, list(catalogue.drivers), {h: fleet.version(h) for h in fleet.hosts})

@@ -337,12 +337,13 @@ class RunLock:
         self.path = Path(run_dir) / name
         self._fd: int | None = None
 
-    def acquire(self) -> bool:
-        """Take the lock without waiting; False if another process holds it."""
+    def acquire(self, wait: bool = False) -> bool:
+        """Take the lock; without ``wait`` False at once if another process holds it, with ``wait``
+        block until it is free (for a lock held only for a moment: ``decide.START_LOCK``)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except OSError:
             os.close(fd)
             return False

@@ -89,3 +89,31 @@ def test_flag_status_says_each_assumption_once_in_its_header(tmp_path, capsys):
     assert lines[1] == "reason: canary analysis ROLLBACK in stage 2/3: ttft: High (+20.0% [+12.0%, +28.0%])"
     assert lines[2] == f"assumption: ttft: {ASSUMPTION}"
     assert out.count(ASSUMPTION) == 1  # three looks over two stages rested on it
+
+
+def test_a_release_rollout_created_after_the_flag_rollouts_first_check_still_refuses_it(flag_run, capsys,  # noqa: F811
+                                                                                          monkeypatch):
+    """The start race: a `rollout start` creates its record after `flag rollout` passed its plan's
+    checks (each kind has its own run lock). The final check runs under the start lock every kind
+    shares, just before the flag rollout would be created: it refuses, and no flag rollout is left."""
+    import gpuobs.cli.flag as flag_cli
+
+    run_dir, _ = flag_run
+    planned = flag_cli._plan
+
+    def plan_then_a_release_starts(args, interval):
+        out = planned(args, interval)
+        spec = RolloutSpec("1.5.0", "vllm==0.11.0", "12.8", ("gpu-node-00",), (1,))
+        store = RolloutStore(run_dir / "rollout.sqlite")
+        store.create(RolloutRecord("1.5.0-race", "1.5.0", "Canary", 0, spec.to_dict()))
+        store.close()
+        return out
+
+    monkeypatch.setattr(flag_cli, "_plan", plan_then_a_release_starts)
+    assert run(["flag", "rollout", "kv_policy_v2", "--run-dir", str(run_dir)]) == 2
+    assert "release rollout 1.5.0-race (Canary) is unfinished" in capsys.readouterr().err
+    flags = RolloutStore(run_dir / "flag.sqlite")
+    try:
+        assert flags.latest(active_only=False) is None
+    finally:
+        flags.close()
