@@ -59,6 +59,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--batches", default="canary,25%,50%,100%",
                    help="cumulative node counts (1), shares (25%%) or 'canary' (one node of every GPU model) "
                         "(default canary,25%%,50%%,100%%)")
+    r.add_argument("--exclude", default="", metavar="HOST,...",
+                   help="serving nodes left out of the upgrade (kept on their driver, not in any batch nor in "
+                        "the baseline): a node an operator holds (cordoned) stops the upgrade unless it is "
+                        "uncordoned or left out here")
     r.add_argument("--interval", default="15s", help="analysis look interval (default 15s)")
     r.add_argument("--batch-timeout", dest="stage_timeout", default="15m",
                    help="analysis deadline per batch = analysis horizon (default 15m)")
@@ -93,8 +97,8 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     ``--batches`` stratified by GPU model; the release the fleet runs from the catalogue (the
     compatibility gate re-checks it on the new driver). Every option is checked before the plan is
     printed. Raises UsageError (no running stack, another rollout unfinished, a driver not in the
-    stack's driver catalogue or already on every node, nodes on different releases, bad batches, a
-    bad --prometheus URL), FleetError, CatalogueError, DriverCatalogueError, FleetConfigError, KeyError
+    stack's driver catalogue or already on every node, nodes on different releases, a node an operator
+    cordoned and ``--exclude`` does not leave out, a bad ``--exclude``, bad batches, a bad --prometheus URL), FleetError, CatalogueError, DriverCatalogueError, FleetConfigError, KeyError
     (a release not in the catalogue), ConfigError (a bad duration or --config)."""
     from gpuobs.reference.compat import CompatInputError, parse_driver
     from gpuobs.reference.drivers import load as load_drivers
@@ -113,11 +117,18 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     analyzer_factory(client, args.config)
     decide.refuse_other_unfinished(args.run_dir, decide.UPGRADE)  # again under the start lock in drive()
     fleet = StackDriverFleet(stack)
+    left_out = excluded(args.exclude, fleet.hosts)
+    serving = [h for h in fleet.hosts if h not in left_out]
     catalogue = load_drivers(Path(stack.drivers_file) if stack.drivers_file else None)
-    check_target(args.driver, list(catalogue.drivers), {h: fleet.version(h) for h in fleet.hosts})
-    models = {h: fleet.model(h) for h in fleet.hosts}
+    check_target(args.driver, list(catalogue.drivers), {h: fleet.version(h) for h in serving})
+    models = {h: fleet.model(h) for h in serving}
     check_models(models)
-    versions = {h: fleet_release(stack, h) for h in fleet.hosts}
+    held = [(h, st) for h in serving if (st := fleet.status(h)).get("cordoned_by") == "human"]
+    if held:  # the procedure would refuse them at their batch and abort the upgrade: say so now
+        raise UsageError("; ".join(f"{h} is cordoned by an operator ({st.get('cordon_reason') or 'no reason'})"
+                                   for h, st in held)
+                         + f": uncordon or leave out (--exclude {','.join(h for h, _ in held)})")
+    versions = {h: fleet_release(stack, h) for h in serving}
     if len(set(versions.values())) != 1:
         raise UsageError("the serving nodes run different releases (" + ", ".join(
             f"{h} {v}" for h, v in versions.items()) + "): finish that release rollout before a driver upgrade")
@@ -128,8 +139,23 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     hosts, counts = parse_batches(args.batches, models)
     print("upgrade plan: " + "; ".join(
         f"batch {i + 1}: " + ", ".join(f"{h} ({short_model(models[h])})" for h in hosts[lo:hi])
-        for i, (lo, hi) in enumerate(zip([0, *counts[:-1]], counts))), flush=True)
+        for i, (lo, hi) in enumerate(zip([0, *counts[:-1]], counts)))
+        + (f"; left out (--exclude): {', '.join(left_out)}" if left_out else ""), flush=True)
     return driver_spec(args.driver, release.engine, release.cuda, hosts, counts, release=release.version, **timing)
+
+
+def excluded(spec: str, hosts: list[str]) -> list[str]:
+    """The nodes of ``--exclude`` (comma-separated serving node names), in fleet order. Raises
+    UsageError naming the flag: a name that is not a serving node (the message lists them), or every
+    node left out."""
+    names = [n.strip() for n in (spec or "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in hosts]
+    if unknown:
+        raise UsageError(f"--exclude: {', '.join(repr(n) for n in unknown)} is not a serving node; "
+                         f"serving nodes: {', '.join(hosts)}")
+    if names and set(names) >= set(hosts):
+        raise UsageError("--exclude leaves no serving node to upgrade")
+    return [h for h in hosts if h in names]
 
 
 def fleet_release(stack: StackState, host: str) -> str:

@@ -62,6 +62,11 @@ def _usage(capsys, run_dir, *argv):
     (["--driver", "570.172.08", "--fleet", "/nonexistent/fleet.yaml"], "--fleet"),
     (["--driver", "570.172.08", "--config", "/nonexistent/metrics.yaml"], "--config: '/nonexistent/metrics.yaml'"),
     (["--driver", "570.172.08", "--prometheus", "notaurl"], "--prometheus: Prometheus URL must start with http"),
+    (["--driver", "570.172.08", "--exclude", "gpu-node-09"],
+     "--exclude: 'gpu-node-09' is not a serving node; serving nodes: gpu-node-00, gpu-node-01, gpu-node-02, "
+     "gpu-node-03"),
+    (["--driver", "570.172.08", "--exclude", "gpu-node-00,gpu-node-01,gpu-node-02,gpu-node-03"],
+     "--exclude leaves no serving node to upgrade"),
 ])
 def test_run_usage_errors_are_one_line_exit_2_and_write_nothing(mixed_run, capsys, argv, needle):
     run_dir, nodes = mixed_run
@@ -162,3 +167,41 @@ def test_an_unknown_id_names_the_flag_and_the_kind(tmp_path, capsys, cmd):
     err = capsys.readouterr().err
     assert rc == 2 and err.strip().splitlines() == [
         f"gpuobs upgrade: error: --id: no driver upgrade 'nope' in {tmp_path / 'upgrade.sqlite'}"], err
+
+
+def test_exclude_leaves_a_node_out_of_every_batch_and_the_baseline(mixed_run, capsys):
+    """`--exclude` is how a node an operator holds is left out (the procedure refuses to touch it and
+    says so): the plan has no batch with it and says it is left out."""
+    from gpuobs.cli import build_parser
+    from gpuobs.cli.upgrade import _plan
+
+    run_dir, nodes = mixed_run
+    args = build_parser().parse_args(["upgrade", "run", "--run-dir", str(run_dir), "--driver", "570.172.08",
+                                      "--exclude", " gpu-node-01 ", "--batches", "canary,100%"])
+    spec = _plan(args, 15.0)
+    out = capsys.readouterr().out
+    assert "gpu-node-01" not in spec.hosts and set(spec.hosts) == {"gpu-node-00", "gpu-node-02", "gpu-node-03"}
+    assert spec.stages[-1] == 3
+    assert out.strip().endswith("; left out (--exclude): gpu-node-01"), out
+    assert all(not n.cordons for n in nodes)
+
+
+def test_a_node_an_operator_cordoned_is_refused_at_the_plan_and_can_be_left_out(mixed_run, capsys):
+    """An operator's cordon wins: the upgrade does not start (exit 2, one line naming the node, its
+    reason and the --exclude that leaves it out, nothing recorded, nothing cordoned by gpuobs)
+    rather than abort at that node's batch; with --exclude the plan goes ahead without it."""
+    from gpuobs.cli import build_parser
+    from gpuobs.cli.upgrade import _plan
+
+    run_dir, nodes = mixed_run
+    nodes[1].cordon("human", "RMA ticket 7")
+    rc, out, err = _usage(capsys, run_dir, "--driver", "570.172.08")
+    assert rc == 2 and "upgrade plan" not in out
+    assert err.strip().splitlines() == [
+        "gpuobs upgrade: error: gpu-node-01 is cordoned by an operator (RMA ticket 7): uncordon or leave out "
+        "(--exclude gpu-node-01)"], err
+    assert not (run_dir / "upgrade.sqlite").exists()
+    assert all("gpuobs" not in n.cordons for n in nodes) and "human" in nodes[1].cordons
+    args = build_parser().parse_args(["upgrade", "run", "--run-dir", str(run_dir), "--driver", "570.172.08",
+                                      "--exclude", "gpu-node-01"])
+    assert "gpu-node-01" not in _plan(args, 15.0).hosts

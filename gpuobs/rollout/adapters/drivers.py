@@ -113,7 +113,7 @@ class StackDriverFleet:
         for h, st in before.items():
             if st.get("cordoned_by") == "human":
                 raise FleetError(f"{h} is cordoned by an operator ({st.get('cordon_reason') or 'no reason'}): "
-                                 "not touched; uncordon it or leave it out")
+                                 "not touched; uncordon it or leave it out (`gpuobs upgrade run --exclude HOST`)")
             if st.get("cordoned_by") == "gpuobs" and not self.ours(st):
                 raise FleetError(f"{h} is quarantined by the remediation controller "
                                  f"({st.get('cordon_reason') or 'no reason'}): not touched")
