@@ -447,7 +447,7 @@ def decide(args: argparse.Namespace, kind: Kind, fn: Callable[..., Any], verb: s
     """Record ``fn(store, id, operator, reason)`` (:func:`gpuobs.rollout.decisions.pause` or
     ``promote``) on the ``--id`` or latest rollout and print one line saying who acts on it."""
     with open_store(args.run_dir, kind) as store:
-        rec = fn(store, pick(args, store, kind).id, args.operator, args.reason)
+        rec = fn(store, pick(args, store, kind).id, args.operator, args.reason, noun=kind.noun)
     running = controller_running(args.run_dir, kind)
     print(f"{kind.noun} {rec.id}: {verb} by {args.operator}: {args.reason.strip()} (recorded; "
           + (f"the running {kind.controller} acts on it at its next wait)" if running else
@@ -487,7 +487,7 @@ def lift_pause(args: argparse.Namespace, kind: Kind, lift: Callable[..., Any]) -
         rec = pick(args, store, kind)
         if not rec.paused:
             return rec, False
-        lift(store, rec.id, args.operator, args.reason)
+        lift(store, rec.id, args.operator, args.reason, noun=kind.noun)
     print(f"{kind.noun} {rec.id}: resumed by {args.operator} (paused by {rec.paused.get('operator')}: "
           f"{rec.paused.get('reason')})", flush=True)
     if controller_running(args.run_dir, kind):

@@ -85,7 +85,7 @@ class Controller:
         """
         active = self.store.latest(active_only=True, terminal=TERMINAL)
         if active:
-            raise UsageError(f"rollout {active.id} ({active.version}) is {active.state}: resume or abort it first")
+            raise UsageError(f"{self.noun} {active.id} ({active.version}) is {active.state}: resume or abort it first")
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
         rid, n = f"{self.id_stem(spec)}-{stamp}", 1
         while self._exists(rid):

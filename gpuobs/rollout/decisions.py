@@ -15,8 +15,9 @@ rollout (or the next ``gpuobs rollout resume``) acts on it at its next wait
   gate before the next stage still runs: promote overrides the canary analysis, not the freeze.
 
 Every function raises :class:`gpuobs.rollout.model.UsageError` for an ended rollout, a missing
-reason or operator, a pause of a paused rollout or a resume of one that is not paused, and
-KeyError for an unknown rollout id.
+reason or operator, a pause of a paused rollout or a resume of one that is not paused (its message
+calls the rollout ``noun``: "rollout", "flag rollout", "driver upgrade"), and KeyError for an
+unknown rollout id.
 """
 
 from __future__ import annotations
@@ -26,42 +27,44 @@ from gpuobs.rollout.store import RolloutRecord, RolloutStore
 
 
 def _check(store: RolloutStore, rollout_id: str, operator: str, reason: str, what: str,
-           need_reason: bool = True) -> RolloutRecord:
+           need_reason: bool = True, noun: str = "rollout") -> RolloutRecord:
     rec = store.get(rollout_id)
     if rec.state in TERMINAL:
-        raise UsageError(f"rollout {rec.id} already ended {rec.state}; nothing to {what}")
+        raise UsageError(f"{noun} {rec.id} already ended {rec.state}; nothing to {what}")
     if not operator.strip():
         raise UsageError("--operator: an operator name is required (it is recorded with the decision)")
     if need_reason and not reason.strip():
-        raise UsageError(f"--reason: say why you {what} rollout {rec.id} (it is recorded)")
+        raise UsageError(f"--reason: say why you {what} {noun} {rec.id} (it is recorded)")
     return rec
 
 
-def pause(store: RolloutStore, rollout_id: str, operator: str, reason: str) -> RolloutRecord:
+def pause(store: RolloutStore, rollout_id: str, operator: str, reason: str, noun: str = "rollout") -> RolloutRecord:
     """Hold the rollout: recorded as ``paused`` and a ``pause`` event."""
-    rec = _check(store, rollout_id, operator, reason, "pause")
+    rec = _check(store, rollout_id, operator, reason, "pause", noun=noun)
     if rec.paused:
-        raise UsageError(f"rollout {rec.id} is already paused by {rec.paused.get('operator')}: "
+        raise UsageError(f"{noun} {rec.id} is already paused by {rec.paused.get('operator')}: "
                          f"{rec.paused.get('reason')}")
     decision = {"operator": operator.strip(), "reason": reason.strip(), "ts": store.clock()}
     store.log_event(rec.id, "pause", decision["operator"], decision["reason"], rec.stage)
     return store.update(rec.id, paused=decision)
 
 
-def resume(store: RolloutStore, rollout_id: str, operator: str, reason: str = "") -> RolloutRecord:
+def resume(store: RolloutStore, rollout_id: str, operator: str, reason: str = "",
+           noun: str = "rollout") -> RolloutRecord:
     """Lift a pause: ``paused`` cleared, a ``resume`` event recorded."""
-    rec = _check(store, rollout_id, operator, reason, "resume", need_reason=False)
+    rec = _check(store, rollout_id, operator, reason, "resume", need_reason=False, noun=noun)
     if not rec.paused:
-        raise UsageError(f"rollout {rec.id} is not paused")
+        raise UsageError(f"{noun} {rec.id} is not paused")
     store.log_event(rec.id, "resume", operator.strip(), reason.strip(), rec.stage)
     return store.update(rec.id, paused={})
 
 
-def promote(store: RolloutStore, rollout_id: str, operator: str, reason: str) -> RolloutRecord:
+def promote(store: RolloutStore, rollout_id: str, operator: str, reason: str,
+            noun: str = "rollout") -> RolloutRecord:
     """Ask the controller to pass the current stage now: ``promote_request`` set, a ``promote`` event."""
-    rec = _check(store, rollout_id, operator, reason, "promote")
+    rec = _check(store, rollout_id, operator, reason, "promote", noun=noun)
     if rec.promote_request:
-        raise UsageError(f"a promote of rollout {rec.id} by {rec.promote_request.get('operator')} is already "
+        raise UsageError(f"a promote of {noun} {rec.id} by {rec.promote_request.get('operator')} is already "
                          "pending")
     decision = {"operator": operator.strip(), "reason": reason.strip(), "ts": store.clock(), "stage": rec.stage}
     store.log_event(rec.id, "promote", decision["operator"], decision["reason"], rec.stage)

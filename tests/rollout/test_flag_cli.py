@@ -65,7 +65,7 @@ def test_pause_and_promote_are_recorded_in_the_flag_store(flag_run, capsys):  # 
     assert run(["flag", "pause", *base, "--reason", "INC-5 looks related"]) == 0
     assert "flag rollout spec_decode-x: pause requested by alice" in capsys.readouterr().out
     assert run(["flag", "pause", *base, "--reason", "again"]) == 2
-    assert "already paused by alice" in capsys.readouterr().err
+    assert "flag rollout spec_decode-x is already paused by alice" in capsys.readouterr().err
     assert run(["flag", "promote", *base, "--reason", "SRE approved"]) == 0
     flags = RolloutStore(run_dir / "flag.sqlite")
     rec = flags.get("spec_decode-x")
