@@ -39,6 +39,7 @@ from gpuobs.stack.supervisor import load_state
 RUN_EPILOG = """examples:
   gpuobs upgrade run --driver 570.172.08
   gpuobs upgrade run --driver 570.195.03 --batches canary,25%,50%,100% --interval 15s --batch-timeout 15m
+  gpuobs upgrade run --driver 570.172.08 --exclude gpu-node-03   # an operator holds gpu-node-03
 exit codes: 0 Succeeded, 1 RolledBack or Rejected, 3 Aborted (inconclusive, aborted, Prometheus errors), 2 usage"""
 
 
