@@ -124,11 +124,9 @@ def _plan(args: argparse.Namespace, interval: float) -> RolloutSpec:
     check_target(args.driver, list(catalogue.drivers), {h: fleet.version(h) for h in serving})
     models = {h: fleet.model(h) for h in serving}
     check_models(models)
-    held = [(h, st) for h in serving if (st := fleet.status(h)).get("cordoned_by") == "human"]
+    held = {h: hold for h in serving if (hold := fleet.operator_hold(h, fleet.status(h)))}
     if held:  # the procedure would refuse them at their batch and abort the upgrade: say so now
-        raise UsageError("; ".join(f"{h} is cordoned by an operator ({st.get('cordon_reason') or 'no reason'})"
-                                   for h, st in held)
-                         + f": uncordon or leave out (--exclude {','.join(h for h, _ in held)})")
+        raise UsageError("; ".join(held.values()) + f": uncordon or leave out (--exclude {','.join(held)})")
     versions = {h: fleet_release(stack, h) for h in serving}
     if len(set(versions.values())) != 1:
         raise UsageError("the serving nodes run different releases (" + ", ".join(

@@ -69,6 +69,15 @@ class StackDriverFleet:
             raise FleetError(f"{host}: {action} failed: {exc}") from None
 
     @staticmethod
+    def operator_hold(host: str, st: dict[str, Any]) -> str:
+        """What holds ``host`` for an operator (its status ``st`` has a person's cordon, which wins:
+        the upgrade never touches such a node), as ``"<host> is cordoned by an operator (<reason>)"``;
+        "" when no person holds it."""
+        if st.get("cordoned_by") != "human":
+            return ""
+        return f"{host} is cordoned by an operator ({st.get('cordon_reason') or 'no reason'})"
+
+    @staticmethod
     def ours(st: dict[str, Any]) -> bool:
         """The upgrade's own cordon is on the node."""
         return st.get("cordoned_by") == "gpuobs" and str(st.get("cordon_reason", "")).startswith(REASON_PREFIX)
@@ -111,9 +120,9 @@ class StackDriverFleet:
         call failing, a drain or reload past its timeout."""
         before = {h: self.status(h) for h in hosts}
         for h, st in before.items():
-            if st.get("cordoned_by") == "human":
-                raise FleetError(f"{h} is cordoned by an operator ({st.get('cordon_reason') or 'no reason'}): "
-                                 "not touched; uncordon it or leave it out (`gpuobs upgrade run --exclude HOST`)")
+            if self.operator_hold(h, st):
+                raise FleetError(f"{self.operator_hold(h, st)}: not touched; uncordon it or leave it out "
+                                 "(`gpuobs upgrade run --exclude HOST`)")
             if st.get("cordoned_by") == "gpuobs" and not self.ours(st):
                 raise FleetError(f"{h} is quarantined by the remediation controller "
                                  f"({st.get('cordon_reason') or 'no reason'}): not touched")
